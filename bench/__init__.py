@@ -1,0 +1,1 @@
+"""Benchmarks (``megakernel.bench``): decode latency of every backend, side by side."""

@@ -1,0 +1,136 @@
+"""Per-token decode latency of every backend, side by side in one process.
+
+For each batch size, one KV cache holding ``context`` tokens per row is shared by all backends;
+each backend decodes the next token (position ``context - 1``) ``warmup + iters`` times and the
+median gap between consecutive steps (CUDA events on the GPU) is its ms/token. Reported with it:
+the bytes one step must move (weights once, the KV cache read, the new KV written) and the achieved
+bandwidth, against a device-to-device copy measured in the same run.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from megakernel.models import CausalLM, load_model
+from megakernel.runtime import allocate_kv_cache, cache_bytes, get_backend
+
+from .results import merge_results, plot_results
+
+
+class Timer:
+    """Stamps a sequence of points; CUDA events on the GPU, the host clock on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.stamps: list = []
+
+    def stamp(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.stamps.append(ev)
+        else:
+            import time
+            self.stamps.append(time.perf_counter())
+
+    def gaps_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.stamps, self.stamps[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.stamps, self.stamps[1:])]
+
+
+def median_step_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    timer = Timer(device)
+    timer.stamp()
+    for _ in range(iters):
+        fn()
+        timer.stamp()
+    return statistics.median(timer.gaps_ms())
+
+
+def copy_bandwidth_TBps(device: torch.device) -> float:
+    nbytes = 1 << 31 if device.type == "cuda" else 1 << 26
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = median_step_ms(lambda: dst.copy_(src), device, warmup=5, iters=20)
+    return 2 * nbytes / (ms * 1e-3) / 1e12
+
+
+def weight_bytes_per_step(model: CausalLM, batch: int) -> int:
+    """Every matrix once; of an untied embedding table only the B looked-up rows."""
+    params = {id(p): p for p in model.parameters()}
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    if not model.config.tie_word_embeddings:
+        emb = model.embed_tokens.weight
+        total -= emb.numel() * emb.element_size() - batch * emb.shape[1] * emb.element_size()
+    return total
+
+
+def step_bytes(model: CausalLM, batch: int, context: int) -> int:
+    itemsize = next(model.parameters()).element_size()
+    cfg = model.config
+    return (weight_bytes_per_step(model, batch) + cache_bytes(cfg, batch, context, itemsize)
+            + cache_bytes(cfg, batch, 1, itemsize))
+
+
+def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
+                warmup: int, iters: int) -> dict[str, float]:
+    cfg, p = model.config, next(model.parameters())
+    cache = allocate_kv_cache(cfg, batch, context, dtype=p.dtype, device=p.device)
+    cache.normal_(std=0.5)
+    gen = torch.Generator(device=p.device).manual_seed(batch)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=p.device, generator=gen)
+    positions = torch.full((batch, 1), context - 1, device=p.device)
+    times = {}
+    for name in backends:
+        step = get_backend(name)(model, cache)
+        with torch.inference_mode():
+            times[name] = median_step_ms(lambda: step(tokens, positions, cache), p.device,
+                                         warmup, iters)
+    return times
+
+
+def environment(device: torch.device) -> dict:
+    import triton
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"gpu": gpu, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "triton": triton.__version__}
+
+
+def run_decode_bench(args) -> dict:
+    from megakernel.cli import _resolve_device
+
+    device_name, dtype = _resolve_device(args)
+    device = torch.device(device_name)
+    loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed)
+    batch_sizes = [int(b) for b in str(args.batch_sizes).split(",") if b]
+    backends = [b for b in args.backends.split(",") if b]
+    for name in backends:
+        get_backend(name)  # fail before any timing on an unknown name
+    report = environment(device) | {"copy_TBps": round(copy_bandwidth_TBps(device), 4)}
+    rows = []
+    for batch in batch_sizes:
+        nbytes = step_bytes(loaded.model, batch, args.context)
+        for name, ms in bench_batch(loaded.model, backends, batch, args.context,
+                                    args.warmup, args.iters).items():
+            rows.append({"model": loaded.name, "batch_size": batch, "context": args.context,
+                         "backend": name, "dtype": dtype, "ms_per_token": round(ms, 4),
+                         "bytes_per_step": nbytes,
+                         "achieved_TBps": round(nbytes / (ms * 1e-3) / 1e12, 4)})
+            print(f"{loaded.name} B={batch:<3} ctx={args.context} {name:<14} {ms:8.3f} ms/token "
+                  f"{rows[-1]['achieved_TBps']:.2f} TB/s (copy {report['copy_TBps']:.2f})",
+                  flush=True)
+    report["results"] = rows
+    if args.json_out:
+        report = merge_results(Path(args.json_out), report)
+    if args.plot:
+        plot_results(report, Path(args.plot))
+    return report

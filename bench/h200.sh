@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole benchmark on the H200 in one call, from the repository root:
+#   install megakernel into the machine's python (carried wheels in .whl/ first, if any),
+#   run the GPU correctness tests, then time every backend side by side and merge the rows into
+#   $OUT/h200.json (a copy of bench/results/h200.json) with a plot $OUT/h200.png.
+# Usage: bash bench/h200.sh [MODEL [BATCH_SIZES [BACKENDS]]]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${1:-llama-3.2-1b}
+batches=${2:-1,8,32}
+backends=${3:-eager,torch-compile}
+out=${OUT:-/tmp/megakernel-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.log" | tail -15
+cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
+python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
+  --backends "$backends" --json "$out/h200.json" --plot "$out/h200.png"

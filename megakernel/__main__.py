@@ -1,0 +1,3 @@
+from megakernel.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""The ``megakernel`` command: ``generate`` and ``bench`` (``compile`` follows with the compiler)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="preset name or local Hugging Face folder")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cuda when available, else cpu")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
+                   help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--seed", type=int, default=0, help="seed of preset weights and of sampling")
+
+
+def _resolve_device(args) -> tuple[str, str]:
+    device = args.device or default_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda was asked for, but no CUDA GPU is visible")
+    return device, args.dtype or ("bfloat16" if device == "cuda" else "float32")
+
+
+def cmd_generate(args) -> int:
+    from megakernel.models import load_model
+    from megakernel.runtime import Engine, SamplingParams
+
+    device, dtype = _resolve_device(args)
+    loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed,
+                        progress=not args.json)
+    tok = loaded.tokenizer
+    prompt_ids = [tok.encode(p) for p in args.prompt]
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
+    engine = Engine(loaded.model, backend=args.backend, max_seq_len=args.max_seq_len)
+    result = engine.generate(prompt_ids, args.max_new_tokens, sampling,
+                             eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    texts = [tok.decode(ids) for ids in result.generated_ids]
+    if args.json:
+        print(json.dumps({"prompt_ids": result.prompt_ids, "generated_ids": result.generated_ids,
+                          "text": texts}))
+        return 0
+    for prompt, text in zip(args.prompt, texts):
+        print(f"{prompt!r} -> {text!r}")
+    print(f"[{loaded.name} {args.backend} {device} {dtype}] prefill {result.prefill_s * 1e3:.1f} ms, "
+          f"{result.decode_steps} decode steps, {result.decode_tokens_per_s:.1f} tokens/s")
+    return 0
+
+
+def cmd_bench_decode(args) -> int:
+    from megakernel.bench.decode import run_decode_bench
+
+    run_decode_bench(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megakernel", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text from one or more prompts")
+    _add_model_args(gen)
+    gen.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--max-seq-len", type=int, default=None)
+    gen.add_argument("--backend", default="eager", help="eager | torch-compile")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    dec = bench_sub.add_parser("decode", help="per-token decode latency of each backend")
+    _add_model_args(dec)
+    dec.add_argument("--batch-sizes", default="1,8,32")
+    dec.add_argument("--context", type=int, default=1024, help="tokens already in the cache")
+    dec.add_argument("--backends", default="eager,torch-compile")
+    dec.add_argument("--warmup", type=int, default=10)
+    dec.add_argument("--iters", type=int, default=50)
+    dec.add_argument("--json", dest="json_out", default=None, help="write results to this file")
+    dec.add_argument("--plot", default=None, help="write a PNG of ms/token per batch size")
+    dec.set_defaults(func=cmd_bench_decode)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

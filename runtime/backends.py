@@ -1,0 +1,39 @@
+"""Decode-step backends: ``name -> factory(model, kv_cache) -> step``.
+
+A step maps ``tokens [B, 1], positions [B, 1], kv_cache`` to logits ``[B, 1, V]`` and writes the
+new keys and values into ``kv_cache``. Every backend computes the same function as
+``CausalLM.forward``; they differ only in how it runs.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from megakernel.models.transformer import CausalLM
+
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+BackendFactory = Callable[[CausalLM, torch.Tensor], Step]
+
+
+def eager_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
+    return model
+
+
+def torch_compile_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
+    """``torch.compile(mode="reduce-overhead")``: Inductor kernels replayed as one CUDA graph. The
+    cache is marked static so that its in-place update stays inside the graph."""
+    torch._dynamo.mark_static_address(kv_cache)
+    return torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+
+BACKENDS: dict[str, BackendFactory] = {
+    "eager": eager_backend,
+    "torch-compile": torch_compile_backend,
+}
+
+
+def get_backend(name: str) -> BackendFactory:
+    if name not in BACKENDS:
+        raise ValueError(f"backend {name!r} is not available; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[name]

@@ -1,0 +1,140 @@
+"""Sampling, the engine's guards, FX tracing and the CLI on the built-in tiny models."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megakernel.cli import main
+from megakernel.models import ByteTokenizer, load_model
+from megakernel.runtime import (Engine, NonFiniteLogitsError, SamplingParams, allocate_kv_cache,
+                                sample)
+from megakernel.runtime.sampling import filter_logits
+
+
+def test_greedy_is_argmax():
+    logits = torch.randn(4, 50)
+    assert torch.equal(sample(logits, SamplingParams(), None, 0), logits.argmax(-1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(1, 20), seed=st.integers(0, 2**31 - 1))
+def test_top_k_samples_only_from_the_k_largest(k, seed):
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(seed))
+    params = SamplingParams(temperature=1.5, top_k=k, seed=seed)
+    allowed = torch.topk(logits, k, dim=-1).indices
+    gen = params.generator("cpu")
+    for step in range(5):
+        tok = sample(logits, params, gen, step)
+        assert all(tok[b] in allowed[b] for b in range(3))
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    kept = torch.isfinite(filter_logits(probs.log(), 0, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = torch.isfinite(filter_logits(probs.log(), 0, 0.1))
+    assert kept.tolist() == [[True, False, False, False]]
+
+
+def test_seeded_sampling_repeats_and_seeds_differ():
+    logits = torch.randn(2, 1000)
+    draw = lambda seed: [sample(logits, SamplingParams(1.0, seed=seed), g, i).tolist()
+                         for g in [SamplingParams(seed=seed).generator("cpu")] for i in range(8)]
+    assert draw(1) == draw(1)
+    assert draw(1) != draw(2)
+
+
+def test_non_finite_logits_name_step_and_sequence():
+    logits = torch.randn(3, 10)
+    logits[2, 4] = float("nan")
+    with pytest.raises(NonFiniteLogitsError, match=r"step 7.*\[2\]"):
+        sample(logits, SamplingParams(), None, 7)
+
+
+def test_engine_raises_on_nan_weights():
+    loaded = load_model("tiny-llama", progress=False)
+    loaded.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteLogitsError, match="step 0"):
+        Engine(loaded.model, max_seq_len=32).generate([[1, 2, 3], [4]], 4)
+
+
+@pytest.mark.parametrize("prompts, steps, message", [
+    ([], 4, "no prompts"),
+    ([[1], []], 4, "prompt 1 is empty"),
+    ([[1, 999]], 4, "999"),
+    ([[1] * 30], 4, "max_seq_len"),
+    ([[1]], 0, "max_new_tokens"),
+])
+def test_engine_rejects_bad_input(prompts, steps, message):
+    engine = Engine(load_model("tiny-qwen3", progress=False).model, max_seq_len=32)
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompts, steps)
+
+
+def test_batch_rows_equal_single_rows():
+    """A row's tokens must not depend on its neighbours or on padding."""
+    engine = Engine(load_model("tiny-llama", progress=False).model, max_seq_len=64)
+    prompts = [[256, 1, 2, 3, 4, 5, 6], [256, 9], [256, 40, 41, 42]]
+    batch = engine.generate(prompts, 12).generated_ids
+    assert batch == [engine.generate([p], 12).generated_ids[0] for p in prompts]
+
+
+def test_eos_stops_a_row():
+    engine = Engine(load_model("tiny-llama", progress=False).model, max_seq_len=64)
+    free = engine.generate([[256, 7, 8]], 10).generated_ids[0]
+    stopped = engine.generate([[256, 7, 8]], 10, eos_ids=(free[2],)).generated_ids[0]
+    assert stopped == free[: free.index(free[2]) + 1]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_fx_trace_matches_eager(name):
+    model = load_model(name, progress=False).model
+    traced = torch.fx.symbolic_trace(model, concrete_args={"logit_index": None})
+    tokens = torch.randint(0, 259, (3, 1))
+    positions = torch.tensor([[4], [0], [9]])
+    caches = [allocate_kv_cache(model.config, 3, 16, dtype=torch.float32, device="cpu")
+              for _ in range(2)]
+    for c in caches:
+        c.normal_(generator=torch.Generator().manual_seed(0))
+    out_eager, out_traced = model(tokens, positions, caches[0]), traced(tokens, positions, caches[1])
+    assert torch.equal(out_eager, out_traced)
+    assert torch.equal(caches[0], caches[1])
+
+
+def test_byte_tokenizer_round_trips():
+    tok = ByteTokenizer()
+    text = "héllo, wörld"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_cli_generate_json(capsys):
+    assert main(["generate", "--model", "tiny-llama", "--prompt", "hello", "--prompt", "hi there",
+                 "--max-new-tokens", "16", "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_ids"][0] == ByteTokenizer().encode("hello")
+    assert [len(g) for g in out["generated_ids"]] == [16, 16]
+    assert len(out["text"]) == 2
+
+
+def test_console_script_reports_bad_model():
+    proc = subprocess.run([sys.executable, "-m", "megakernel", "generate", "--model", "no-such",
+                           "--prompt", "x", "--device", "cpu"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "no-such" in proc.stderr and "tiny-llama" in proc.stderr
+
+
+def test_bench_decode_writes_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    args = ["bench", "decode", "--model", "tiny-qwen3", "--batch-sizes", "1,2", "--context", "16",
+            "--backends", "eager", "--device", "cpu", "--warmup", "1", "--iters", "3"]
+    assert main(args + ["--json", str(out), "--plot", str(png)]) == 0
+    report = json.loads(out.read_text())
+    assert [(r["batch_size"], r["backend"]) for r in report["results"]] == [(1, "eager"), (2, "eager")]
+    assert all(r["ms_per_token"] > 0 and r["achieved_TBps"] > 0 for r in report["results"])
+    assert png.stat().st_size > 1000
+    assert main(args[:5] + ["3", *args[6:], "--json", str(out)]) == 0  # merges, keeps old rows
+    assert len(json.loads(out.read_text())["results"]) == 3
