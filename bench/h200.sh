@@ -18,7 +18,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.log" | tail -15
+tests_rc=0
+python3 -m pytest -q -s -m gpu tests > "$out/gpu-tests.log" 2>&1 || tests_rc=$?
+grep -E "rel err|passed|failed" "$out/gpu-tests.log" | tail -20
 cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
 python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
   --backends "$backends" --json "$out/h200.json" --plot "$out/h200.png"
+[ "$tests_rc" = 0 ] || { echo "GPU tests FAILED (rc=$tests_rc), see gpu-tests.log"; exit "$tests_rc"; }

@@ -45,6 +45,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def kv_write_index(positions: torch.Tensor, num_layers: int, num_kv_heads: int):
+    """Index tensors that place a step's keys and values [2, B, Hkv, T, D] in the cache."""
+    dev = positions.device
+    layers = torch.arange(num_layers, device=dev)[:, None, None, None, None]  # [L, 1, 1, 1, 1]
+    kinds = torch.arange(2, device=dev)[:, None, None, None]                   # [2, 1, 1, 1]
+    rows = torch.arange(positions.shape[0], device=dev)[None, :, None, None]   # [1, B, 1, 1]
+    heads = torch.arange(num_kv_heads, device=dev)[None, None, :, None]        # [1, 1, Hkv, 1]
+    slots = positions[None, :, None, :]                                        # [1, B, 1, T]
+    return layers, (kinds, rows, heads, slots)
+
+
+def write_kv(kv_cache: torch.Tensor, layer: torch.Tensor, index, kv: torch.Tensor) -> None:
+    """kv_cache[layer, :, b, h, positions[b, t]] = kv[:, b, h, t]; kv: [2, B, Hkv, T, D].
+
+    One ``index_put_`` on the whole cache (not on a view of it), so that a compiler can update
+    the cache in place instead of copying it."""
+    kv_cache.index_put_((layer, *index), kv)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -58,8 +77,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, positions, mask, cache):
-        # x: [B, T, hidden]; cache: [2, B, Hkv, S, D]; mask: [B, 1, T, S]
+    def forward(self, x, cos, sin, mask, kv_cache, kv_index, layer: int):
+        # x: [B, T, hidden]; kv_cache: [L, 2, B, Hkv, S, D]; mask: [B, 1, T, S]
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))     # [B, T, H, D]
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))  # [B, T, Hkv, D]
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))  # [B, T, Hkv, D]
@@ -67,9 +86,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)     # [B, H*, T, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        slots = positions[:, None, :, None].expand_as(k)                      # [B, Hkv, T, D]
-        k_cache = cache[0].scatter_(2, slots, k.to(cache.dtype))              # [B, Hkv, S, D]
-        v_cache = cache[1].scatter_(2, slots, v.to(cache.dtype))
+        write_kv(kv_cache, kv_index[0][layer], kv_index[1], torch.stack((k, v)).to(kv_cache.dtype))
+        k_cache, v_cache = kv_cache[layer, 0], kv_cache[layer, 1]             # [B, Hkv, S, D]
         out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).flatten(2))                    # [B, T, hidden]
 
@@ -93,8 +111,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, positions, mask, cache):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, mask, cache)
+    def forward(self, x, cos, sin, mask, kv_cache, kv_index, layer: int):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, kv_index, layer)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -127,8 +145,9 @@ class CausalLM(nn.Module):
         cos, sin = self.rope(positions, x.dtype)
         slots = torch.arange(kv_cache.shape[4], device=tokens.device)         # [S]
         mask = slots[None, None, None, :] <= positions[:, None, :, None]      # [B, 1, T, S]
+        kv_index = kv_write_index(positions, len(self.layers), self.config.num_kv_heads)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, positions, mask, kv_cache[i])
+            x = layer(x, cos, sin, mask, kv_cache, kv_index, i)
         if logit_index is not None:
             x = x.gather(1, logit_index[:, None, None].expand(-1, 1, x.shape[2]))  # [B, 1, hidden]
         return self.lm_head(self.norm(x))                                     # [B, T, V]

@@ -1,4 +1,6 @@
 """GPU checks (skipped without CUDA): bf16 on the GPU against fp32 references."""
+import copy
+
 import pytest
 import torch
 
@@ -27,18 +29,27 @@ def test_bf16_gpu_matches_transformers_fp32(tmp_path, arch):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "llama-3.2-1b"])
-def test_torch_compile_matches_eager(name):
+def test_torch_compile_is_as_accurate_as_eager(name):
+    """bf16 eager and torch-compile against the same weights run in fp32. A deep random model in
+    bf16 sits about 2e-2 from fp32 whatever runs it, so compile must stay within 1.5x of eager."""
     model = load_model(name, device="cuda", dtype="bfloat16", progress=False).model
+    ref_model = copy.deepcopy(model).float()
     batch, context = 4, 64
     cache = allocate_kv_cache(model.config, batch, context, dtype=torch.bfloat16, device="cuda")
     cache.normal_()
-    cache_ref = cache.clone()
+    caches = {"fp32": cache.float(), "eager": cache.clone(), "torch-compile": cache.clone()}
     tokens = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
     positions = torch.tensor([[3], [63], [0], [17]], device="cuda")
-    step = get_backend("torch-compile")(model, cache)
+    errs = {}
     with torch.inference_mode():
-        ref = model(tokens, positions, cache_ref)
-        for _ in range(3):  # warm-up, record, replay
-            out = step(tokens, positions, cache).clone()
-    assert rel_err(out, ref) <= 2e-2
-    assert rel_err(cache, cache_ref) <= 1e-2
+        ref = ref_model(tokens, positions, caches["fp32"])
+        for backend in ("eager", "torch-compile"):
+            step = get_backend(backend)(model, caches[backend])
+            for _ in range(3):  # warm-up, record, replay
+                out = step(tokens, positions, caches[backend]).clone()
+            errs[backend] = rel_err(out, ref)
+            print(f"{name} {backend}: logits rel err {errs[backend]:.2e} against fp32")
+            assert rel_err(caches[backend], caches["fp32"]) <= 1e-2, backend
+            assert torch.equal(out.argmax(-1), ref.argmax(-1)), backend
+    assert errs["eager"] <= 3e-2
+    assert errs["torch-compile"] <= 1.5 * errs["eager"] + 1e-3
