@@ -1,0 +1,127 @@
+"""The compiler's IR: small frozen dataclasses, one per stage boundary.
+
+    Graph (torch.fx) --lower--> OpGraph --tile--> TaskGraph --schedule--> Schedule
+        --sync--> SyncPlan --validate--> (checked) --generate--> KernelSource
+
+Buffers live in four spaces: ``weight`` (the model's parameters, model dtype), ``act``
+(activations, model dtype), ``f32`` (fp32 scratch such as attention partials) and ``cache`` (the KV
+cache [L, 2, B, Hkv, S, D]); ``input`` holds tokens and positions. Regions are half-open boxes, one
+``(lo, hi)`` per dimension of their buffer; a task's dependencies are exactly the earlier tasks whose
+write regions overlap its read regions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Box = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    space: str                  # weight | act | f32 | cache | input
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class Region:
+    buffer: str
+    box: Box
+
+    def overlaps(self, other: "Region") -> bool:
+        return self.buffer == other.buffer and all(
+            a_lo < b_hi and b_lo < a_hi for (a_lo, a_hi), (b_lo, b_hi) in zip(self.box, other.box))
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for lo, hi in self.box:
+            n *= hi - lo
+        return n
+
+
+@dataclass(frozen=True)
+class Op:
+    """One fused operation of the decode step (e.g. norm + QKV + RoPE + cache write)."""
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    layer: int = -1
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Static sizes every stage needs."""
+    batch: int
+    max_seq_len: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    layers: int
+    itemsize: int               # bytes per element of the model dtype
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    dims: Dims
+    buffers: dict[str, Buffer] = field(hash=False, compare=False)
+    ops: tuple[Op, ...]
+    output: str                 # the logits buffer [B, V]
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    op: str                     # name of the Op it belongs to
+    kind: str                   # opcode kind in the registry
+    args: dict[str, Any] = field(hash=False, compare=False)
+    reads: tuple[Region, ...] = ()
+    writes: tuple[Region, ...] = ()
+    bytes: int = 0              # bytes moved through HBM
+    flops: int = 0
+
+
+@dataclass(frozen=True)
+class TaskGraph:
+    ops: OpGraph
+    tasks: tuple[Task, ...]
+    deps: tuple[tuple[int, ...], ...]   # deps[t] = ids of tasks t must wait for
+
+
+@dataclass(frozen=True)
+class Schedule:
+    num_workers: int
+    queues: tuple[tuple[int, ...], ...]  # queues[w] = task ids in execution order
+    makespan_us: float                   # as rated by the cost model
+    scheduler: str
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """Counters between workers: each task adds 1 to ``signal[t]`` when done; a task waits until
+    every counter in ``waits[t]`` reaches epoch * ``counter_size`` of it."""
+    num_counters: int
+    counter_size: tuple[int, ...]
+    signal: tuple[int, ...]
+    waits: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    source: str
+    kernel_name: str
+    num_workers: int
+    instructions: Any = field(hash=False, compare=False)   # numpy/torch int32 tables
