@@ -92,7 +92,7 @@ class Lowerer:
             name = n
         else:
             raise LoweringError(f"expected a parameter, got {n}")
-        t = self.gm.get_parameter(name) if name in dict(self.gm.named_parameters()) else None
+        t = self.gm.get_parameter(name) if name in dict(self.gm.named_parameters(remove_duplicate=False)) else None
         if t is None:
             raise LoweringError(f"{name} is not a parameter of the graph module")
         self.buffers.setdefault(name, Buffer(name, "weight", tuple(t.shape)))
@@ -331,7 +331,7 @@ def dims_of(gm: fx.GraphModule, itemsize: int) -> Dims:
     if missing:
         raise LoweringError(f"graph lacks shaped inputs {sorted(missing)} (run ShapeProp first)")
     layers, _, batch, kv_heads, seq, head_dim = shapes["kv_cache"]
-    params = dict(gm.named_parameters())
+    params = dict(gm.named_parameters(remove_duplicate=False))
     linears = [n for n in gm.graph.nodes if is_(n, "Linear", "linear")]
     def w(n):
         return params[f"{n.target}.weight"] if is_(n, "Linear") else params[n.args[1].target]

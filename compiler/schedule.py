@@ -1,0 +1,94 @@
+"""Schedule: TaskGraph -> Schedule (which worker runs which tasks, in which order).
+
+Two schedulers behind one signature ``(graph, target, num_workers) -> Schedule``:
+    greedy  list scheduling: tasks in topological order, most critical first within an op, each
+            placed on the worker where it can start earliest; a dependency on another worker
+            costs ``target.sync_us``. It is the oracle.
+    cpsat   OR-tools CP-SAT over windows of the greedy schedule (see ``cpsat.py``); it keeps its
+            answer only where the cost model rates it better, so it is never worse than greedy.
+``simulate`` rates any schedule with the same cost model (and finds deadlocks).
+"""
+from __future__ import annotations
+
+import heapq
+
+from .cost import Target, task_us
+from .ir import Schedule, TaskGraph
+
+
+class DeadlockError(RuntimeError):
+    pass
+
+
+def bottom_levels(graph: TaskGraph, cost: list[float]) -> list[float]:
+    level = list(cost)
+    for t in reversed(range(len(graph.tasks))):
+        for d in graph.deps[t]:
+            level[d] = max(level[d], cost[d] + level[t])
+    return level
+
+
+def costs(graph: TaskGraph, target: Target, workers: int) -> list[float]:
+    return [task_us(t, target, workers) for t in graph.tasks]
+
+
+def greedy(graph: TaskGraph, target: Target, num_workers: int) -> Schedule:
+    cost = costs(graph, target, num_workers)
+    level = bottom_levels(graph, cost)
+    op_index = {}
+    for t in graph.tasks:
+        op_index.setdefault(t.op, len(op_index))
+    order = sorted(range(len(cost)), key=lambda t: (op_index[graph.tasks[t].op], -level[t]))
+    free = [(0.0, w) for w in range(num_workers)]      # heap of (time the worker frees up, w)
+    worker_free = [0.0] * num_workers
+    where, finish = [0] * len(cost), [0.0] * len(cost)
+    queues = [[] for _ in range(num_workers)]
+    for t in order:
+        while free[0][0] != worker_free[free[0][1]]:    # drop stale heap entries
+            heapq.heappop(free)
+        candidates = {free[0][1]} | {where[d] for d in graph.deps[t]}
+        def start_on(w):
+            ready = max((finish[d] + (0.0 if where[d] == w else target.sync_us)
+                         for d in graph.deps[t]), default=0.0)
+            return max(ready, worker_free[w])
+        w = min(candidates, key=lambda c: (start_on(c), c))
+        where[t], finish[t] = w, start_on(w) + cost[t]
+        worker_free[w] = finish[t]
+        heapq.heappush(free, (finish[t], w))
+        queues[w].append(t)
+    return Schedule(num_workers, tuple(map(tuple, queues)), max(finish, default=0.0), "greedy")
+
+
+def simulate(graph: TaskGraph, schedule: Schedule, target: Target) -> float:
+    """Makespan of ``schedule`` under the cost model; raises DeadlockError if a queue waits on a
+    task that can never run first."""
+    cost = costs(graph, target, schedule.num_workers)
+    where = {t: w for w, q in enumerate(schedule.queues) for t in q}
+    finish: dict[int, float] = {}
+    heads = [0] * schedule.num_workers
+    clock = [0.0] * schedule.num_workers
+    remaining = sum(len(q) for q in schedule.queues)
+    while remaining:
+        progressed = False
+        for w, q in enumerate(schedule.queues):
+            while heads[w] < len(q) and all(d in finish for d in graph.deps[q[heads[w]]]):
+                t = q[heads[w]]
+                ready = max((finish[d] + (0.0 if where[d] == w else target.sync_us)
+                             for d in graph.deps[t]), default=0.0)
+                clock[w] = finish[t] = max(clock[w], ready) + cost[t]
+                heads[w] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {w: q[heads[w]] for w, q in enumerate(schedule.queues) if heads[w] < len(q)}
+            raise DeadlockError(f"schedule deadlocks: worker -> waiting task {stuck}")
+    return max(finish.values(), default=0.0)
+
+
+SCHEDULERS = {"greedy": greedy}
+
+
+def schedule(graph: TaskGraph, target: Target, num_workers: int, scheduler: str = "greedy"):
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler {scheduler!r} unknown; choose one of {', '.join(SCHEDULERS)}")
+    return SCHEDULERS[scheduler](graph, target, num_workers)

@@ -1,0 +1,187 @@
+"""Tile: OpGraph -> TaskGraph. Each op becomes tile tasks with read/write regions, bytes and flops;
+dependencies are derived from region overlap (read-after-write), never wired by hand.
+
+Tilings (``TileConfig`` sets the sizes):
+    embed      one task per ``block_n`` columns of the hidden size
+    qkv_rope   one task per head: each q head, each k head, each v head (k/v write the cache)
+    attention  attn_partial per (row, kv head, KV split) into fp32 partials, then attn_combine per
+               (row, kv head); a partial waits only for its q heads and its k/v head
+    linear     one task per ``block_n`` output columns (norm, residual fused in)
+    gate_up    one task per ``block_n`` columns of the intermediate size
+Invariant: the write regions of an op's tasks tile its outputs exactly once.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from .ir import Buffer, OpGraph, Region, Task, TaskGraph
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_n: int = 64          # output columns per linear / gate_up / embed task
+    kv_block: int = 16         # cache block (tokens) = keys per attention inner step
+    kv_split: int = 256        # keys per attn_partial task (a multiple of kv_block)
+
+    def __post_init__(self) -> None:
+        if self.kv_split % self.kv_block:
+            raise ValueError(f"kv_split={self.kv_split} is not a multiple of kv_block={self.kv_block}")
+
+
+def full(buf: Buffer) -> tuple[tuple[int, int], ...]:
+    return tuple((0, s) for s in buf.shape)
+
+
+def cols(buf: Buffer, lo: int, hi: int) -> Region:
+    return Region(buf.name, ((0, buf.shape[0]), (lo, hi)))
+
+
+def rows(buf: Buffer, lo: int, hi: int) -> Region:
+    return Region(buf.name, ((lo, hi),) + full(buf)[1:])
+
+
+@dataclass
+class Tiler:
+    graph: OpGraph
+    cfg: TileConfig
+    tasks: list = None
+    buffers: dict = None
+
+    def __post_init__(self):
+        self.tasks, self.buffers = [], dict(self.graph.buffers)
+
+    def add(self, op, kind, args, reads, writes, nbytes, flops) -> None:
+        self.tasks.append(Task(len(self.tasks), op.name, kind, args, tuple(reads), tuple(writes),
+                               int(nbytes), int(flops)))
+
+    def b(self, name) -> Buffer:
+        return self.buffers[name]
+
+    def col_tiles(self, n: int):
+        for lo in range(0, n, self.cfg.block_n):
+            yield lo, min(n, lo + self.cfg.block_n)
+
+
+def tile_embed(t: Tiler, op) -> None:
+    table, out = t.b(op.inputs[0]), t.b(op.outputs[0])
+    d = t.graph.dims
+    for lo, hi in t.col_tiles(d.hidden):
+        t.add(op, "embed", dict(table=table.name, out=out.name, n0=lo),
+              [Region("tokens", ((0, d.batch),)), Region(table.name, ((0, d.vocab), (lo, hi)))],
+              [cols(out, lo, hi)], 2 * d.batch * (hi - lo) * d.itemsize, 0)
+
+
+def tile_linear(t: Tiler, op) -> None:
+    p, d = op.params, t.graph.dims
+    x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
+    n, k = w.shape
+    for lo, hi in t.col_tiles(n):
+        reads = [Region(x.name, full(x)), rows(w, lo, hi)]
+        reads += [Region(p["norm"], ((0, k),))] if p["norm"] else []
+        reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
+        nbytes = ((hi - lo) * k + d.batch * k + d.batch * (hi - lo) * 2) * d.itemsize
+        t.add(op, "linear", dict(x=x.name, weight=w.name, norm=p["norm"], residual=p["residual"],
+                                 out=out.name, n0=lo, eps=p["eps"]),
+              reads, [cols(out, lo, hi)], nbytes, 2 * d.batch * (hi - lo) * k)
+
+
+def tile_gate_up(t: Tiler, op) -> None:
+    p, d = op.params, t.graph.dims
+    x, out = t.b(p["x"]), t.b(op.outputs[0])
+    k = d.hidden
+    for lo, hi in t.col_tiles(d.intermediate):
+        reads = [Region(x.name, full(x)), Region(p["norm"], ((0, k),)),
+                 rows(t.b(p["gate"]), lo, hi), rows(t.b(p["up"]), lo, hi)]
+        nbytes = (2 * (hi - lo) * k + d.batch * k + d.batch * (hi - lo)) * d.itemsize
+        t.add(op, "gate_up", dict(x=x.name, norm=p["norm"], gate=p["gate"], up=p["up"],
+                                  out=out.name, n0=lo, eps=p["eps"]),
+              reads, [cols(out, lo, hi)], nbytes, 4 * d.batch * (hi - lo) * k)
+
+
+def tile_qkv_rope(t: Tiler, op) -> None:
+    p, d = op.params, t.graph.dims
+    x, q = t.b(p["x"]), t.b(op.outputs[0])
+    hd, layer = d.head_dim, p["layer"]
+    heads = [("q", h, p["wq"], p["q_norm"]) for h in range(d.heads)]
+    heads += [(kind, h, p[f"w{kind}"], p["k_norm"] if kind == "k" else None)
+              for h in range(d.kv_heads) for kind in ("k", "v")]
+    for kind, h, w, head_norm in heads:
+        reads = [Region(x.name, full(x)), Region(p["norm"], ((0, d.hidden),)),
+                 rows(t.b(w), h * hd, (h + 1) * hd), Region("positions", ((0, d.batch),)),
+                 Region(p["inv_freq"], ((0, hd // 2),))]
+        reads += [Region(head_norm, ((0, hd),))] if head_norm else []
+        if kind == "q":
+            writes = [cols(q, h * hd, (h + 1) * hd)]
+        else:
+            slot = 0 if kind == "k" else 1
+            writes = [Region("kv_cache", ((layer, layer + 1), (slot, slot + 1), (0, d.batch),
+                                          (h, h + 1), (0, d.max_seq_len), (0, hd)))]
+        nbytes = (hd * d.hidden + d.batch * d.hidden + d.batch * hd) * d.itemsize
+        t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w, head_norm=head_norm,
+                                   inv_freq=p["inv_freq"], out=q.name, kind="qkv".index(kind),
+                                   head=h, layer=layer, eps=p["eps"], qk_eps=p["qk_eps"]),
+              reads, writes, nbytes, 2 * d.batch * hd * d.hidden)
+
+
+def tile_attention(t: Tiler, op) -> None:
+    d, cfg = t.graph.dims, t.cfg
+    q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
+    group, hd = d.heads // d.kv_heads, d.head_dim
+    splits = -(-d.max_seq_len // cfg.kv_split)
+    acc = Buffer(f"{op.name}.acc", "f32", (d.batch, d.heads, splits, hd))
+    ml = Buffer(f"{op.name}.ml", "f32", (d.batch, d.heads, splits, 2))
+    t.buffers.update({acc.name: acc, ml.name: ml})
+    for b in range(d.batch):
+        for g in range(d.kv_heads):
+            heads = (g * group, (g + 1) * group)
+            q_region = Region(q.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))
+            for s in range(splits):
+                lo, hi = s * cfg.kv_split, min(d.max_seq_len, (s + 1) * cfg.kv_split)
+                kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 1),
+                                         (lo, hi), (0, hd)))
+                part = ((b, b + 1), heads, (s, s + 1))
+                t.add(op, "attn_partial", dict(q=q.name, acc=acc.name, ml=ml.name, row=b,
+                                               kv_head=g, split=s, layer=layer),
+                      [q_region, kv, Region("positions", ((0, d.batch),))],
+                      [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))],
+                      (2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4,
+                      4 * group * (hi - lo) * hd)
+            part = ((b, b + 1), heads, (0, splits))
+            t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=b,
+                                           kv_head=g),
+                  [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))],
+                  [Region(out.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))],
+                  group * splits * (hd + 2) * 4 + group * hd * d.itemsize, 0)
+
+
+TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,
+          "qkv_rope": tile_qkv_rope, "attention": tile_attention}
+
+
+def _region_key(r: Region):
+    """Writers are indexed by buffer and, for the cache, by layer: lookups stay short."""
+    return (r.buffer, r.box[0] if r.buffer == "kv_cache" else None)
+
+
+def derive_deps(tasks) -> tuple[tuple[int, ...], ...]:
+    writers: dict = defaultdict(list)
+    deps = []
+    for task in tasks:
+        found = set()
+        for r in task.reads:
+            keys = [_region_key(r)] if r.buffer != "kv_cache" else [
+                ("kv_cache", (layer, layer + 1)) for layer in range(*r.box[0])]
+            for k in keys:
+                found.update(w.id for w, wr in writers[k] if wr.overlaps(r))
+        deps.append(tuple(sorted(found)))
+        for w in task.writes:
+            writers[_region_key(w)].append((task, w))
+    return tuple(deps)
+
+
+def tile(graph: OpGraph, cfg: TileConfig = TileConfig()) -> TaskGraph:
+    t = Tiler(graph, cfg)
+    for op in graph.ops:
+        TILERS[op.kind](t, op)
+    return TaskGraph(replace(graph, buffers=t.buffers), tuple(t.tasks), derive_deps(t.tasks))

@@ -1,0 +1,81 @@
+"""Validate a schedule before anything launches; each check raises :class:`ScheduleError`.
+
+    acyclic             dependencies form a DAG
+    complete            every task is queued exactly once
+    deadlock-free       running each queue in order, every wait can be satisfied
+    written once        every element of every activation/scratch buffer, and every (layer, k/v,
+                        row, kv head) of the cache, is written by exactly one task
+    fits                the grid is resident on the target at once (workers <= resident slots)
+    sync covers deps    each dependency is either waited on or implied by queue order
+"""
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+
+from .cost import Target
+from .ir import Schedule, SyncPlan, TaskGraph
+from .schedule import DeadlockError, simulate
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+def check_acyclic(graph: TaskGraph) -> None:
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(graph.tasks)))
+    g.add_edges_from((d, t) for t, deps in enumerate(graph.deps) for d in deps)
+    if not nx.is_directed_acyclic_graph(g):
+        raise ScheduleError(f"dependency cycle: {nx.find_cycle(g)}")
+
+
+def check_complete(graph: TaskGraph, schedule: Schedule) -> None:
+    queued = [t for q in schedule.queues for t in q]
+    if sorted(queued) != list(range(len(graph.tasks))):
+        missing = set(range(len(graph.tasks))) - set(queued)
+        raise ScheduleError(f"tasks queued {len(queued)} times for {len(graph.tasks)} tasks; "
+                            f"missing {sorted(missing)[:8]}")
+
+
+def check_written_once(graph: TaskGraph) -> None:
+    counts = {}
+    for name, buf in graph.ops.buffers.items():
+        if buf.space in ("act", "f32") and not name.startswith("inv_freq"):
+            counts[name] = np.zeros(buf.shape, dtype=np.int32)
+        elif buf.space == "cache":
+            counts[name] = np.zeros(buf.shape[:4], dtype=np.int32)
+    for task in graph.tasks:
+        for r in task.writes:
+            if r.buffer not in counts:
+                raise ScheduleError(f"task {task.id} writes {r.buffer}, which is not writable")
+            box = r.box[: counts[r.buffer].ndim]
+            counts[r.buffer][tuple(slice(lo, hi) for lo, hi in box)] += 1
+    for name, c in counts.items():
+        if c.size and (c.min() != 1 or c.max() != 1):
+            raise ScheduleError(f"buffer {name}: elements written {int(c.min())} to {int(c.max())} "
+                                "times, not exactly once")
+
+
+def check_sync(graph: TaskGraph, schedule: Schedule, sync: SyncPlan) -> None:
+    where = {t: w for w, q in enumerate(schedule.queues) for t in q}
+    for t, deps in enumerate(graph.deps):
+        for d in deps:
+            c = sync.signal[d]
+            if where[d] != where[t] and (c < 0 or c not in sync.waits[t]):
+                raise ScheduleError(f"task {t} depends on task {d} on another worker "
+                                    "without waiting on its counter")
+
+
+def validate(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, target: Target) -> None:
+    if schedule.num_workers > target.max_workers:
+        raise ScheduleError(f"{schedule.num_workers} workers cannot all be resident on "
+                            f"{target.name} ({target.max_workers} slots)")
+    check_acyclic(graph)
+    check_complete(graph, schedule)
+    check_written_once(graph)
+    check_sync(graph, schedule, sync)
+    try:
+        simulate(graph, schedule, target)
+    except DeadlockError as err:
+        raise ScheduleError(str(err)) from err
