@@ -82,7 +82,7 @@ def tile_linear(t: Tiler, op) -> None:
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
         nbytes = ((hi - lo) * k + d.batch * k + d.batch * (hi - lo) * 2) * d.itemsize
         t.add(op, "linear", dict(x=x.name, weight=w.name, norm=p["norm"], residual=p["residual"],
-                                 out=out.name, n0=lo, eps=p["eps"]),
+                                 out=out.name, n0=lo, eps=p["eps"], n=n, k=k),
               reads, [cols(out, lo, hi)], nbytes, 2 * d.batch * (hi - lo) * k)
 
 

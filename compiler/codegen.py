@@ -1,0 +1,62 @@
+"""Generate: Encoded tables -> KernelSource, by rendering templates/megakernel.py.jinja.
+
+The template only stitches the signature, the persistent loop and one dispatch branch per opcode;
+each branch's argument list is built here from the registry, so the words the encoder wrote are
+the words the kernel reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from .encode import Encoded
+from .ir import KernelSource
+from .registry import HEADER_WORDS, REGISTRY
+
+KERNEL_NAME = "megakernel_step"
+
+
+def _template_dir() -> Path:
+    import megakernel.templates as pkg
+
+    return Path(pkg.__file__).parent
+
+
+def field_expr(field, word: int) -> str:
+    load = f"tl.load(ins + {HEADER_WORDS + word})"
+    return {"act": f"act_ptr + {load}", "f32": f"f32_ptr + {load}",
+            "weight": f"weights_ptr + tl.load(offsets_ptr + {load})", "int": load}[field.space]
+
+
+def call_args(kind: str, constexprs: dict) -> str:
+    spec, word, args = REGISTRY[kind], 0, []
+    for f in spec.fields:
+        if f.space == "kernel":
+            args.append(f.name)
+        else:
+            args.append(field_expr(f, word))
+            word += 1
+    args += [f"{k}={v!r}" for k, v in constexprs.items()]
+    return ", ".join(args)
+
+
+@dataclass(frozen=True)
+class Variant:
+    opcode: int
+    kind: str
+    body: str
+    args: str
+
+
+def generate(enc: Encoded, model: str, batch: int, num_tasks: int) -> KernelSource:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True)
+    variants = [Variant(op, kind, REGISTRY[kind].body, call_args(kind, cx))
+                for op, kind, cx in enc.variants]
+    source = env.get_template("megakernel.py.jinja").render(
+        kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
+        num_workers=len(enc.queues), variants=variants)
+    return KernelSource(source, KERNEL_NAME, len(enc.queues), enc)

@@ -1,0 +1,88 @@
+"""Encode: (TaskGraph, Schedule, SyncPlan) -> int32 instruction tables the kernel walks.
+
+    instructions [T, NUM_WORDS]  per task, grouped by worker in queue order:
+                                 opcode, first wait, number of waits, counter to signal, fields
+    waits        [N, 2]          (counter, producers per epoch)
+    queues       [W, 2]          (first instruction, number of instructions) per worker
+Memory: activations and fp32 scratch get element offsets in two arenas; weights get an id into an
+int64 offset table, filled when a model is bound. Field order comes from the registry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import Schedule, SyncPlan, TaskGraph
+from .registry import HEADER_WORDS, NUM_WORDS, REGISTRY, variant_key
+from .tile import TileConfig
+
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights: tuple[str, ...]     # weight id -> parameter name
+    act: dict                    # buffer -> element offset in the activation arena
+    act_numel: int
+    f32: dict                    # buffer -> element offset in the fp32 arena
+    f32_numel: int
+
+
+@dataclass(frozen=True)
+class Encoded:
+    instructions: np.ndarray
+    waits: np.ndarray
+    queues: np.ndarray
+    variants: tuple              # (opcode, kind, constexpr dict) per opcode
+    memory: MemoryPlan
+
+
+def _pack(buffers, space: str) -> tuple[dict, int]:
+    offsets, top = {}, 0
+    for name in sorted(b.name for b in buffers.values() if b.space == space):
+        offsets[name] = top
+        top += -(-buffers[name].numel // ALIGN) * ALIGN
+    return offsets, top
+
+
+def plan_memory(graph: TaskGraph) -> MemoryPlan:
+    bufs = graph.ops.buffers
+    act, act_n = _pack(bufs, "act")
+    f32, f32_n = _pack(bufs, "f32")
+    weights = tuple(sorted(b.name for b in bufs.values() if b.space == "weight"))
+    return MemoryPlan(weights, act, act_n, f32, f32_n)
+
+
+def _word(field, value, mem: MemoryPlan, weight_id: dict) -> int:
+    if value is None:
+        return 0                      # unused by the variant; any valid address will do
+    if field.space == "act":
+        return mem.act[value]
+    if field.space == "f32":
+        return mem.f32[value]
+    if field.space == "weight":
+        return weight_id[value]
+    return int(value)
+
+
+def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig) -> Encoded:
+    mem = plan_memory(graph)
+    weight_id = {name: i for i, name in enumerate(mem.weights)}
+    opcodes: dict = {}
+    rows, waits, queues = [], [], []
+    for queue in schedule.queues:
+        queues.append((len(rows), len(queue)))
+        for t in queue:
+            task = graph.tasks[t]
+            key = variant_key(task, graph.ops.dims, cfg)
+            opcode = opcodes.setdefault(key, len(opcodes))
+            header = [opcode, len(waits), len(sync.waits[t]), sync.signal[t]]
+            waits.extend((c, sync.counter_size[c]) for c in sync.waits[t])
+            fields = [_word(f, task.args.get(f.name), mem, weight_id)
+                      for f in REGISTRY[task.kind].words]
+            rows.append(header + fields + [0] * (NUM_WORDS - HEADER_WORDS - len(fields)))
+    variants = tuple((op, key[0], dict(key[1])) for key, op in opcodes.items())
+    as_i32 = lambda a, cols: np.asarray(a, dtype=np.int32).reshape(-1, cols)
+    return Encoded(as_i32(rows, NUM_WORDS), as_i32(waits or [(0, 0)], 2), as_i32(queues, 2),
+                   variants, mem)

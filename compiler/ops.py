@@ -1,0 +1,297 @@
+"""Op bodies of the megakernel: real ``@triton.jit`` functions, each one tile task.
+
+Every body reads and writes through plain pointers and compile-time sizes, so each is tested on
+its own against PyTorch. Rounding follows the eager model: values are rounded to the model dtype
+``DT`` wherever eager PyTorch materialises a tensor (after each projection, norm and RoPE term),
+while sums run in fp32. Shapes: activations are row-major [B, N]; the cache is
+[L, 2, B, Hkv, S, D], addressed through a block table [B, S / BS] of physical block ids (block p
+is the (p % (S / BS))-th block of row p // (S / BS) of the static cache).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dot(a, b, acc, DT: tl.constexpr):
+    if DT == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _round(x, DT: tl.constexpr):
+    """Round fp32 to the model dtype and back, as a materialised eager tensor would be."""
+    return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def row_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) per row of x [B, K] -> [BLOCK_B] fp32."""
+    rows = tl.arange(0, BLOCK_B)
+    total = tl.zeros([BLOCK_B], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :],
+                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0).to(tl.float32)
+        total += tl.sum(x * x, axis=1)
+    return tl.math.rsqrt(total / K + eps)
+
+
+@triton.jit
+def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
+                BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr):
+    """Columns [k0, k0 + BLOCK_K) of RMSNorm(x) * w (or of x) -> [BLOCK_B, BLOCK_K] in DT."""
+    rows = tl.arange(0, BLOCK_B)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + rows[:, None] * K + ks[None, :],
+                mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
+    if HAS_NORM:
+        w = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        xn = _round(x.to(tl.float32) * rstd[:, None], DT)
+        x = (w[None, :] * xn).to(DT)
+    return x.to(DT)
+
+
+@triton.jit
+def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n_hi, B: tl.constexpr, K: tl.constexpr,
+                HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, DT: tl.constexpr):
+    """[norm(x)] @ W[n0:n0+BLOCK_N]^T for W [N, K] row-major, rows >= n_hi masked -> fp32."""
+    ns = n0 + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + ns[:, None] * K + ks[None, :],
+                    mask=(ns[:, None] < n_hi) & (ks[None, :] < K), other=0.0).to(DT)
+        acc = _dot(a, tl.trans(w), acc, DT)
+    return acc
+
+
+@triton.jit
+def store_rows(ptr, vals, n0, n_hi, B: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    rows = tl.arange(0, BLOCK_B)
+    ns = n0 + tl.arange(0, BLOCK_N)
+    tl.store(ptr + rows[:, None] * N + ns[None, :], vals,
+             mask=(rows[:, None] < B) & (ns[None, :] < n_hi))
+
+
+@triton.jit
+def embed_op(tokens_ptr, table_ptr, out_ptr, n0, B: tl.constexpr, H: tl.constexpr,
+             BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[:, n0:n0+BLOCK_N] = table[tokens, n0:n0+BLOCK_N]."""
+    rows = tl.arange(0, BLOCK_B)
+    ns = n0 + tl.arange(0, BLOCK_N)
+    tok = tl.load(tokens_ptr + rows, mask=rows < B, other=0).to(tl.int64)
+    mask = (rows[:, None] < B) & (ns[None, :] < H)
+    vals = tl.load(table_ptr + tok[:, None] * H + ns[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + rows[:, None] * H + ns[None, :], vals, mask=mask)
+
+
+@triton.jit
+def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, eps: tl.constexpr, B: tl.constexpr,
+              K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
+              BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[:, tile] = [res[:, tile] +] [RMSNorm](x) @ W[tile]^T."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    rstd = tl.zeros([BLOCK_B], tl.float32)
+    if HAS_NORM:
+        rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
+    y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, N, B, K, HAS_NORM, BLOCK_B, BLOCK_N,
+                           BLOCK_K, DT), DT)
+    if HAS_RES:
+        rows = tl.arange(0, BLOCK_B)
+        ns = n0 + tl.arange(0, BLOCK_N)
+        r = tl.load(res_ptr + rows[:, None] * N + ns[None, :],
+                    mask=(rows[:, None] < B) & (ns[None, :] < N), other=0.0).to(tl.float32)
+        y = r + y
+    store_rows(out_ptr, y.to(DT), n0, N, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, eps: tl.constexpr, B: tl.constexpr,
+               K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """out[:, tile] = SiLU(norm(x) @ Wg[tile]^T) * (norm(x) @ Wu[tile]^T)."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
+    ns = n0 + tl.arange(0, BLOCK_N)
+    g = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    u = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        offs = ns[:, None] * K + ks[None, :]
+        mask = (ns[:, None] < N) & (ks[None, :] < K)
+        g = _dot(a, tl.trans(tl.load(wg_ptr + offs, mask=mask, other=0.0).to(DT)), g, DT)
+        u = _dot(a, tl.trans(tl.load(wu_ptr + offs, mask=mask, other=0.0).to(DT)), u, DT)
+    g = _round(g, DT)
+    act = _round(g / (1.0 + tl.exp(-g)), DT)
+    store_rows(out_ptr, (act * _round(u, DT)).to(DT), n0, N, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def cache_slots(row, pos, bt_ptr, layer, kv, head, B: tl.constexpr, HKV: tl.constexpr,
+                S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    """Element offset of cache[layer, kv, row, head, pos, 0] through the block table."""
+    NBPR: tl.constexpr = S // BS
+    block = tl.load(bt_ptr + row * NBPR + pos // BS).to(tl.int64)
+    phys_row, phys_blk = block // NBPR, block % NBPR
+    plane = ((layer.to(tl.int64) * 2 + kv) * B + phys_row) * HKV + head
+    return (plane * S + phys_blk * BS + pos % BS) * D
+
+
+@triton.jit
+def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr,
+                kind, head, layer, eps: tl.constexpr, qk_eps: tl.constexpr, B: tl.constexpr,
+                K: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                S: tl.constexpr, BS: tl.constexpr, HAS_HEAD_NORM: tl.constexpr,
+                BLOCK_B: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One head of Q (kind 0), K (1) or V (2): norm(x) @ W[head]^T, then for Q and K the head
+    RMSNorm and RoPE at each row's position; Q goes to q [B, HQ * D], K and V into the cache."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    D2: tl.constexpr = D // 2
+    rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
+    n0 = head * D
+    lo = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n0 + D2, B, K, True, BLOCK_B, HALF,
+                            BLOCK_K, DT), DT)                        # [BLOCK_B, HALF]
+    hi = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0 + D2, n0 + D, B, K, True, BLOCK_B,
+                            HALF, BLOCK_K, DT), DT)
+    rows = tl.arange(0, BLOCK_B)
+    ds = tl.arange(0, HALF)
+    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)
+    if kind < 2:
+        if HAS_HEAD_NORM:
+            hr = tl.math.rsqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / D + qk_eps)
+            w_lo = tl.load(hn_ptr + ds, mask=ds < D2, other=0.0).to(tl.float32)
+            w_hi = tl.load(hn_ptr + D2 + ds, mask=ds < D2, other=0.0).to(tl.float32)
+            lo = _round(w_lo[None, :] * _round(lo * hr[:, None], DT), DT)
+            hi = _round(w_hi[None, :] * _round(hi * hr[:, None], DT), DT)
+        inv = tl.load(inv_ptr + ds, mask=ds < D2, other=0.0)
+        freqs = pos.to(tl.float32)[:, None] * inv[None, :]
+        cos, sin = _round(tl.cos(freqs), DT), _round(tl.sin(freqs), DT)
+        new_lo = _round(_round(lo * cos, DT) + _round(-hi * sin, DT), DT)
+        hi = _round(_round(hi * cos, DT) + _round(lo * sin, DT), DT)
+        lo = new_lo
+    mask = (rows[:, None] < B) & (ds[None, :] < D2)
+    if kind == 0:
+        base = rows[:, None] * (HQ * D) + n0 + ds[None, :]
+        tl.store(q_ptr + base, lo.to(DT), mask=mask)
+        tl.store(q_ptr + base + D2, hi.to(DT), mask=mask)
+    else:
+        safe_rows = tl.minimum(rows, B - 1)
+        slot = cache_slots(safe_rows, pos, bt_ptr, layer, kind - 1, head, B, HKV, S, D, BS)
+        base = slot[:, None] + ds[None, :]
+        tl.store(cache_ptr + base, lo.to(DT), mask=mask)
+        tl.store(cache_ptr + base + D2, hi.to(DT), mask=mask)
+
+
+@triton.jit
+def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_head, split,
+                    layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                    NSPLIT: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Attention of row ``row``'s G query heads of one kv head over keys
+    [split * KV_SPLIT, min(+KV_SPLIT, len)) -> unnormalised acc [G, D] and (max, sum) in fp32."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    seq_len = tl.load(pos_ptr + row) + 1
+    lo = split * KV_SPLIT
+    hi = tl.minimum(lo + KV_SPLIT, seq_len)
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, BS)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    q = tl.load(q_ptr + row * (HQ * D) + (kv_head * G + gs)[:, None] * D + ds[None, :],
+                mask=qmask, other=0.0).to(DT)
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    v_shift = B * HKV * S * D                     # from the K plane to the V plane
+    start = lo
+    while start < hi:
+        key = cache_slots(row, start, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
+        valid = (start + ss) < hi
+        kv_mask = valid[:, None] & (ds[None, :] < D)
+        offs = key + ss[:, None] * D + ds[None, :]
+        k = tl.load(cache_ptr + offs, mask=kv_mask, other=0.0).to(DT)
+        v = tl.load(cache_ptr + offs + v_shift, mask=kv_mask, other=0.0).to(DT)
+        scores = _dot(q, tl.trans(k), tl.zeros([BLOCK_G, BS], tl.float32), DT) * scale
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = _dot(p.to(DT), v, acc * alpha[:, None], DT)
+        m = m_new
+        start += BS
+    heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ]
+    part = heads * NSPLIT + split
+    tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
+    tl.store(ml_ptr + part * 2, m, mask=gs < G)
+    tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+
+
+@triton.jit
+def attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, HQ: tl.constexpr, D: tl.constexpr,
+                    G: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_G: tl.constexpr,
+                    BLOCK_SPLIT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the KV splits of row ``row``'s G heads: out = sum_s w_s acc_s / sum_s w_s l_s."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    gs = tl.arange(0, BLOCK_G)
+    ss = tl.arange(0, BLOCK_SPLIT)
+    ds = tl.arange(0, BLOCK_D)
+    part = (row * HQ + kv_head * G + gs)[:, None] * NSPLIT + ss[None, :]      # [BG, BSPLIT]
+    pmask = (gs[:, None] < G) & (ss[None, :] < NSPLIT)
+    m = tl.load(ml_ptr + part * 2, mask=pmask, other=float("-inf"))
+    l = tl.load(ml_ptr + part * 2 + 1, mask=pmask, other=0.0)
+    m_max = tl.max(m, axis=1)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)                      # padded heads
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max[:, None]))         # [BG, BSPLIT]
+    acc = tl.load(acc_ptr + part[:, :, None] * D + ds[None, None, :],
+                  mask=pmask[:, :, None] & (ds[None, None, :] < D), other=0.0)
+    den = tl.sum(w * l, axis=1)
+    out = tl.sum(w[:, :, None] * acc, axis=1) / tl.where(den == 0.0, 1.0, den)[:, None]
+    omask = (gs[:, None] < G) & (ds[None, :] < D)
+    tl.store(out_ptr + row * (HQ * D) + (kv_head * G + gs)[:, None] * D + ds[None, :],
+             out.to(DT), mask=omask)
+
+
+@triton.jit
+def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, epoch, spin_limit, task):
+    """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list.
+    A spin past ``spin_limit`` (or an error raised elsewhere) records the task and counter in
+    error_ptr [flag, task, counter, seen value] and returns False."""
+    ok = True
+    j = 0
+    while j < count:
+        c = tl.load(waits_ptr + 2 * (first + j))
+        need = tl.load(waits_ptr + 2 * (first + j) + 1) * epoch
+        seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
+        spins = 0
+        while (seen < need) & (spins < spin_limit):
+            seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
+            spins += 1
+            if spins % 1024 == 0:
+                if tl.atomic_add(error_ptr, 0, sem="relaxed") != 0:
+                    spins = spin_limit
+        if seen < need:
+            if tl.atomic_cas(error_ptr, 0, 1) == 0:
+                tl.store(error_ptr + 1, task)
+                tl.store(error_ptr + 2, c)
+                tl.store(error_ptr + 3, seen)
+            ok = False
+            j = count
+        j += 1
+    return ok
+
+
+@triton.jit
+def signal_counter(counters_ptr, c):
+    """Release: every thread's stores of the task happen before the counter moves."""
+    tl.debug_barrier()
+    if c >= 0:
+        tl.atomic_add(counters_ptr + c, 1, sem="release")

@@ -1,0 +1,66 @@
+"""The pass chain, in order: capture -> lower -> tile -> schedule -> sync -> validate -> encode
+-> generate. Each arrow is a pure function of the previous stage's output and the options."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import fx
+
+from .capture import capture
+from .codegen import generate
+from .cost import TARGETS
+from .encode import Encoded, encode
+from .ir import KernelSource, OpGraph, Schedule, SyncPlan, TaskGraph
+from .lower import lower
+from .schedule import schedule
+from .sync import plan_sync
+from .tile import TileConfig, tile
+from .validate import validate
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    batch_size: int
+    max_seq_len: int
+    target: str = "h200"                 # a key of cost.TARGETS
+    num_workers: int | None = None       # default: every resident slot of the target
+    scheduler: str = "greedy"
+    tile: TileConfig = field(default_factory=TileConfig)
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"target {self.target!r} unknown; choose one of {', '.join(TARGETS)}")
+        if self.max_seq_len % self.tile.kv_block:
+            raise ValueError(f"max_seq_len={self.max_seq_len} must be a multiple of the cache "
+                             f"block ({self.tile.kv_block})")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    name: str
+    options: CompileOptions
+    ops: OpGraph
+    tasks: TaskGraph
+    schedule: Schedule
+    sync: SyncPlan
+    encoded: Encoded
+    kernel: KernelSource
+
+
+def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
+                  name: str = "model") -> Compiled:
+    target = TARGETS[options.target]
+    ops = lower(gm, itemsize)
+    tasks = tile(ops, options.tile)
+    sched = schedule(tasks, target, options.num_workers or target.max_workers, options.scheduler)
+    sync = plan_sync(tasks, sched)
+    validate(tasks, sched, sync, target)
+    enc = encode(tasks, sched, sync, options.tile)
+    return Compiled(name, options, ops, tasks, sched, sync, enc,
+                    generate(enc, name, options.batch_size, len(tasks.tasks)))
+
+
+def compile_model(model, options: CompileOptions, name: str = "model") -> Compiled:
+    gm = capture(model, options.batch_size, options.max_seq_len)
+    itemsize = next(model.parameters()).element_size()
+    return compile_graph(gm, options, itemsize, name)

@@ -1,0 +1,114 @@
+"""The opcode registry: one :class:`OpSpec` per task kind. It drives both the Python encoder
+(which words an instruction holds) and the generated dispatch (how the kernel turns those words
+back into pointers and sizes), so the two cannot drift.
+
+A field is one runtime argument of the op body, in order: ``act``/``f32`` words are element offsets
+into those arenas, ``weight`` words index the int64 offset table of the weight arena, ``int`` words
+pass through, ``kernel`` fields name a pointer the kernel itself receives (no word). Compile-time
+sizes come from ``constexprs(task, dims, cfg)``; tasks with equal kind and sizes share an opcode.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import triton
+
+from .ir import Dims, Task
+from .tile import TileConfig
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    space: str   # act | f32 | weight | int | kernel
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    kind: str
+    body: str
+    fields: tuple[Field, ...]
+    constexprs: Callable[[Task, Dims, TileConfig], dict]
+
+    @property
+    def words(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if f.space != "kernel")
+
+
+def p2(n: int, floor: int = 16) -> int:
+    return max(floor, triton.next_power_of_2(n))
+
+
+BLOCK_K = 64
+
+
+def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
+    n, k = t.args["n"], t.args["k"]
+    return dict(eps=t.args["eps"], B=d.batch, K=k, N=n, HAS_NORM=t.args["norm"] is not None,
+                HAS_RES=t.args["residual"] is not None, BLOCK_B=p2(d.batch), BLOCK_N=c.block_n,
+                BLOCK_K=BLOCK_K)
+
+
+def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
+    return dict(eps=t.args["eps"], B=d.batch, K=d.hidden, N=d.intermediate, BLOCK_B=p2(d.batch),
+                BLOCK_N=c.block_n, BLOCK_K=BLOCK_K)
+
+
+def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
+    return dict(B=d.batch, H=d.hidden, BLOCK_B=p2(d.batch), BLOCK_N=c.block_n)
+
+
+def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
+    return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], B=d.batch, K=d.hidden, D=d.head_dim,
+                HQ=d.heads, HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
+                HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=p2(d.batch),
+                HALF=p2(d.head_dim // 2), BLOCK_K=BLOCK_K)
+
+
+def _splits(d: Dims, c: TileConfig) -> int:
+    return -(-d.max_seq_len // c.kv_split)
+
+
+def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
+    g = d.heads // d.kv_heads
+    return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
+                S=d.max_seq_len, D=d.head_dim, G=g, NSPLIT=_splits(d, c), KV_SPLIT=c.kv_split,
+                BS=c.kv_block, BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim))
+
+
+def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
+    g = d.heads // d.kv_heads
+    return dict(HQ=d.heads, D=d.head_dim, G=g, NSPLIT=_splits(d, c), BLOCK_G=p2(g),
+                BLOCK_SPLIT=p2(_splits(d, c), 1), BLOCK_D=p2(d.head_dim))
+
+
+def _fields(spec: str) -> tuple[Field, ...]:
+    """'x:act w:weight n0:int' -> Fields."""
+    return tuple(Field(*item.split(":")) for item in spec.split())
+
+
+REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
+    OpSpec("embed", "embed_op", _fields("tokens_ptr:kernel table:weight out:act n0:int"), _embed),
+    OpSpec("linear", "linear_op",
+           _fields("x:act weight:weight norm:weight residual:act out:act n0:int"), _linear),
+    OpSpec("gate_up", "gate_up_op",
+           _fields("x:act norm:weight gate:weight up:weight out:act n0:int"), _gate_up),
+    OpSpec("qkv_rope", "qkv_rope_op",
+           _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
+                   "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "
+                   "kind:int head:int layer:int"), _qkv),
+    OpSpec("attn_partial", "attn_partial_op",
+           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
+                   "ml:f32 row:int kv_head:int split:int layer:int"), _attn_partial),
+    OpSpec("attn_combine", "attn_combine_op",
+           _fields("acc:f32 ml:f32 out:act row:int kv_head:int"), _attn_combine),
+]}
+
+HEADER_WORDS = 4   # opcode, first wait, number of waits, counter to signal
+NUM_WORDS = HEADER_WORDS + max(len(s.words) for s in REGISTRY.values())
+
+
+def variant_key(task: Task, dims: Dims, cfg: TileConfig) -> tuple:
+    spec = REGISTRY[task.kind]
+    return (task.kind, tuple(sorted(spec.constexprs(task, dims, cfg).items())))

@@ -1,0 +1,126 @@
+"""Run a compiled megakernel: bind a model's weights, own the arenas, launch one step.
+
+``MegakernelStep(compiled, model, kv_cache)(tokens [B, 1], positions [B, 1], kv_cache)`` returns
+logits [B, 1, V] after one launch. The model's parameters are moved into one weight arena (they
+stay usable by eager PyTorch as views of it). Activation and scratch arenas start as NaN. Counters
+count up by one epoch per step and are never reset; a wait that spins past its bound makes the
+kernel record the task and counter, and this class raises :class:`WatchdogError` naming them.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from megakernel.compiler.pipeline import Compiled
+from megakernel.compiler.registry import NUM_WORDS
+
+
+class WatchdogError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("MEGAKERNEL_CACHE", Path.home() / ".cache" / "megakernel"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def load_kernel(source: str, name: str):
+    """Triton needs real source files: write the generated module once, import it."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = cache_dir() / f"kernel_{digest}.py"
+    if not path.is_file():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        tmp.replace(path)
+    spec = importlib.util.spec_from_file_location(f"megakernel_generated_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy every distinct parameter into one arena and make the model's parameters views of it.
+    Returns (arena, int64 offset per weight id)."""
+    params = [model.get_parameter(n) for n in names]
+    first = {}
+    for i, p in enumerate(params):
+        first.setdefault(id(p), i)
+    dtype = params[0].dtype
+    offsets, top, starts = [], 0, {}
+    for i, p in enumerate(params):
+        if first[id(p)] == i:
+            starts[id(p)] = top
+            top += -(-p.numel() // 64) * 64
+        offsets.append(starts[id(p)])
+    arena = torch.empty(top, dtype=dtype, device=device)
+    for p in {id(p): p for p in params}.values():
+        view = arena[starts[id(p)]: starts[id(p)] + p.numel()].view(p.shape)
+        view.copy_(p.data)
+        p.data = view
+    return arena, torch.tensor(offsets, dtype=torch.int64, device=device)
+
+
+class MegakernelStep:
+    def __init__(self, compiled: Compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 22):
+        self.compiled, self.spin_limit = compiled, spin_limit
+        dims, enc, device = compiled.ops.dims, compiled.encoded, kv_cache.device
+        self.kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
+        i32 = lambda a: torch.as_tensor(a, dtype=torch.int32, device=device).contiguous()
+        self.ins, self.waits, self.queues = i32(enc.instructions), i32(enc.waits), i32(enc.queues)
+        self.weights, self.offsets = bind_weights(model, enc.memory.weights, device)
+        self.act = torch.full((max(enc.memory.act_numel, 1),), float("nan"),
+                              dtype=self.weights.dtype, device=device)
+        self.f32 = torch.full((max(enc.memory.f32_numel, 1),), float("nan"), device=device)
+        for name, off in enc.memory.f32.items():
+            if name in dict(model.named_buffers()):
+                buf = model.get_buffer(name).float().flatten()
+                self.f32[off: off + buf.numel()] = buf
+        self.counters = torch.zeros(max(compiled.sync.num_counters, 1), dtype=torch.int32,
+                                    device=device)
+        self.error = torch.zeros(4, dtype=torch.int32, device=device)
+        blocks = dims.max_seq_len // compiled.options.tile.kv_block
+        self.block_table = i32(torch.arange(dims.batch * blocks).view(dims.batch, blocks))
+        self.tokens = torch.zeros(dims.batch, dtype=torch.int32, device=device)
+        self.positions = torch.zeros(dims.batch, dtype=torch.int32, device=device)
+        off = enc.memory.act[compiled.ops.output]
+        self.logits = self.act[off: off + dims.batch * dims.vocab].view(dims.batch, 1, dims.vocab)
+        self.epoch = 0
+        self.expected_cache = tuple(compiled.ops.buffers["kv_cache"].shape)
+
+    def launch(self, kv_cache: torch.Tensor) -> None:
+        self.epoch += 1
+        self.kernel[(len(self.queues),)](
+            self.ins, self.waits, self.queues, self.counters, self.error, self.weights,
+            self.offsets, self.act, self.f32, kv_cache, self.tokens, self.positions,
+            self.block_table, self.epoch, self.spin_limit, NWORDS=NUM_WORDS)
+
+    def check(self) -> None:
+        err = self.error.tolist()
+        if err[0]:
+            task = self.compiled.tasks.tasks[self._task_at(err[1])]
+            self.error.zero_()
+            self.counters.zero_()
+            self.epoch = 0
+            raise WatchdogError(
+                f"megakernel watchdog: task {task.id} ({task.kind} of {task.op}, {task.args}) "
+                f"waited past its bound on counter {err[2]} (seen {err[3]})")
+
+    def _task_at(self, index: int) -> int:
+        """Instruction index -> task id (instructions are grouped by worker queue)."""
+        order = [t for q in self.compiled.schedule.queues for t in q]
+        return order[index]
+
+    def __call__(self, tokens, positions, kv_cache):
+        if tuple(kv_cache.shape) != self.expected_cache:
+            raise ValueError(f"kv_cache has shape {tuple(kv_cache.shape)}, the kernel was "
+                             f"compiled for {self.expected_cache}")
+        self.tokens.copy_(tokens.view(-1))
+        self.positions.copy_(positions.view(-1))
+        self.launch(kv_cache)
+        self.check()
+        return self.logits
