@@ -27,9 +27,17 @@ def torch_compile_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
     return torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
 
+def megakernel_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
+    """One persistent kernel per decode step (``megakernel.compiler``)."""
+    from .megakernel import megakernel_backend as build
+
+    return build(model, kv_cache)
+
+
 BACKENDS: dict[str, BackendFactory] = {
     "eager": eager_backend,
     "torch-compile": torch_compile_backend,
+    "megakernel": megakernel_backend,
 }
 
 

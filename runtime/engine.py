@@ -72,7 +72,10 @@ class Engine:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
-                 pad_id: int = 0, keep_logits: bool = False) -> GenerationResult:
+                 pad_id: int = 0, keep_logits: bool = False,
+                 poison: bool = False) -> GenerationResult:
+        """``poison`` fills every cache slot that prefill did not write with NaN, so a decode
+        backend that reads a slot before writing it cannot go unnoticed."""
         _check_prompts(prompts, self.model.config.vocab_size)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -81,19 +84,22 @@ class Engine:
             raise ValueError(f"prompt plus max_new_tokens needs {longest} positions, "
                              f"max_seq_len is {self.max_seq_len}")
         batch = len(prompts)
-        cache = allocate_kv_cache(self.model.config, batch, longest, dtype=self.dtype,
-                                  device=self.device)
+        cache = allocate_kv_cache(self.model.config, batch, -(-longest // 64) * 64,
+                                  dtype=self.dtype, device=self.device)
         step_fn = self.backend(self.model, cache)
         generator = sampling.generator(self.device)
         result = GenerationResult([list(p) for p in prompts], [[] for _ in prompts])
         t0 = time.perf_counter()
         logits, positions = self._prefill(prompts, pad_id, cache)
+        if poison:
+            for row, length in enumerate(positions.tolist()):
+                cache[:, :, row, :, length:] = float("nan")
         _sync(self.device)
         t1 = time.perf_counter()
         done = [False] * batch
         for step in range(max_new_tokens):
             if keep_logits:
-                result.step_logits.append(logits.float().cpu())
+                result.step_logits.append(logits.to("cpu", torch.float32, copy=True))
             next_tokens = sample(logits, sampling, generator, step)                 # [B]
             for i, tok in enumerate(next_tokens.tolist()):
                 if not done[i]:

@@ -124,3 +124,28 @@ class MegakernelStep:
         self.launch(kv_cache)
         self.check()
         return self.logits
+
+
+def ensure_interpreter() -> None:
+    """CPU tensors need the Triton interpreter, chosen when the op bodies are decorated."""
+    import sys
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    if "megakernel.compiler.ops" in sys.modules:
+        raise RuntimeError("the megakernel on the CPU needs TRITON_INTERPRET=1 set before "
+                           "megakernel.compiler.ops is imported")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def megakernel_backend(model, kv_cache: torch.Tensor, **options):
+    """Backend factory: compile for the cache's batch size and length, bind, return the step."""
+    from megakernel.compiler.pipeline import CompileOptions, compile_model
+
+    cpu = kv_cache.device.type == "cpu"
+    if cpu:
+        ensure_interpreter()
+    batch, seq = kv_cache.shape[2], kv_cache.shape[4]
+    opts = CompileOptions(batch, seq, target="cpu" if cpu else "h200", **options)
+    compiled = compile_model(model, opts, name=getattr(model.config, "arch", "model"))
+    return MegakernelStep(compiled, model, kv_cache)
