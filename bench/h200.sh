@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-llama-3.2-1b}
 batches=${2:-1,8,32}
-backends=${3:-eager,torch-compile}
+backends=${3:-eager,torch-compile,megakernel}
 out=${OUT:-/tmp/megakernel-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -21,6 +21,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 tests_rc=0
 python3 -m pytest -q -s -m gpu tests > "$out/gpu-tests.log" 2>&1 || tests_rc=$?
 grep -E "rel err|passed|failed" "$out/gpu-tests.log" | tail -20
+compute-sanitizer --tool memcheck python3 -m megakernel.bench.sanitize_step > "$out/memcheck.log" 2>&1 \
+  || echo "memcheck FAILED"
+tail -3 "$out/memcheck.log"
 cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
 python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
   --backends "$backends" --json "$out/h200.json" --plot "$out/h200.png"

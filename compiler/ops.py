@@ -178,15 +178,15 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
         lo = new_lo
     mask = (rows[:, None] < B) & (ds[None, :] < D2)
     if kind == 0:
-        base = rows[:, None] * (HQ * D) + n0 + ds[None, :]
-        tl.store(q_ptr + base, lo.to(DT), mask=mask)
-        tl.store(q_ptr + base + D2, hi.to(DT), mask=mask)
+        q_offs = rows[:, None] * (HQ * D) + n0 + ds[None, :]
+        tl.store(q_ptr + q_offs, lo.to(DT), mask=mask)
+        tl.store(q_ptr + q_offs + D2, hi.to(DT), mask=mask)
     else:
         safe_rows = tl.minimum(rows, B - 1)
         slot = cache_slots(safe_rows, pos, bt_ptr, layer, kind - 1, head, B, HKV, S, D, BS)
-        base = slot[:, None] + ds[None, :]
-        tl.store(cache_ptr + base, lo.to(DT), mask=mask)
-        tl.store(cache_ptr + base + D2, hi.to(DT), mask=mask)
+        c_offs = slot[:, None] + ds[None, :]
+        tl.store(cache_ptr + c_offs, lo.to(DT), mask=mask)
+        tl.store(cache_ptr + c_offs + D2, hi.to(DT), mask=mask)
 
 
 @triton.jit

@@ -1,0 +1,29 @@
+"""Build a generated kernel for Hopper (sm_90) without a GPU: ``triton.compile`` with a
+``GPUTarget``. Proves that what the interpreter accepts also compiles, and reports registers,
+shared memory and spills. Must run in a process without TRITON_INTERPRET."""
+from __future__ import annotations
+
+import os
+
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler import compile as triton_compile
+
+from .registry import NUM_WORDS
+
+POINTERS = {
+    "ins_ptr": "*i32", "waits_ptr": "*i32", "queue_ptr": "*i32", "counters_ptr": "*i32",
+    "error_ptr": "*i32", "weights_ptr": "*{dt}", "offsets_ptr": "*i64", "act_ptr": "*{dt}",
+    "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i32", "positions_ptr": "*i32",
+    "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "NWORDS": "constexpr",
+}
+
+
+def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4):
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
+    signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
+    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS})
+    compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps})
+    return compiled
