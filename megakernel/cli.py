@@ -7,6 +7,8 @@ import sys
 
 import torch
 
+from megakernel.interpreter import ensure_interpreter
+
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -33,14 +35,25 @@ def cmd_generate(args) -> int:
     from megakernel.runtime import Engine, SamplingParams
 
     device, dtype = _resolve_device(args)
+    if device == "cpu" and args.backend == "megakernel":
+        ensure_interpreter()
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed,
                         progress=not args.json)
     tok = loaded.tokenizer
     prompt_ids = [tok.encode(p) for p in args.prompt]
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
     engine = Engine(loaded.model, backend=args.backend, max_seq_len=args.max_seq_len)
-    result = engine.generate(prompt_ids, args.max_new_tokens, sampling,
-                             eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+    run = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids,
+               pad_id=tok.pad_id, keep_logits=args.verify)
+    result = engine.generate(prompt_ids, **run)
+    compiled = getattr(engine.step_fn, "compiled", None)
+    if compiled is not None and not args.json:
+        from megakernel.compiler.report import summary
+
+        print(summary(compiled))
+    if args.verify:
+        reference = Engine(loaded.model, backend="eager", max_seq_len=args.max_seq_len)
+        verify(result, reference.generate(prompt_ids, **run), dtype)
     texts = [tok.decode(ids) for ids in result.generated_ids]
     if args.json:
         print(json.dumps({"prompt_ids": result.prompt_ids, "generated_ids": result.generated_ids,
@@ -51,6 +64,61 @@ def cmd_generate(args) -> int:
     print(f"[{loaded.name} {args.backend} {device} {dtype}] prefill {result.prefill_s * 1e3:.1f} ms, "
           f"{result.decode_steps} decode steps, {result.decode_tokens_per_s:.1f} tokens/s")
     return 0
+
+
+class DivergenceError(RuntimeError):
+    pass
+
+
+def verify(result, reference, dtype: str) -> None:
+    """Same tokens as the eager engine, and logits within the dtype's tolerance at every step."""
+    tol = 1e-4 if dtype == "float32" else 5e-2
+    for step, (a, b) in enumerate(zip(result.step_logits, reference.step_logits)):
+        err = ((a - b).norm() / b.norm()).item()
+        if not err <= tol:
+            raise DivergenceError(f"verify: step {step} logits differ from eager by {err:.2e} "
+                                  f"(relative norm; tolerance {tol:.0e})")
+    if result.generated_ids != reference.generated_ids:
+        raise DivergenceError(f"verify: tokens differ from eager: {result.generated_ids} vs "
+                              f"{reference.generated_ids}")
+    print(f"verify: {len(result.step_logits)} steps agree with the eager engine", file=sys.stderr)
+
+
+def cmd_compile(args) -> int:
+    from pathlib import Path
+
+    if (args.device or default_device()) == "cpu":
+        ensure_interpreter()
+
+    from megakernel.compiler.artifact import cache_key, save
+    from megakernel.compiler.pipeline import CompileOptions, compile_model
+    from megakernel.compiler.report import summary
+    from megakernel.models import ModelConfig, PRESETS, parse_dtype
+    from megakernel.models.weights import empty_model
+
+    device, dtype = _resolve_device(args)
+    cfg = PRESETS.get(args.model) or ModelConfig.from_folder(args.model)
+    name = Path(args.model).name
+    model = empty_model(cfg).to(parse_dtype(dtype))
+    for batch in parse_batch_sizes(args.batch_sizes):
+        opts = CompileOptions(batch, args.max_seq_len, target="cpu" if device == "cpu" else "h200",
+                              scheduler=args.scheduler)
+        compiled = compile_model(model, opts, name)
+        folder = save(compiled, model, Path(args.output) / f"b{batch}", cache_key(model, opts))
+        print(summary(compiled))
+        print(f"  -> {folder}")
+    return 0
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """'1,4,8-10' -> [1, 4, 8, 9, 10]."""
+    sizes = []
+    for part in str(text).split(","):
+        lo, _, hi = part.partition("-")
+        sizes += list(range(int(lo), int(hi or lo) + 1))
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"batch sizes {text!r} must be positive integers")
+    return sizes
 
 
 def cmd_bench_decode(args) -> int:
@@ -69,12 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     gen.add_argument("--max-new-tokens", type=int, default=32)
     gen.add_argument("--max-seq-len", type=int, default=None)
-    gen.add_argument("--backend", default="eager", help="eager | torch-compile")
+    gen.add_argument("--backend", default="eager", help="eager | torch-compile | megakernel")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--verify", action="store_true",
+                     help="run the eager engine alongside; exit non-zero on divergence")
     gen.set_defaults(func=cmd_generate)
+
+    comp = sub.add_parser("compile", help="compile a megakernel per batch size into a folder")
+    comp.add_argument("model", help="preset name or local Hugging Face folder")
+    comp.add_argument("--batch-sizes", default="1")
+    comp.add_argument("--max-seq-len", type=int, default=1024)
+    comp.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    comp.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None)
+    comp.add_argument("--scheduler", default="greedy")
+    comp.add_argument("-o", "--output", required=True)
+    comp.set_defaults(func=cmd_compile)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -95,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except DivergenceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -57,6 +57,7 @@ class Engine:
         self.max_seq_len = max_seq_len or model.config.max_position_embeddings
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        self.step_fn = None
 
     def _prefill(self, prompts: list[list[int]], pad_id: int, cache: torch.Tensor):
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)   # [B]
@@ -86,7 +87,7 @@ class Engine:
         batch = len(prompts)
         cache = allocate_kv_cache(self.model.config, batch, -(-longest // 64) * 64,
                                   dtype=self.dtype, device=self.device)
-        step_fn = self.backend(self.model, cache)
+        step_fn = self.step_fn = self.backend(self.model, cache)
         generator = sampling.generator(self.device)
         result = GenerationResult([list(p) for p in prompts], [[] for _ in prompts])
         t0 = time.perf_counter()

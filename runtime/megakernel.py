@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from megakernel.compiler.pipeline import Compiled
-from megakernel.compiler.registry import NUM_WORDS
+from megakernel.interpreter import ensure_interpreter
 
 
 class WatchdogError(RuntimeError):
@@ -66,7 +65,7 @@ def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, t
 
 
 class MegakernelStep:
-    def __init__(self, compiled: Compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 20):
+    def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 20):
         self.compiled, self.spin_limit = compiled, spin_limit
         dims, enc, device = compiled.ops.dims, compiled.encoded, kv_cache.device
         self.kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
@@ -93,6 +92,8 @@ class MegakernelStep:
         self.expected_cache = tuple(compiled.ops.buffers["kv_cache"].shape)
 
     def launch(self, kv_cache: torch.Tensor) -> None:
+        from megakernel.compiler.registry import NUM_WORDS
+
         self.epoch += 1
         self.kernel[(len(self.queues),)](
             self.ins, self.waits, self.queues, self.counters, self.error, self.weights,
@@ -126,26 +127,15 @@ class MegakernelStep:
         return self.logits
 
 
-def ensure_interpreter() -> None:
-    """CPU tensors need the Triton interpreter, chosen when the op bodies are decorated."""
-    import sys
-
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    if "megakernel.compiler.ops" in sys.modules:
-        raise RuntimeError("the megakernel on the CPU needs TRITON_INTERPRET=1 set before "
-                           "megakernel.compiler.ops is imported")
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
 def megakernel_backend(model, kv_cache: torch.Tensor, **options):
     """Backend factory: compile for the cache's batch size and length, bind, return the step."""
-    from megakernel.compiler.pipeline import CompileOptions, compile_model
+    from megakernel.compiler.artifact import compile_cached
+    from megakernel.compiler.pipeline import CompileOptions
 
     cpu = kv_cache.device.type == "cpu"
     if cpu:
         ensure_interpreter()
     batch, seq = kv_cache.shape[2], kv_cache.shape[4]
     opts = CompileOptions(batch, seq, target="cpu" if cpu else "h200", **options)
-    compiled = compile_model(model, opts, name=getattr(model.config, "arch", "model"))
+    compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     return MegakernelStep(compiled, model, kv_cache)

@@ -1,4 +1,5 @@
 """The megakernel on the GPU (skipped without CUDA): bf16 against eager, watchdog, long runs."""
+import copy
 import time
 
 import pytest
@@ -12,38 +13,63 @@ pytestmark = pytest.mark.gpu
 CONTEXT = 1024
 
 
-def decode_pair(name, batch, steps, start):
-    """Teacher-forced decode from identical random caches: eager vs megakernel logits."""
+def rel(out, ref):
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def top1(out, ref):
+    return (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
+
+
+def teacher_forced(name, batch, steps=64, with_compile=False):
+    """Identical random caches and tokens into fp32 eager (the reference), bf16 eager, bf16
+    megakernel (and bf16 torch-compile); per step the logits' distances to the reference."""
     model = load_model(name, device="cuda", dtype="bfloat16", progress=False).model
-    cfg = model.config
-    cache_e = allocate_kv_cache(cfg, batch, CONTEXT, dtype=torch.bfloat16, device="cuda")
-    cache_e[:, :, :, :, :start].normal_()
-    cache_m = cache_e.clone()
-    cache_m[:, :, :, :, start:] = float("nan")       # never read before written
-    mk = get_backend("megakernel")(model, cache_m)
+    cfg, start = model.config, CONTEXT - steps
+    caches = {"bf16": allocate_kv_cache(cfg, batch, CONTEXT, dtype=torch.bfloat16, device="cuda")}
+    caches["bf16"][:, :, :, :, :start].normal_()
+    caches["fp32"] = caches["bf16"].float()
+    caches["megakernel"] = caches["bf16"].clone()
+    caches["megakernel"][:, :, :, :, start:] = float("nan")    # never read before written
+    steps_of = {"megakernel": get_backend("megakernel")(model, caches["megakernel"])}
+    if with_compile:
+        caches["torch-compile"] = caches["bf16"].clone()
+        steps_of["torch-compile"] = get_backend("torch-compile")(model, caches["torch-compile"])
+    ref_model = copy.deepcopy(model).float()
     gen = torch.Generator(device="cuda").manual_seed(batch)
-    errs, agree = [], []
+    stats = {}
     with torch.inference_mode():
         for i in range(steps):
             tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device="cuda", generator=gen)
             positions = torch.full((batch, 1), start + i, device="cuda")
-            positions[0] -= min(i, start - 1)           # rows at different lengths
-            ref = model(tokens, positions, cache_e).float()
-            out = mk(tokens, positions, cache_m).float()
-            assert torch.isfinite(out).all(), f"step {i}"
-            errs.append(((out - ref).norm() / ref.norm()).item())
-            agree.append((out.argmax(-1) == ref.argmax(-1)).float().mean().item())
-    return errs, agree, mk
+            positions[0] -= min(i, start - 1)                        # rows of different lengths
+            ref = ref_model(tokens, positions, caches["fp32"]).float()
+            outs = {"bf16": model(tokens, positions, caches["bf16"]).float()}
+            for backend, step in steps_of.items():
+                outs[backend] = step(tokens, positions, caches[backend]).float()
+                assert torch.isfinite(outs[backend]).all(), f"{backend} step {i}"
+            for key, out in outs.items():
+                stats.setdefault(f"{key} vs fp32", []).append((rel(out, ref), top1(out, ref)))
+                if key != "bf16":
+                    stats.setdefault(f"{key} vs bf16 eager", []).append(
+                        (rel(out, outs["bf16"]), top1(out, outs["bf16"])))
+    summary = {k: (max(e for e, _ in v), sum(a for _, a in v) / len(v)) for k, v in stats.items()}
+    for k, (err, agree) in summary.items():
+        print(f"{name} B={batch} {k}: max rel err {err:.2e}, top-1 agreement {agree:.4f}")
+    return summary
 
 
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen3-0.6b"])
 @pytest.mark.parametrize("batch", [1, 8])
-def test_bf16_matches_eager_teacher_forced(name, batch):
-    errs, agree, _ = decode_pair(name, batch, steps=64, start=CONTEXT - 64)
-    print(f"{name} B={batch}: max rel err {max(errs):.2e}, top-1 agreement "
-          f"{sum(agree) / len(agree):.4f}")
-    assert max(errs) <= 2e-2
-    assert sum(agree) / len(agree) >= 0.99
+def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch):
+    """Two bf16 implementations of a deep random model differ from each other by more than
+    either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
+    eager's own distance from the fp32 reference."""
+    s = teacher_forced(name, batch, with_compile=batch == 1)
+    eager_err, eager_top1 = s["bf16 vs fp32"]
+    mk_err, mk_top1 = s["megakernel vs fp32"]
+    assert mk_err <= 1.25 * eager_err + 2e-3
+    assert mk_top1 >= eager_top1 - 0.03
 
 
 def _tiny_step(batch=2):
