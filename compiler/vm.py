@@ -1,0 +1,134 @@
+"""Reference VM: runs a TaskGraph tile by tile in PyTorch, in an order its Schedule allows.
+
+``run_vm(compiled, model, tokens [B], positions [B], kv_cache)`` returns ``{buffer: tensor}`` for
+every activation and scratch buffer (and updates ``kv_cache`` in place). Each task kind has a
+PyTorch tile function with the rounding points of the Triton op body, so tests can diff the
+generated kernel against this buffer by buffer. Workers advance round-robin, each running its
+next task once all its dependencies have run: a schedule that deadlocks raises.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .schedule import DeadlockError
+
+
+def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float, dt) -> torch.Tensor:
+    if w is None:
+        return x.to(dt)
+    xf = x.float()
+    xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dt)
+    return (w.float() * xn.float()).to(dt)
+
+
+def mm(x: torch.Tensor, w: torch.Tensor, dt) -> torch.Tensor:
+    return (x.float() @ w.float().T).to(dt)
+
+
+class VM:
+    def __init__(self, compiled, model, tokens, positions, kv_cache):
+        self.c, self.d = compiled, compiled.ops.dims
+        self.dt = next(model.parameters()).dtype
+        self.buf = {}
+        for name, b in compiled.tasks.ops.buffers.items():
+            if b.space == "weight":
+                self.buf[name] = model.get_parameter(name).detach()
+            elif b.space == "f32" and name in dict(model.named_buffers()):
+                self.buf[name] = model.get_buffer(name).float()
+            elif b.space in ("act", "f32"):
+                dt = self.dt if b.space == "act" else torch.float32
+                self.buf[name] = torch.full(b.shape, float("nan"), dtype=dt, device=kv_cache.device)
+        self.buf.update(tokens=tokens.view(-1), positions=positions.view(-1), kv_cache=kv_cache)
+
+    def w(self, name):
+        return None if name is None else self.buf[name]
+
+    def embed(self, a):
+        lo = a["n0"]
+        hi = lo + self.c.options.tile.block_n
+        self.buf[a["out"]][:, lo:hi] = self.buf[a["table"]][self.buf["tokens"], lo:hi]
+
+    def linear(self, a):
+        lo, hi = a["n0"], a["n0"] + self.c.options.tile.block_n
+        x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)
+        y = mm(x, self.buf[a["weight"]][lo:hi], self.dt)
+        if a["residual"] is not None:
+            y = (self.buf[a["residual"]][:, lo:hi].float() + y.float()).to(self.dt)
+        self.buf[a["out"]][:, lo:hi] = y
+
+    def gate_up(self, a):
+        lo, hi = a["n0"], a["n0"] + self.c.options.tile.block_n
+        x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)
+        g, u = mm(x, self.buf[a["gate"]][lo:hi], self.dt), mm(x, self.buf[a["up"]][lo:hi], self.dt)
+        self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)
+
+    def qkv_rope(self, a):
+        d, dt, h = self.d, self.dt, a["head"]
+        x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], dt)
+        y = mm(x, self.buf[a["weight"]][h * d.head_dim:(h + 1) * d.head_dim], dt)  # [B, D]
+        pos = self.buf["positions"]
+        if a["kind"] < 2:
+            if a["head_norm"] is not None:
+                y = rms(y, self.buf[a["head_norm"]], a["qk_eps"], dt)
+            freqs = pos.float()[:, None] * self.buf[a["inv_freq"]]
+            emb = torch.cat((freqs, freqs), -1)
+            cos, sin = emb.cos().to(dt), emb.sin().to(dt)
+            half = d.head_dim // 2
+            rot = torch.cat((-y[:, half:], y[:, :half]), -1)
+            y = (y * cos).to(dt) + (rot * sin).to(dt)
+        if a["kind"] == 0:
+            self.buf[a["out"]][:, h * d.head_dim:(h + 1) * d.head_dim] = y
+        else:
+            rows = torch.arange(d.batch, device=pos.device)
+            self.buf["kv_cache"][a["layer"], a["kind"] - 1, rows, h, pos] = y.to(dt)
+
+    def attn_partial(self, a):
+        d, b, g, s = self.d, a["row"], a["kv_head"], a["split"]
+        group, hd, split = d.heads // d.kv_heads, d.head_dim, self.c.options.tile.kv_split
+        n = int(self.buf["positions"][b]) + 1
+        lo, hi = s * split, min((s + 1) * split, n)
+        q = self.buf[a["q"]][b].view(d.heads, hd)[g * group:(g + 1) * group].float()
+        heads = slice(g * group, (g + 1) * group)
+        acc, ml = self.buf[a["acc"]][b, heads, s], self.buf[a["ml"]][b, heads, s]
+        if lo >= hi:
+            acc.zero_()
+            ml[:, 0], ml[:, 1] = float("-inf"), 0.0
+            return
+        k = self.buf["kv_cache"][a["layer"], 0, b, g, lo:hi].float()
+        v = self.buf["kv_cache"][a["layer"], 1, b, g, lo:hi].float()
+        scores = q @ k.T * hd ** -0.5                                          # [G, n]
+        m = scores.max(-1).values
+        p = torch.exp(scores - m[:, None])
+        acc.copy_(p.to(self.dt).float() @ v)
+        ml[:, 0], ml[:, 1] = m, p.sum(-1)
+
+    def attn_combine(self, a):
+        d, b, g = self.d, a["row"], a["kv_head"]
+        group, hd = d.heads // d.kv_heads, d.head_dim
+        heads = slice(g * group, (g + 1) * group)
+        acc, ml = self.buf[a["acc"]][b, heads], self.buf[a["ml"]][b, heads]   # [G, NS, D], [G, NS, 2]
+        w = torch.exp(ml[..., 0] - ml[..., 0].max(-1, keepdim=True).values)
+        out = (w[..., None] * acc).sum(1) / (w * ml[..., 1]).sum(1, keepdim=True)
+        self.buf[a["out"]][b, g * group * hd:(g + 1) * group * hd] = out.flatten().to(self.dt)
+
+    def run(self) -> dict:
+        tasks, deps, queues = self.c.tasks.tasks, self.c.tasks.deps, self.c.schedule.queues
+        done, heads = set(), [0] * len(queues)
+        while len(done) < len(tasks):
+            progressed = False
+            for w, q in enumerate(queues):
+                if heads[w] < len(q) and all(d in done for d in deps[q[heads[w]]]):
+                    task = tasks[q[heads[w]]]
+                    getattr(self, task.kind)(task.args)
+                    done.add(task.id)
+                    heads[w] += 1
+                    progressed = True
+            if not progressed:
+                raise DeadlockError("reference VM: no worker can run its next task")
+        return self.buf
+
+
+@torch.no_grad()
+def run_vm(compiled, model, tokens, positions, kv_cache) -> dict:
+    return VM(compiled, model, tokens, positions, kv_cache).run()
