@@ -106,7 +106,8 @@ class Schedule:
     num_workers: int
     queues: tuple[tuple[int, ...], ...]  # queues[w] = task ids in execution order
     makespan_us: float                   # as rated by the cost model
-    scheduler: str
+    scheduler: str                       # the scheduler whose answer this is
+    rated: tuple = ()                    # (scheduler, makespan_us) of every candidate compared
 
 
 @dataclass(frozen=True)

@@ -325,23 +325,25 @@ def _unmatched(gm: fx.GraphModule, covered: set) -> list[str]:
 
 
 def dims_of(gm: fx.GraphModule, itemsize: int) -> Dims:
+    """Static sizes from the shaped graph: the cache, the first attention, the first SiLU's
+    projection, the embedding table and the output."""
     shapes = {n.target: tuple(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
               if n.op == "placeholder" and "tensor_meta" in n.meta}
     missing = {"tokens", "positions", "kv_cache"} - set(shapes)
     if missing:
         raise LoweringError(f"graph lacks shaped inputs {sorted(missing)} (run ShapeProp first)")
     layers, _, batch, kv_heads, seq, head_dim = shapes["kv_cache"]
-    params = dict(gm.named_parameters(remove_duplicate=False))
-    linears = [n for n in gm.graph.nodes if is_(n, "Linear", "linear")]
-    def w(n):
-        return params[f"{n.target}.weight"] if is_(n, "Linear") else params[n.args[1].target]
-    emb = next(p for name, p in params.items() if "embed" in name)
-    q_out = w(linears[0]).shape[0]
-    gate = next(w(n) for n in linears if w(n).shape[1] == emb.shape[1] and w(n).shape[0] not in
-                (q_out, kv_heads * head_dim, emb.shape[0]))
-    return Dims(batch=batch, max_seq_len=seq, hidden=emb.shape[1], intermediate=gate.shape[0],
-                heads=q_out // head_dim, kv_heads=kv_heads, head_dim=head_dim,
-                vocab=w(linears[-1]).shape[0], layers=layers, itemsize=itemsize)
+    def first(*names):
+        node = next((n for n in gm.graph.nodes if is_(n, *names)), None)
+        if node is None or "tensor_meta" not in node.meta:
+            raise LoweringError(f"graph has no shaped {'/'.join(names)} node")
+        return tuple(node.meta["tensor_meta"].shape)
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return Dims(batch=batch, max_seq_len=seq, hidden=first("Embedding", "embedding")[-1],
+                intermediate=first("silu")[-1],
+                heads=first("scaled_dot_product_attention")[1], kv_heads=kv_heads,
+                head_dim=head_dim, vocab=tuple(out.meta["tensor_meta"].shape)[-1], layers=layers,
+                itemsize=itemsize)
 
 
 def lower(gm: fx.GraphModule, itemsize: int) -> OpGraph:

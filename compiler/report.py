@@ -19,6 +19,8 @@ def summary(c: Compiled) -> str:
         f"  schedule: {sched.scheduler} on {sched.num_workers} workers, predicted makespan "
         f"{sched.makespan_us:.1f} us; per worker {min(map(len, sched.queues))}-"
         f"{max(map(len, sched.queues))} tasks",
+        "  makespans: " + ", ".join(f"{name} {ms:.1f} us" for name, ms in sched.rated)
+        + f" -> {sched.scheduler} kept",
         f"  sync: {sync.num_counters} counters, {sum(map(len, sync.waits))} waits "
         f"({sum(1 for w in sync.waits if not w)} tasks wait on nothing)",
     ]

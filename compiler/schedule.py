@@ -56,36 +56,52 @@ def greedy(graph: TaskGraph, target: Target, num_workers: int) -> Schedule:
         worker_free[w] = finish[t]
         heapq.heappush(free, (finish[t], w))
         queues[w].append(t)
-    return Schedule(num_workers, tuple(map(tuple, queues)), max(finish, default=0.0), "greedy")
+    makespan = max(finish, default=0.0)
+    return Schedule(num_workers, tuple(map(tuple, queues)), makespan, "greedy",
+                    (("greedy", makespan),))
 
 
 def simulate(graph: TaskGraph, schedule: Schedule, target: Target) -> float:
     """Makespan of ``schedule`` under the cost model; raises DeadlockError if a queue waits on a
     task that can never run first."""
+    return max(start_times(graph, schedule, target, finish=True).values(), default=0.0)
+
+
+def start_times(graph: TaskGraph, schedule: Schedule, target: Target,
+                finish: bool = False) -> dict[int, float]:
+    """Start (or finish) time of every task when each worker runs its queue in order."""
     cost = costs(graph, target, schedule.num_workers)
     where = {t: w for w, q in enumerate(schedule.queues) for t in q}
-    finish: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    starts: dict[int, float] = {}
     heads = [0] * schedule.num_workers
     clock = [0.0] * schedule.num_workers
     remaining = sum(len(q) for q in schedule.queues)
     while remaining:
         progressed = False
         for w, q in enumerate(schedule.queues):
-            while heads[w] < len(q) and all(d in finish for d in graph.deps[q[heads[w]]]):
+            while heads[w] < len(q) and all(d in ends for d in graph.deps[q[heads[w]]]):
                 t = q[heads[w]]
-                ready = max((finish[d] + (0.0 if where[d] == w else target.sync_us)
+                ready = max((ends[d] + (0.0 if where[d] == w else target.sync_us)
                              for d in graph.deps[t]), default=0.0)
-                clock[w] = finish[t] = max(clock[w], ready) + cost[t]
+                starts[t] = max(clock[w], ready)
+                clock[w] = ends[t] = starts[t] + cost[t]
                 heads[w] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             stuck = {w: q[heads[w]] for w, q in enumerate(schedule.queues) if heads[w] < len(q)}
             raise DeadlockError(f"schedule deadlocks: worker -> waiting task {stuck}")
-    return max(finish.values(), default=0.0)
+    return ends if finish else starts
 
 
-SCHEDULERS = {"greedy": greedy}
+def cpsat(graph: TaskGraph, target: Target, num_workers: int) -> Schedule:
+    from .cpsat import cpsat as solve
+
+    return solve(graph, target, num_workers)
+
+
+SCHEDULERS = {"greedy": greedy, "cpsat": cpsat}
 
 
 def schedule(graph: TaskGraph, target: Target, num_workers: int, scheduler: str = "greedy"):

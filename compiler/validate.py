@@ -1,5 +1,6 @@
 """Validate a schedule before anything launches; each check raises :class:`ScheduleError`.
 
+    deps cover regions  every read-after-write overlap of regions is a dependency
     acyclic             dependencies form a DAG
     complete            every task is queued exactly once
     deadlock-free       running each queue in order, every wait can be satisfied
@@ -16,10 +17,19 @@ import numpy as np
 from .cost import Target
 from .ir import Schedule, SyncPlan, TaskGraph
 from .schedule import DeadlockError, simulate
+from .tile import derive_deps
 
 
 class ScheduleError(ValueError):
     pass
+
+
+def check_deps_cover_regions(graph: TaskGraph) -> None:
+    for t, needed in enumerate(derive_deps(graph.tasks)):
+        missing = set(needed) - set(graph.deps[t])
+        if missing:
+            raise ScheduleError(f"task {t} reads what task(s) {sorted(missing)[:4]} write, "
+                                "without depending on them")
 
 
 def check_acyclic(graph: TaskGraph) -> None:
@@ -72,6 +82,7 @@ def validate(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, target: Targe
         raise ScheduleError(f"{schedule.num_workers} workers cannot all be resident on "
                             f"{target.name} ({target.max_workers} slots)")
     check_acyclic(graph)
+    check_deps_cover_regions(graph)
     check_complete(graph, schedule)
     check_written_once(graph)
     check_sync(graph, schedule, sync)

@@ -1,0 +1,146 @@
+"""Properties of the compiler stages on random small models and random task graphs."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megakernel.compiler.capture import capture
+from megakernel.compiler.cost import H200
+from megakernel.compiler.ir import Buffer, Dims, OpGraph, Region, Schedule, Task, TaskGraph
+from megakernel.compiler.lower import LoweringError, is_, lower
+from megakernel.compiler.schedule import schedule
+from megakernel.compiler.sync import plan_sync
+from megakernel.compiler.tile import TileConfig, derive_deps, tile
+from megakernel.compiler.validate import ScheduleError, validate
+from megakernel.models import ModelConfig
+from megakernel.models.weights import empty_model
+
+SETTINGS = settings(max_examples=12, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@st.composite
+def small_models(draw):
+    kv, group = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    cfg = ModelConfig(
+        arch=draw(st.sampled_from(["llama", "qwen3"])), vocab_size=draw(st.integers(40, 300)),
+        hidden_size=draw(st.integers(24, 160)), intermediate_size=draw(st.integers(24, 200)),
+        num_layers=draw(st.integers(1, 3)), num_heads=kv * group, num_kv_heads=kv,
+        head_dim=draw(st.sampled_from([16, 24, 32])), rms_norm_eps=1e-5, rope_theta=1e4,
+        max_position_embeddings=512, tie_word_embeddings=draw(st.booleans()))
+    batch, seq = draw(st.integers(1, 5)), 16 * draw(st.integers(1, 6))
+    tiles = TileConfig(block_n=draw(st.sampled_from([16, 32, 64])), kv_block=16,
+                       kv_split=16 * draw(st.integers(1, 4)))
+    return cfg, batch, seq, tiles
+
+
+def build(cfg, batch, seq, tiles):
+    gm = capture(empty_model(cfg), batch, seq)
+    return gm, tile(lower(gm, 4), tiles)
+
+
+def graph_flops(gm, batch, seq) -> int:
+    params = dict(gm.named_parameters(remove_duplicate=False))
+    total = 0
+    for n in gm.graph.nodes:
+        if is_(n, "Linear"):
+            out, k = params[f"{n.target}.weight"].shape
+            total += 2 * batch * out * k
+        elif is_(n, "scaled_dot_product_attention"):
+            q = n.args[0].meta["tensor_meta"].shape        # [B, H, 1, D]
+            total += 4 * q[0] * q[1] * seq * q[3]
+    return total
+
+
+@SETTINGS
+@given(small_models())
+def test_tiling_writes_every_output_once_and_keeps_the_flops(model):
+    cfg, batch, seq, tiles = model
+    gm, tg = build(cfg, batch, seq, tiles)
+    paint = {name: np.zeros(b.shape if b.space != "cache" else b.shape[:4], np.int32)
+             for name, b in tg.ops.buffers.items() if b.space in ("act", "f32", "cache")
+             and not name.startswith("inv_freq")}
+    for task in tg.tasks:
+        for r in task.writes:
+            paint[r.buffer][tuple(slice(lo, hi) for lo, hi in r.box[: paint[r.buffer].ndim])] += 1
+    for name, counts in paint.items():
+        assert counts.min() == 1 and counts.max() == 1, name
+    assert sum(t.flops for t in tg.tasks) == graph_flops(gm, batch, seq)
+
+
+@SETTINGS
+@given(small_models(), st.integers(1, 40))
+def test_validator_accepts_every_produced_schedule(model, workers):
+    _, tg = build(*model)
+    sched = schedule(tg, H200, workers)
+    validate(tg, sched, plan_sync(tg, sched), H200)
+
+
+@SETTINGS
+@given(small_models(), st.integers(2, 24), st.data())
+def test_validator_rejects_mutations(model, workers, data):
+    _, tg = build(*model)
+    sched = schedule(tg, H200, workers)
+    sync = plan_sync(tg, sched)
+    with_deps = [t for t, d in enumerate(tg.deps) if d]
+    t = data.draw(st.sampled_from(with_deps))
+    d = data.draw(st.sampled_from(tg.deps[t]))
+    dropped = replace(tg, deps=tuple(tuple(x for x in ds if (i, x) != (t, d))
+                                     for i, ds in enumerate(tg.deps)))
+    with pytest.raises(ScheduleError, match="without depending"):
+        validate(dropped, sched, sync, H200)
+    cyclic = replace(tg, deps=tuple(ds + ((t,) if i == d else ()) for i, ds in enumerate(tg.deps)))
+    with pytest.raises(ScheduleError, match="cycle"):
+        validate(cyclic, sched, sync, H200)
+    wide = Schedule(H200.max_workers + 1, sched.queues + ((),) * (H200.max_workers + 1 - workers),
+                    0.0, "mutated")
+    with pytest.raises(ScheduleError, match="resident"):
+        validate(tg, wide, sync, H200)
+    crossing = [(i, c) for i, ws in enumerate(sync.waits) for c in ws]
+    if crossing:
+        i, c = data.draw(st.sampled_from(crossing))
+        waits = tuple(tuple(x for x in ws if (j, x) != (i, c)) for j, ws in enumerate(sync.waits))
+        with pytest.raises(ScheduleError, match="without waiting"):
+            validate(tg, sched, replace(sync, waits=waits), H200)
+
+
+@st.composite
+def task_graphs(draw):
+    n = draw(st.integers(2, 40))
+    buffers, tasks = {}, []
+    for i in range(n):
+        preds = draw(st.lists(st.integers(0, i - 1), max_size=3, unique=True)) if i else []
+        buffers[f"b{i}"] = Buffer(f"b{i}", "act", (1,))
+        tasks.append(Task(i, f"op{i // 4}", "synthetic", {},
+                          tuple(Region(f"b{p}", ((0, 1),)) for p in preds),
+                          (Region(f"b{i}", ((0, 1),)),),
+                          draw(st.integers(1, 10 ** 6)), draw(st.integers(0, 10 ** 7))))
+    dims = Dims(1, 16, 16, 16, 1, 1, 16, 16, 1, 2)
+    graph = OpGraph(dims, buffers, (), "b0")
+    return TaskGraph(graph, tuple(tasks), derive_deps(tasks))
+
+
+@settings(max_examples=25, deadline=None)
+@given(task_graphs(), st.integers(1, 8))
+def test_cpsat_is_never_worse_than_greedy(graph, workers):
+    greedy = schedule(graph, H200, workers, "greedy")
+    best = schedule(graph, H200, workers, "cpsat")
+    assert best.makespan_us <= greedy.makespan_us + 1e-9
+    validate(graph, best, plan_sync(graph, best), H200)
+
+
+def test_unknown_nodes_are_listed():
+    cfg = ModelConfig(arch="llama", vocab_size=50, hidden_size=32, intermediate_size=48,
+                      num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-5,
+                      rope_theta=1e4, max_position_embeddings=64, tie_word_embeddings=False)
+    gm = capture(empty_model(cfg), 1, 16)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        odd = gm.graph.call_function(torch.tanh, (out.args[0],))
+    odd.meta = dict(out.args[0].meta)
+    out.args = (odd,)
+    with pytest.raises(LoweringError, match="tanh"):
+        lower(gm, 4)
