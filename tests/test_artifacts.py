@@ -1,0 +1,73 @@
+"""Artifacts, the compile cache, the compile CLI, and building generated kernels for sm_90."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megakernel.cli import main, parse_batch_sizes
+from megakernel.compiler.artifact import cache_key, compile_cached
+from megakernel.compiler.pipeline import CompileOptions
+from megakernel.models import PRESETS
+from megakernel.models.weights import empty_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_cache_hit_reuses_the_compiled_kernel(tmp_path):
+    model = empty_model(PRESETS["tiny-qwen3"])
+    opts = CompileOptions(2, 64, target="h200", num_workers=8)
+    first, hit = compile_cached(model, opts, "tiny-qwen3", tmp_path)
+    assert not hit
+    t0 = time.perf_counter()
+    again, hit = compile_cached(model, opts, "tiny-qwen3", tmp_path)
+    assert hit and time.perf_counter() - t0 < 1.0
+    assert again.kernel.source == first.kernel.source
+    assert cache_key(model, opts) != cache_key(model, CompileOptions(3, 64, target="h200"))
+    assert cache_key(model, opts) != cache_key(empty_model(PRESETS["tiny-llama"]), opts)
+
+
+def test_compile_cli_writes_artifacts(tmp_path, capsys):
+    assert main(["compile", "tiny-llama", "--batch-sizes", "1,3", "--max-seq-len", "64",
+                 "--device", "cpu", "-o", str(tmp_path)]) == 0
+    for b in (1, 3):
+        folder = tmp_path / f"b{b}"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["batch_size"] == b and manifest["model_hash"]
+        assert {"kernel.py", "schedule.json", "instructions.npz", "compiled.pkl"} <= {
+            p.name for p in folder.iterdir()}
+    assert "makespans" in capsys.readouterr().out
+
+
+def test_batch_size_ranges():
+    assert parse_batch_sizes("1,4,8-10") == [1, 4, 8, 9, 10]
+    with pytest.raises(ValueError):
+        parse_batch_sizes("0")
+
+
+HOPPER_SCRIPT = """
+from megakernel.compiler.hopper import compile_for_hopper
+from megakernel.compiler.pipeline import CompileOptions, compile_model
+from megakernel.models import PRESETS
+from megakernel.models.weights import empty_model
+from megakernel.runtime.megakernel import load_kernel
+import torch
+for name, batch in [("tiny-llama", 3), ("tiny-qwen3", 1), ("qwen3-0.6b", 8)]:
+    model = empty_model(PRESETS[name]).to(torch.bfloat16)
+    c = compile_model(model, CompileOptions(batch, 64, target="h200"), name)
+    out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
+    assert b".target sm_90" in out.asm["ptx"].encode() and len(out.asm["cubin"]) > 0
+    print(name, batch, "sm_90 ok", len(out.asm["cubin"]))
+"""
+
+
+def test_generated_kernels_compile_for_sm90(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["MEGAKERNEL_CACHE"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], env=env, capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("sm_90 ok") == 3
