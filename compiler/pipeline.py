@@ -26,6 +26,7 @@ class CompileOptions:
     num_workers: int | None = None       # default: every resident slot of the target
     scheduler: str = "greedy"
     tile: TileConfig = field(default_factory=TileConfig)
+    num_warps: int = 4                   # warps per worker program
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:

@@ -40,19 +40,16 @@ def p2(n: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
-BLOCK_K = 64
-
-
 def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
     n, k = t.args["n"], t.args["k"]
     return dict(eps=t.args["eps"], B=d.batch, K=k, N=n, HAS_NORM=t.args["norm"] is not None,
                 HAS_RES=t.args["residual"] is not None, BLOCK_B=p2(d.batch), BLOCK_N=c.block_n,
-                BLOCK_K=BLOCK_K)
+                BLOCK_K=c.block_k)
 
 
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], B=d.batch, K=d.hidden, N=d.intermediate, BLOCK_B=p2(d.batch),
-                BLOCK_N=c.block_n, BLOCK_K=BLOCK_K)
+                BLOCK_N=c.block_n, BLOCK_K=c.block_k)
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -63,7 +60,7 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], B=d.batch, K=d.hidden, D=d.head_dim,
                 HQ=d.heads, HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=p2(d.batch),
-                HALF=p2(d.head_dim // 2), BLOCK_K=BLOCK_K)
+                HALF=p2(d.head_dim // 2), BLOCK_K=c.block_k)
 
 
 def _splits(d: Dims, c: TileConfig) -> int:

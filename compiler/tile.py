@@ -21,6 +21,7 @@ from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 @dataclass(frozen=True)
 class TileConfig:
     block_n: int = 64          # output columns per linear / gate_up / embed task
+    block_k: int = 64          # reduction columns per inner step of a projection
     kv_block: int = 16         # cache block (tokens) = keys per attention inner step
     kv_split: int = 256        # keys per attn_partial task (a multiple of kv_block)
 

@@ -98,7 +98,8 @@ class MegakernelStep:
         self.kernel[(len(self.queues),)](
             self.ins, self.waits, self.queues, self.counters, self.error, self.weights,
             self.offsets, self.act, self.f32, kv_cache, self.tokens, self.positions,
-            self.block_table, self.epoch, self.spin_limit, NWORDS=NUM_WORDS)
+            self.block_table, self.epoch, self.spin_limit, NWORDS=NUM_WORDS,
+            num_warps=self.compiled.options.num_warps)
 
     def check(self) -> None:
         err = self.error.tolist()

@@ -1,0 +1,58 @@
+"""Time megakernel variants (tile sizes, warps, workers) side by side with torch.compile.
+
+    python -m megakernel.bench.sweep --model llama-3.2-1b --batch-size 1 \\
+        --variants 64x64x4x132,64x256x8x132      # block_n x block_k x num_warps x workers
+Prints one row per variant (ms/token, TB/s, ratio to torch-compile) and writes --json FILE.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from megakernel.bench.decode import median_step_ms, step_bytes
+from megakernel.compiler.tile import TileConfig
+from megakernel.models import load_model
+from megakernel.runtime import allocate_kv_cache, get_backend
+from megakernel.runtime.megakernel import megakernel_backend
+
+
+def parse_variant(text: str) -> dict:
+    bn, bk, warps, workers = (int(v) for v in text.split("x"))
+    return dict(tile=TileConfig(block_n=bn, block_k=bk), num_warps=warps, num_workers=workers)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="llama-3.2-1b")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--variants", default="64x64x4x132")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
+    b, ctx = args.batch_size, args.context
+    tokens = torch.zeros(b, 1, dtype=torch.long, device="cuda")
+    positions = torch.full((b, 1), ctx - 1, device="cuda")
+    nbytes = step_bytes(model, b, ctx)
+    rows = []
+    cache = allocate_kv_cache(model.config, b, ctx, dtype=torch.bfloat16, device="cuda")
+    ref = get_backend("torch-compile")(model, cache)
+    with torch.inference_mode():
+        base = median_step_ms(lambda: ref(tokens, positions, cache), cache.device, 10, args.iters)
+        for text in args.variants.split(","):
+            step = megakernel_backend(model, cache, **parse_variant(text))
+            ms = median_step_ms(lambda: step(tokens, positions, cache), cache.device, 5, args.iters)
+            rows.append({"variant": text, "ms_per_token": ms, "TBps": nbytes / ms / 1e9,
+                         "torch_compile_ms": base, "speedup": base / ms})
+            print(f"{args.model} B={b} {text:<18} {ms:7.3f} ms  {nbytes / ms / 1e9:5.2f} TB/s  "
+                  f"x{base / ms:.2f} vs torch-compile {base:.3f} ms", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
