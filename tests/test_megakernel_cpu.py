@@ -22,3 +22,16 @@ def test_megakernel_matches_eager_for_32_greedy_steps(name, batch):
         assert torch.isfinite(a).all(), f"step {step}"
         err = (a - b).abs().max().item()
         assert err <= 1e-4, f"step {step}: max |diff| {err:.2e}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_generate_cli_megakernel_on_hf_checkpoint_with_odd_sizes(tmp_path, arch, capsys):
+    """head_dim 12 or 24, hidden 72 or 80, vocab 301 or 277: through the CLI, verified."""
+    from hf_checkpoints import write_checkpoint
+    from megakernel.cli import main
+
+    write_checkpoint(arch, tmp_path, seed=7)
+    args = ["generate", "--model", str(tmp_path), "--prompt", "x", "--prompt", "a b c",
+            "--max-new-tokens", "6", "--device", "cpu", "--backend", "megakernel", "--verify"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert "agree with the eager engine" in capsys.readouterr().err
