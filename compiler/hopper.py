@@ -19,11 +19,11 @@ POINTERS = {
 }
 
 
-def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4):
+def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3):
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
     signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
     src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS})
     compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps})
+                              options={"num_warps": num_warps, "num_stages": num_stages})
     return compiled

@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--max-seq-len", type=int, default=1024)
     comp.add_argument("--device", choices=["cpu", "cuda"], default=None)
     comp.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None)
-    comp.add_argument("--scheduler", default="greedy")
+    comp.add_argument("--scheduler", default="cpsat",
+                      help="cpsat (rates greedy and CP-SAT, keeps the better) | greedy")
     comp.add_argument("-o", "--output", required=True)
     comp.set_defaults(func=cmd_compile)
 

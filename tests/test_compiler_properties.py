@@ -123,6 +123,17 @@ def task_graphs(draw):
     return TaskGraph(graph, tuple(tasks), derive_deps(tasks))
 
 
+@SETTINGS
+@given(small_models(), st.integers(1, 24))
+def test_cpsat_is_never_worse_than_greedy_on_models(model, workers):
+    _, tg = build(*model)
+    greedy = schedule(tg, H200, workers, "greedy")
+    best = schedule(tg, H200, workers, "cpsat")
+    assert best.makespan_us <= greedy.makespan_us + 1e-9
+    assert dict(best.rated)["greedy"] == pytest.approx(greedy.makespan_us)
+    validate(tg, best, plan_sync(tg, best), H200)
+
+
 @settings(max_examples=25, deadline=None)
 @given(task_graphs(), st.integers(1, 8))
 def test_cpsat_is_never_worse_than_greedy(graph, workers):

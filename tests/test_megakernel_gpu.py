@@ -82,9 +82,13 @@ def _tiny_step(batch=2):
 
 
 def test_no_watchdog_trip_in_1000_steps():
-    step, tokens, positions, cache = _tiny_step()
-    for _ in range(1000):
-        step(tokens, positions, cache)
+    model = load_model("llama-3.2-1b", device="cuda", dtype="bfloat16", progress=False).model
+    cache = allocate_kv_cache(model.config, 8, CONTEXT, dtype=torch.bfloat16, device="cuda")
+    step = get_backend("megakernel")(model, cache)
+    tokens = torch.zeros(8, 1, dtype=torch.long, device="cuda")
+    with torch.inference_mode():
+        for i in range(1000):
+            step(tokens, torch.full((8, 1), i % CONTEXT, device="cuda"), cache)
     assert step.epoch == 1000
 
 
