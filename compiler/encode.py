@@ -1,7 +1,8 @@
 """Encode: (TaskGraph, Schedule, SyncPlan) -> int32 instruction tables the kernel walks.
 
-    instructions [T, NUM_WORDS]  per task, grouped by worker in queue order:
-                                 opcode, first wait, number of waits, counter to signal, fields
+    instructions [T, NUM_WORDS]  per task, grouped by worker in queue order: opcode, first
+                                 wait, number of waits, counter to signal, weight tile to
+                                 prefetch (id, offset, count), then the op's fields
     waits        [N, 2]          (counter, producers per epoch)
     queues       [W, 2]          (first instruction, number of instructions) per worker
 Memory: activations and fp32 scratch get element offsets in two arenas; weights get an id into an
@@ -66,6 +67,20 @@ def _word(field, value, mem: MemoryPlan, weight_id: dict) -> int:
     return int(value)
 
 
+def prefetch_words(task, buffers, weight_id: dict) -> list[int]:
+    """The task's largest weight region, if it is one contiguous row-major range."""
+    best = None
+    for r in task.reads:
+        buf = buffers[r.buffer]
+        contiguous = all(lo == 0 and hi == n for (lo, hi), n in zip(r.box[1:], buf.shape[1:]))
+        if buf.space == "weight" and contiguous and (best is None or r.numel > best.numel):
+            best = r
+    if best is None:
+        return [0, 0, 0]
+    row = best.numel // (best.box[0][1] - best.box[0][0])
+    return [weight_id[best.buffer], best.box[0][0] * row, best.numel]
+
+
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig) -> Encoded:
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
@@ -78,6 +93,7 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             key = variant_key(task, graph.ops.dims, cfg)
             opcode = opcodes.setdefault(key, len(opcodes))
             header = [opcode, len(waits), len(sync.waits[t]), sync.signal[t]]
+            header += prefetch_words(task, graph.ops.buffers, weight_id)
             waits.extend((c, sync.counter_size[c]) for c in sync.waits[t])
             fields = [_word(f, task.args.get(f.name), mem, weight_id)
                       for f in REGISTRY[task.kind].words]

@@ -16,6 +16,7 @@ POINTERS = {
     "error_ptr": "*i32", "weights_ptr": "*{dt}", "offsets_ptr": "*i64", "act_ptr": "*{dt}",
     "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i32", "positions_ptr": "*i32",
     "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "NWORDS": "constexpr",
+    "PREFETCH": "constexpr",
 }
 
 
@@ -23,7 +24,7 @@ def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stag
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
     signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
-    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS})
+    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": True})
     compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
     return compiled

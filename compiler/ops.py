@@ -295,3 +295,16 @@ def signal_counter(counters_ptr, c):
     tl.debug_barrier()
     if c >= 0:
         tl.atomic_add(counters_ptr + c, 1, sem="release")
+
+
+@triton.jit
+def prefetch_l2(ptr, count, LINES: tl.constexpr = 256):
+    """Ask L2 for ``count`` elements from ``ptr``, one 128-byte line per lane (GPU only)."""
+    STRIDE: tl.constexpr = 64                      # bf16/fp16 elements per 128-byte line
+    n_lines = (count + STRIDE - 1) // STRIDE
+    i = 0
+    while i < n_lines:
+        line = tl.minimum(i + tl.arange(0, LINES), n_lines - 1).to(tl.int64)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                  [ptr + line * STRIDE], dtype=tl.int32, is_pure=False, pack=1)
+        i += LINES

@@ -102,7 +102,9 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int"), _attn_combine),
 ]}
 
-HEADER_WORDS = 4   # opcode, first wait, number of waits, counter to signal
+# opcode, first wait, number of waits, counter to signal, then the weight tile to prefetch before
+# waiting: weight id, element offset within that weight, element count (0: nothing)
+HEADER_WORDS = 7
 NUM_WORDS = HEADER_WORDS + max(len(s.words) for s in REGISTRY.values())
 
 

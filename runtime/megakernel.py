@@ -99,6 +99,7 @@ class MegakernelStep:
             self.ins, self.waits, self.queues, self.counters, self.error, self.weights,
             self.offsets, self.act, self.f32, kv_cache, self.tokens, self.positions,
             self.block_table, self.epoch, self.spin_limit, NWORDS=NUM_WORDS,
+            PREFETCH=self.compiled.options.prefetch and kv_cache.is_cuda,
             num_warps=self.compiled.options.num_warps)
 
     def check(self) -> None:

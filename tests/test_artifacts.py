@@ -59,7 +59,9 @@ for name, batch in [("tiny-llama", 3), ("tiny-qwen3", 1), ("qwen3-0.6b", 8)]:
     model = empty_model(PRESETS[name]).to(torch.bfloat16)
     c = compile_model(model, CompileOptions(batch, 64, target="h200"), name)
     out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
-    assert b".target sm_90" in out.asm["ptx"].encode() and len(out.asm["cubin"]) > 0
+    ptx = out.asm["ptx"]
+    assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
+    assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
     print(name, batch, "sm_90 ok", len(out.asm["cubin"]))
 """
 
