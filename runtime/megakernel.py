@@ -65,7 +65,7 @@ def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, t
 
 
 class MegakernelStep:
-    def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 20):
+    def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19):
         self.compiled, self.spin_limit = compiled, spin_limit
         dims, enc, device = compiled.ops.dims, compiled.encoded, kv_cache.device
         self.kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)

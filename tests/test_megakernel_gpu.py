@@ -1,5 +1,6 @@
 """The megakernel on the GPU (skipped without CUDA): bf16 against eager, watchdog, long runs."""
 import copy
+import math
 import time
 
 import pytest
@@ -27,7 +28,7 @@ def teacher_forced(name, batch, steps=64, with_compile=False):
     model = load_model(name, device="cuda", dtype="bfloat16", progress=False).model
     cfg, start = model.config, CONTEXT - steps
     caches = {"bf16": allocate_kv_cache(cfg, batch, CONTEXT, dtype=torch.bfloat16, device="cuda")}
-    caches["bf16"][:, :, :, :, :start].normal_()
+    caches["bf16"][:, :, :, :, :start].normal_(generator=torch.Generator("cuda").manual_seed(0))
     caches["fp32"] = caches["bf16"].float()
     caches["megakernel"] = caches["bf16"].clone()
     caches["megakernel"][:, :, :, :, start:] = float("nan")    # never read before written
@@ -69,7 +70,10 @@ def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch):
     eager_err, eager_top1 = s["bf16 vs fp32"]
     mk_err, mk_top1 = s["megakernel vs fp32"]
     assert mk_err <= 1.25 * eager_err + 2e-3
-    assert mk_top1 >= eager_top1 - 0.03
+    # top-1 agreement over 64 * batch tokens is a binomial estimate: allow two standard errors
+    # of the difference of two such estimates
+    n = 64 * batch
+    assert mk_top1 >= eager_top1 - 2 * math.sqrt(2 * eager_top1 * (1 - eager_top1) / n) - 1e-9
 
 
 def _tiny_step(batch=2):
