@@ -9,8 +9,8 @@ bandwidth, against a device-to-device copy measured in the same run.
 from __future__ import annotations
 
 import datetime
-import json
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -34,7 +34,6 @@ class Timer:
             ev.record()
             self.stamps.append(ev)
         else:
-            import time
             self.stamps.append(time.perf_counter())
 
     def gaps_ms(self) -> list[float]:
@@ -124,7 +123,7 @@ def run_decode_bench(args) -> dict:
             rows.append({"model": loaded.name, "batch_size": batch, "context": args.context,
                          "backend": name, "dtype": dtype, "ms_per_token": round(ms, 4),
                          "bytes_per_step": nbytes,
-                         "achieved_TBps": round(nbytes / (ms * 1e-3) / 1e12, 4)})
+                         "achieved_TBps": round(nbytes / (ms * 1e-3) / 1e12, 6)})
             print(f"{loaded.name} B={batch:<3} ctx={args.context} {name:<14} {ms:8.3f} ms/token "
                   f"{rows[-1]['achieved_TBps']:.2f} TB/s (copy {report['copy_TBps']:.2f})",
                   flush=True)

@@ -125,4 +125,4 @@ class KernelSource:
     source: str
     kernel_name: str
     num_workers: int
-    instructions: Any = field(hash=False, compare=False)   # numpy/torch int32 tables
+    encoded: Any = field(hash=False, compare=False)        # the tables the kernel walks

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import fx
 
 from .ir import Buffer, Dims, Op, OpGraph
@@ -265,7 +264,7 @@ class Lowerer:
                                 "but nothing writes the new keys and values first")
         return last
 
-    def projection(self, heads_node, inv_freq=None):
+    def projection(self, heads_node):
         lin, head_norm = self.heads(heads_node)
         x_node, weight = self.linear_parts(lin)
         self.cover(lin)

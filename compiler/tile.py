@@ -13,7 +13,7 @@ Invariant: the write regions of an op's tasks tile its outputs exactly once.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 
@@ -46,11 +46,11 @@ def rows(buf: Buffer, lo: int, hi: int) -> Region:
 class Tiler:
     graph: OpGraph
     cfg: TileConfig
-    tasks: list = None
-    buffers: dict = None
+    tasks: list = field(default_factory=list)
+    buffers: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.tasks, self.buffers = [], dict(self.graph.buffers)
+        self.buffers = dict(self.graph.buffers)
 
     def add(self, op, kind, args, reads, writes, nbytes, flops) -> None:
         self.tasks.append(Task(len(self.tasks), op.name, kind, args, tuple(reads), tuple(writes),

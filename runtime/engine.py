@@ -72,12 +72,13 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
-                 sampling: SamplingParams = SamplingParams(), eos_ids: tuple[int, ...] = (),
+                 sampling: SamplingParams | None = None, eos_ids: tuple[int, ...] = (),
                  pad_id: int = 0, keep_logits: bool = False,
                  poison: bool = False) -> GenerationResult:
         """``poison`` fills every cache slot that prefill did not write with NaN, so a decode
         backend that reads a slot before writing it cannot go unnoticed."""
         _check_prompts(prompts, self.model.config.vocab_size)
+        sampling = sampling or SamplingParams()
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         longest = max(len(p) for p in prompts) + max_new_tokens

@@ -39,29 +39,31 @@ def test_unsupported_flags_are_named(tmp_path, key):
         load_model(str(tmp_path), progress=False)
 
 
+def rewrite_tensors(folder, mutate):
+    """Load model.safetensors, let ``mutate`` edit the dict, write it back."""
+    state = load_file(folder / "model.safetensors")
+    mutate(state)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
 def test_missing_tensor_is_named(tmp_path):
     write_checkpoint("llama", tmp_path)
-    state = load_file(tmp_path / "model.safetensors")
-    del state["model.layers.1.mlp.up_proj.weight"]
-    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    rewrite_tensors(tmp_path, lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))
     with pytest.raises(CheckpointError, match=r"layers\.1\.mlp\.up_proj\.weight"):
         load_model(str(tmp_path), progress=False)
 
 
 def test_misshaped_tensor_names_both_shapes(tmp_path):
     write_checkpoint("llama", tmp_path)
-    state = load_file(tmp_path / "model.safetensors")
-    state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(25, 72)
-    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    rewrite_tensors(tmp_path, lambda s: s.update(
+        {"model.layers.0.self_attn.k_proj.weight": torch.zeros(25, 72)}))
     with pytest.raises(CheckpointError, match=r"k_proj.*\(25, 72\).*\(24, 72\)"):
         load_model(str(tmp_path), progress=False)
 
 
 def test_unexpected_tensor_is_named(tmp_path):
     write_checkpoint("llama", tmp_path)
-    state = load_file(tmp_path / "model.safetensors")
-    state["model.layers.0.mystery.weight"] = torch.zeros(3)
-    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    rewrite_tensors(tmp_path, lambda s: s.update({"model.layers.0.mystery.weight": torch.zeros(3)}))
     with pytest.raises(CheckpointError, match="mystery"):
         load_model(str(tmp_path), progress=False)
 
