@@ -24,6 +24,9 @@ grep -E "rel err|passed|failed" "$out/gpu-tests.log" | tail -20
 compute-sanitizer --tool memcheck python3 -m megakernel.bench.sanitize_step > "$out/memcheck.log" 2>&1 \
   || echo "memcheck FAILED"
 tail -3 "$out/memcheck.log"
+python3 -m megakernel trace --model "$model" --batch-size 1 -o "$out/timeline.png" \
+  > "$out/trace.txt" 2>&1 || echo "trace FAILED"
+tail -12 "$out/trace.txt"
 cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
 python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
   --backends "$backends" --json "$out/h200.json" --plot "$out/h200.png"

@@ -15,16 +15,18 @@ POINTERS = {
     "ins_ptr": "*i32", "waits_ptr": "*i32", "queue_ptr": "*i32", "counters_ptr": "*i32",
     "error_ptr": "*i32", "weights_ptr": "*{dt}", "offsets_ptr": "*i64", "act_ptr": "*{dt}",
     "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i32", "positions_ptr": "*i32",
-    "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "NWORDS": "constexpr",
-    "PREFETCH": "constexpr",
+    "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "trace_ptr": "*i64",
+    "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr",
 }
 
 
-def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3):
+def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3,
+                       trace: int = 0):
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
     signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
-    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": True})
+    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": True,
+                                                      "TRACE": trace})
     compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
     return compiled

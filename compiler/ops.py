@@ -308,3 +308,14 @@ def prefetch_l2(ptr, count, LINES: tl.constexpr = 256):
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
                                   [ptr + line * STRIDE], dtype=tl.int32, is_pure=False, pack=1)
         i += LINES
+
+
+@triton.jit
+def clock(tick_ptr, CLOCK: tl.constexpr):
+    """A trace stamp: %globaltimer in ns on the GPU (CLOCK 2), or the next value of a global
+    tick counter (CLOCK 1), which orders events where no timer exists (the interpreter)."""
+    if CLOCK == 2:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return tl.atomic_add(tick_ptr, 1).to(tl.int64)

@@ -110,6 +110,42 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_trace(args) -> int:
+    from pathlib import Path
+
+    device, dtype = _resolve_device(args)
+    if device == "cpu":
+        ensure_interpreter()
+    from megakernel.models import load_model
+    from megakernel.runtime import allocate_kv_cache
+    from megakernel.runtime.megakernel import megakernel_backend
+    from megakernel.runtime.trace import draw_timeline, kind_table, trace_step
+
+    loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
+    cache = allocate_kv_cache(loaded.config, args.batch_size, args.context,
+                              dtype=next(loaded.model.parameters()).dtype, device=device)
+    step = megakernel_backend(loaded.model, cache, trace=True)
+    tokens = torch.zeros(args.batch_size, 1, dtype=torch.long, device=device)
+    positions = torch.full((args.batch_size, 1), args.context - 1, device=device)
+    with torch.inference_mode():
+        for _ in range(args.steps):
+            step(tokens, positions, cache)
+    traces = trace_step(step)
+    per_us, unit = (1e3, "ns") if step.trace_mode == 2 else (1.0, "ticks (interpreter order)")
+    measured = "us" if step.trace_mode == 2 else "ticks"
+    draw_timeline(traces, Path(args.output), f"{loaded.name} batch {args.batch_size}, "
+                  f"context {args.context}, {device}", unit)
+    print(f"{'kind':<14}{'tasks':>7}{'predicted us':>14}{'measured ' + measured:>16}"
+          f"{'waited ' + measured:>14}")
+    for r in kind_table(traces, step.compiled, per_us):
+        print(f"{r['kind']:<14}{r['tasks']:>7}{r['predicted_us']:>14.2f}{r['measured_us']:>16.2f}"
+              f"{r['waited_us']:>14.2f}")
+    print(f"step: {max(t.end for t in traces) / per_us:.1f} {measured} on {len(step.queues)} "
+          f"workers (predicted {step.compiled.schedule.makespan_us:.1f} us); "
+          f"timeline -> {args.output}")
+    return 0
+
+
 def parse_batch_sizes(text: str) -> list[int]:
     """'1,4,8-10' -> [1, 4, 8, 9, 10]."""
     sizes = []
@@ -156,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="cpsat (rates greedy and CP-SAT, keeps the better) | greedy")
     comp.add_argument("-o", "--output", required=True)
     comp.set_defaults(func=cmd_compile)
+
+    tr = sub.add_parser("trace", help="per-task stamps from inside the kernel, drawn as a timeline")
+    _add_model_args(tr)
+    tr.add_argument("--batch-size", type=int, default=1)
+    tr.add_argument("--context", type=int, default=1024)
+    tr.add_argument("--steps", type=int, default=3, help="steps run; the last is drawn")
+    tr.add_argument("-o", "--output", required=True, help="PNG file")
+    tr.set_defaults(func=cmd_trace)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

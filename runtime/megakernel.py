@@ -65,7 +65,8 @@ def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, t
 
 
 class MegakernelStep:
-    def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19):
+    def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
+                 trace: bool = False):
         self.compiled, self.spin_limit = compiled, spin_limit
         dims, enc, device = compiled.ops.dims, compiled.encoded, kv_cache.device
         self.kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
@@ -89,6 +90,11 @@ class MegakernelStep:
         off = enc.memory.act[compiled.ops.output]
         self.logits = self.act[off: off + dims.batch * dims.vocab].view(dims.batch, 1, dims.vocab)
         self.epoch = 0
+        # trace mode: 2 = %globaltimer (GPU), 1 = ticks (interpreter); stamps[0] is the tick
+        # counter, then (wait, start, end) per instruction
+        self.trace_mode = 0 if not trace else (2 if device.type == "cuda" else 1)
+        self.stamps = torch.zeros(1 + 3 * max(len(enc.instructions), 1) if trace else 2,
+                                  dtype=torch.int64, device=device)
         self.expected_cache = tuple(compiled.ops.buffers["kv_cache"].shape)
 
     def launch(self, kv_cache: torch.Tensor) -> None:
@@ -98,8 +104,8 @@ class MegakernelStep:
         self.kernel[(len(self.queues),)](
             self.ins, self.waits, self.queues, self.counters, self.error, self.weights,
             self.offsets, self.act, self.f32, kv_cache, self.tokens, self.positions,
-            self.block_table, self.epoch, self.spin_limit, NWORDS=NUM_WORDS,
-            PREFETCH=self.compiled.options.prefetch and kv_cache.is_cuda,
+            self.block_table, self.epoch, self.spin_limit, self.stamps[1:], NWORDS=NUM_WORDS,
+            PREFETCH=self.compiled.options.prefetch and kv_cache.is_cuda, TRACE=self.trace_mode,
             num_warps=self.compiled.options.num_warps)
 
     def check(self) -> None:
@@ -129,7 +135,7 @@ class MegakernelStep:
         return self.logits
 
 
-def megakernel_backend(model, kv_cache: torch.Tensor, **options):
+def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, **options):
     """Backend factory: compile for the cache's batch size and length, bind, return the step."""
     from megakernel.compiler.artifact import compile_cached
     from megakernel.compiler.pipeline import CompileOptions
@@ -140,4 +146,4 @@ def megakernel_backend(model, kv_cache: torch.Tensor, **options):
     batch, seq = kv_cache.shape[2], kv_cache.shape[4]
     opts = CompileOptions(batch, seq, target="cpu" if cpu else "h200", **options)
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
-    return MegakernelStep(compiled, model, kv_cache)
+    return MegakernelStep(compiled, model, kv_cache, trace=trace)

@@ -58,8 +58,11 @@ import torch
 for name, batch in [("tiny-llama", 3), ("tiny-qwen3", 1), ("qwen3-0.6b", 8)]:
     model = empty_model(PRESETS[name]).to(torch.bfloat16)
     c = compile_model(model, CompileOptions(batch, 64, target="h200"), name)
-    out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
+    kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
+    out = compile_for_hopper(kernel)
     ptx = out.asm["ptx"]
+    assert "globaltimer" not in ptx
+    assert "globaltimer" in compile_for_hopper(kernel, trace=2).asm["ptx"]
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
     print(name, batch, "sm_90 ok", len(out.asm["cubin"]))

@@ -1,0 +1,81 @@
+"""Timelines from inside the kernel: per task, when its worker began waiting, when the op began and
+when it ended (``%globaltimer`` ns on the GPU, a global tick order under the interpreter).
+
+``trace_step(step)`` reads the stamps of the last launch of a ``MegakernelStep`` built with
+``trace=True``; ``kind_table`` sets measured times per op kind beside the cost model's prediction;
+``draw_timeline`` draws workers against time, waits pale, ops coloured by kind.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TaskTrace:
+    task: int
+    kind: str
+    worker: int
+    wait: int      # stamps relative to the first stamp of the launch
+    start: int
+    end: int
+
+
+def trace_step(step) -> list[TaskTrace]:
+    if not step.trace_mode:
+        raise ValueError("this step was built without trace=True")
+    stamps = step.stamps[1:].view(-1, 3).tolist()
+    tasks, out, index = step.compiled.tasks.tasks, [], 0
+    for worker, queue in enumerate(step.compiled.schedule.queues):
+        for t in queue:
+            out.append((t, worker, *stamps[index]))
+            index += 1
+    t0 = min(s[2] for s in out)
+    return [TaskTrace(t, tasks[t].kind, w, a - t0, b - t0, c - t0) for t, w, a, b, c in out]
+
+
+def kind_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[dict]:
+    """Per op kind: tasks, predicted and measured mean op time, mean wait (in us)."""
+    from megakernel.compiler.cost import TARGETS, task_us
+
+    target = TARGETS[compiled.options.target]
+    workers = compiled.schedule.num_workers
+    rows = defaultdict(lambda: {"tasks": 0, "predicted": 0.0, "measured": 0.0, "waited": 0.0})
+    for tr in traces:
+        r = rows[tr.kind]
+        r["tasks"] += 1
+        r["predicted"] += task_us(compiled.tasks.tasks[tr.task], target, workers)
+        r["measured"] += (tr.end - tr.start) / unit_per_us
+        r["waited"] += (tr.start - tr.wait) / unit_per_us
+    return [{"kind": k, "tasks": r["tasks"], "predicted_us": r["predicted"] / r["tasks"],
+             "measured_us": r["measured"] / r["tasks"], "waited_us": r["waited"] / r["tasks"]}
+            for k, r in sorted(rows.items())]
+
+
+def draw_timeline(traces: list[TaskTrace], path: Path, title: str, unit: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = sorted({t.kind for t in traces})
+    colours = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
+    workers = max(t.worker for t in traces) + 1
+    fig, ax = plt.subplots(figsize=(14, max(3.0, 0.06 * workers + 2)))
+    for k in kinds:
+        for t in (t for t in traces if t.kind == k):
+            ax.broken_barh([(t.wait, t.start - t.wait)], (t.worker - 0.4, 0.8), color="0.85")
+            ax.broken_barh([(t.start, max(t.end - t.start, 1))], (t.worker - 0.4, 0.8),
+                           color=colours[k])
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in kinds]
+    ax.legend(handles + [plt.Rectangle((0, 0), 1, 1, color="0.85")], kinds + ["waiting"],
+              loc="upper right", fontsize=7, ncol=2)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("worker")
+    ax.set_ylim(-0.6, workers - 0.4)
+    ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

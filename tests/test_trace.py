@@ -1,0 +1,42 @@
+"""In-kernel trace stamps (tick order under the interpreter) and the timeline."""
+import torch
+
+from megakernel.cli import main
+from megakernel.models import load_model
+from megakernel.runtime import allocate_kv_cache
+from megakernel.runtime.megakernel import megakernel_backend
+from megakernel.runtime.trace import kind_table, trace_step
+
+
+def test_trace_stamps_every_task_in_order():
+    model = load_model("tiny-qwen3", progress=False).model
+    cache = allocate_kv_cache(model.config, 2, 64, dtype=torch.float32, device="cpu")
+    step = megakernel_backend(model, cache, trace=True)
+    step(torch.tensor([[3], [4]]), torch.tensor([[0], [9]]), cache)
+    traces = trace_step(step)
+    assert sorted(t.task for t in traces) == list(range(len(step.compiled.tasks.tasks)))
+    by_worker = {}
+    for t in traces:
+        assert t.wait < t.start < t.end
+        by_worker.setdefault(t.worker, []).append(t)
+    for queue in by_worker.values():
+        assert all(a.end < b.wait for a, b in zip(queue, queue[1:]))
+    table = kind_table(traces, step.compiled, 1.0)
+    assert sum(r["tasks"] for r in table) == len(traces)
+
+
+def test_untraced_step_writes_no_stamps():
+    model = load_model("tiny-llama", progress=False).model
+    cache = allocate_kv_cache(model.config, 1, 64, dtype=torch.float32, device="cpu")
+    step = megakernel_backend(model, cache)
+    step(torch.tensor([[3]]), torch.tensor([[5]]), cache)
+    assert not step.trace_mode and not step.stamps.any()
+
+
+def test_trace_cli_draws_a_timeline(tmp_path, capsys):
+    png = tmp_path / "timeline.png"
+    assert main(["trace", "--model", "tiny-llama", "--batch-size", "2", "--context", "64",
+                 "--device", "cpu", "--steps", "1", "-o", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "qkv_rope" in out and "attn_partial" in out
+    assert png.stat().st_size > 5000
