@@ -1,4 +1,4 @@
-"""The ``megakernel`` command: ``generate`` and ``bench`` (``compile`` follows with the compiler)."""
+"""The ``megakernel`` command: ``generate``, ``compile``, ``trace`` and ``bench``."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +35,8 @@ def cmd_generate(args) -> int:
     from megakernel.runtime import Engine, SamplingParams
 
     device, dtype = _resolve_device(args)
+    if args.kernels and args.backend != "megakernel":
+        raise ValueError("--kernels needs --backend megakernel")
     if device == "cpu" and args.backend == "megakernel":
         ensure_interpreter()
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed,
@@ -42,7 +44,13 @@ def cmd_generate(args) -> int:
     tok = loaded.tokenizer
     prompt_ids = [tok.encode(p) for p in args.prompt]
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, seed=args.seed)
-    engine = Engine(loaded.model, backend=args.backend, max_seq_len=args.max_seq_len)
+    kernels = None
+    if args.kernels:
+        from megakernel.runtime.megakernel import KernelLibrary
+
+        kernels = KernelLibrary(args.kernels, loaded.model)
+    engine = Engine(loaded.model, backend=args.backend, max_seq_len=args.max_seq_len,
+                    kernels=kernels)
     run = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_ids=tok.eos_ids,
                pad_id=tok.pad_id, keep_logits=args.verify)
     result = engine.generate(prompt_ids, **run)
@@ -51,6 +59,8 @@ def cmd_generate(args) -> int:
         from megakernel.compiler.report import summary
 
         print(summary(compiled))
+    if result.padded_batch != len(prompt_ids) and not args.json:
+        print(f"padded batch {len(prompt_ids)} to the compiled batch size {result.padded_batch}")
     if args.verify:
         reference = Engine(loaded.model, backend="eager", max_seq_len=args.max_seq_len)
         verify(result, reference.generate(prompt_ids, **run), dtype)
@@ -178,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--kernels", default=None,
+                     help="folder from `megakernel compile -o`; batches pad to a compiled size")
     gen.add_argument("--verify", action="store_true",
                      help="run the eager engine alongside; exit non-zero on divergence")
     gen.set_defaults(func=cmd_generate)

@@ -27,6 +27,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_steps: int = 0
+    padded_batch: int = 0    # rows actually run (more than the prompts when a kernel was padded)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -51,9 +52,13 @@ def _check_prompts(prompts: list[list[int]], vocab_size: int) -> None:
 
 
 class Engine:
-    def __init__(self, model: CausalLM, *, backend: str = "eager", max_seq_len: int | None = None):
+    def __init__(self, model: CausalLM, *, backend: str = "eager", max_seq_len: int | None = None,
+                 kernels=None):
+        """``kernels``: a ``KernelLibrary`` of precompiled megakernels; a batch then runs on the
+        kernel of its size, or padded to the next compiled size."""
         self.model = model
         self.backend = get_backend(backend)
+        self.kernels = kernels
         self.max_seq_len = max_seq_len or model.config.max_position_embeddings
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -69,6 +74,20 @@ class Engine:
         positions = torch.arange(width, device=self.device).expand_as(tokens)     # [B, T]
         logits = self.model(tokens, positions, cache, logit_index=lengths - 1)    # [B, 1, V]
         return logits[:, -1], lengths
+
+    def _plan(self, prompts: list[list[int]], longest: int, pad_id: int):
+        """(prompts to run, padded with one-token rows if need be; the cache; the decode step)."""
+        if self.kernels is None:
+            cache = allocate_kv_cache(self.model.config, len(prompts), -(-longest // 64) * 64,
+                                      dtype=self.dtype, device=self.device)
+            self.step_fn = self.backend(self.model, cache)
+            return prompts, cache, self.step_fn
+        compiled = self.kernels.pick(len(prompts), longest)
+        batch, seq = compiled.options.batch_size, compiled.options.max_seq_len
+        cache = allocate_kv_cache(self.model.config, batch, seq, dtype=self.dtype,
+                                  device=self.device)
+        self.step_fn = self.kernels.step(compiled, self.model, cache)
+        return prompts + [[pad_id]] * (batch - len(prompts)), cache, self.step_fn
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
@@ -86,13 +105,12 @@ class Engine:
             raise ValueError(f"prompt plus max_new_tokens needs {longest} positions, "
                              f"max_seq_len is {self.max_seq_len}")
         batch = len(prompts)
-        cache = allocate_kv_cache(self.model.config, batch, -(-longest // 64) * 64,
-                                  dtype=self.dtype, device=self.device)
-        step_fn = self.step_fn = self.backend(self.model, cache)
+        run, cache, step_fn = self._plan(prompts, longest, pad_id)
         generator = sampling.generator(self.device)
-        result = GenerationResult([list(p) for p in prompts], [[] for _ in prompts])
+        result = GenerationResult([list(p) for p in prompts], [[] for _ in prompts],
+                                  padded_batch=len(run))
         t0 = time.perf_counter()
-        logits, positions = self._prefill(prompts, pad_id, cache)
+        logits, positions = self._prefill(run, pad_id, cache)
         if poison:
             for row, length in enumerate(positions.tolist()):
                 cache[:, :, row, :, length:] = float("nan")
@@ -101,9 +119,9 @@ class Engine:
         done = [False] * batch
         for step in range(max_new_tokens):
             if keep_logits:
-                result.step_logits.append(logits.to("cpu", torch.float32, copy=True))
+                result.step_logits.append(logits[:batch].to("cpu", torch.float32, copy=True))
             next_tokens = sample(logits, sampling, generator, step)                 # [B]
-            for i, tok in enumerate(next_tokens.tolist()):
+            for i, tok in enumerate(next_tokens[:batch].tolist()):
                 if not done[i]:
                     result.generated_ids[i].append(tok)
                     done[i] = tok in eos_ids

@@ -147,3 +147,46 @@ def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, **opt
     opts = CompileOptions(batch, seq, target="cpu" if cpu else "h200", **options)
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     return MegakernelStep(compiled, model, kv_cache, trace=trace)
+
+
+class KernelLibrary:
+    """Megakernels compiled ahead of time by ``megakernel compile -o DIR`` (one folder per batch
+    size). ``pick`` returns the kernel of the exact batch size or of the next larger one."""
+
+    def __init__(self, folder, model):
+        import json
+
+        from megakernel.compiler.artifact import load, model_hash
+
+        self.folder, self.by_batch = Path(folder), {}
+        manifests = sorted(self.folder.glob("*/manifest.json"))
+        if not manifests:
+            raise FileNotFoundError(f"no compiled kernels (*/manifest.json) under {folder}")
+        expected = model_hash(model)
+        for path in manifests:
+            info = json.loads(path.read_text())
+            if info["model_hash"] != expected:
+                raise ValueError(f"{path.parent} was compiled for another model "
+                                 f"({info['model']}, hash {info['model_hash']} != {expected})")
+            self.by_batch[info["batch_size"]] = path.parent
+        self._load = load
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return sorted(self.by_batch)
+
+    def pick(self, batch: int, positions_needed: int):
+        fits = [b for b in self.batch_sizes if b >= batch]
+        if not fits:
+            raise ValueError(f"batch {batch} is larger than every compiled batch size "
+                             f"{self.batch_sizes} in {self.folder}")
+        compiled = self._load(self.by_batch[fits[0]])
+        if positions_needed > compiled.options.max_seq_len:
+            raise ValueError(f"{positions_needed} positions needed, the kernels in {self.folder} "
+                             f"hold {compiled.options.max_seq_len}")
+        return compiled
+
+    def step(self, compiled, model, kv_cache) -> MegakernelStep:
+        if kv_cache.device.type == "cpu":
+            ensure_interpreter()
+        return MegakernelStep(compiled, model, kv_cache)

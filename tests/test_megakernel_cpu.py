@@ -35,3 +35,24 @@ def test_generate_cli_megakernel_on_hf_checkpoint_with_odd_sizes(tmp_path, arch,
             "--max-new-tokens", "6", "--device", "cpu", "--backend", "megakernel", "--verify"]
     assert main(args) == 0, capsys.readouterr().err
     assert "agree with the eager engine" in capsys.readouterr().err
+
+
+def test_precompiled_kernels_pad_to_the_next_batch_size(tmp_path, capsys):
+    from megakernel.cli import main
+
+    kernels = tmp_path / "kernels"
+    assert main(["compile", "tiny-llama", "--batch-sizes", "1,4", "--max-seq-len", "64",
+                 "--device", "cpu", "--scheduler", "greedy", "-o", str(kernels)]) == 0
+    capsys.readouterr()
+    base = ["generate", "--model", "tiny-llama", "--device", "cpu", "--backend", "megakernel",
+            "--kernels", str(kernels), "--max-new-tokens", "4"]
+    prompts = [arg for p in ("a", "bb", "ccc") for arg in ("--prompt", p)]
+    assert main(base + prompts + ["--verify"]) == 0
+    captured = capsys.readouterr()
+    assert "padded batch 3 to the compiled batch size 4" in captured.out
+    assert "agree with the eager engine" in captured.err
+    assert main(base + prompts + ["--prompt", "d", "--prompt", "e"]) == 1
+    assert "[1, 4]" in capsys.readouterr().err
+    other = ["generate", "--model", "tiny-qwen3", *base[3:], "--prompt", "a"]
+    assert main(other) == 1
+    assert "another model" in capsys.readouterr().err
