@@ -22,10 +22,6 @@ import megakernel
 
 from .pipeline import Compiled, CompileOptions, compile_model
 
-SOURCES = ("ops.py", "registry.py", "lower.py", "tile.py", "schedule.py", "sync.py", "encode.py",
-           "codegen.py", "cpsat.py")
-
-
 def model_hash(model) -> str:
     h = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -34,11 +30,10 @@ def model_hash(model) -> str:
 
 
 def code_hash() -> str:
-    here = Path(__file__).parent
+    """Every compiler module (they generate the code and define the pickled IR) and the template."""
     h = hashlib.sha256()
-    for name in SOURCES:
-        path = here / name
-        h.update(path.read_bytes() if path.is_file() else b"")
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + path.read_bytes())
     from .codegen import _template_dir
 
     h.update((_template_dir() / "megakernel.py.jinja").read_bytes())

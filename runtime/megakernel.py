@@ -46,17 +46,13 @@ def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, t
     """Copy every distinct parameter into one arena and make the model's parameters views of it.
     Returns (arena, int64 offset per weight id)."""
     params = [model.get_parameter(n) for n in names]
-    first = {}
-    for i, p in enumerate(params):
-        first.setdefault(id(p), i)
-    dtype = params[0].dtype
-    offsets, top, starts = [], 0, {}
-    for i, p in enumerate(params):
-        if first[id(p)] == i:
+    offsets, top, starts = [], 0, {}          # tied parameters share one slot
+    for p in params:
+        if id(p) not in starts:
             starts[id(p)] = top
             top += -(-p.numel() // 64) * 64
         offsets.append(starts[id(p)])
-    arena = torch.empty(top, dtype=dtype, device=device)
+    arena = torch.empty(top, dtype=params[0].dtype, device=device)
     for p in {id(p): p for p in params}.values():
         view = arena[starts[id(p)]: starts[id(p)] + p.numel()].view(p.shape)
         view.copy_(p.data)
