@@ -1,7 +1,7 @@
 """Time megakernel variants (tile sizes, warps, workers) side by side with torch.compile.
 
     python -m megakernel.bench.sweep --model llama-3.2-1b --batch-size 1 \\
-        --variants 64x64x4x132,64x256x8x132      # block_n x block_k x num_warps x workers
+        --variants 64x64x4x132,32x512x4x132xg  # block_n x block_k x warps x workers [x g: GEMV]
 Prints one row per variant (ms/token, TB/s, ratio to torch-compile) and writes --json FILE.
 """
 from __future__ import annotations
@@ -19,8 +19,11 @@ from megakernel.runtime.megakernel import megakernel_backend
 
 
 def parse_variant(text: str) -> dict:
-    bn, bk, warps, workers = (int(v) for v in text.split("x"))
-    return dict(tile=TileConfig(block_n=bn, block_k=bk), num_warps=warps, num_workers=workers)
+    """'64x256x8x132' or '32x512x4x132xg' (g: GEMV projections)."""
+    parts = text.split("x")
+    bn, bk, warps, workers = (int(v) for v in parts[:4])
+    tile = TileConfig(block_n=bn, block_k=bk, gemv=parts[4:] == ["g"])
+    return dict(tile=tile, num_warps=warps, num_workers=workers)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,16 @@ def _dot(a, b, acc, DT: tl.constexpr):
 
 
 @triton.jit
+def _mac(a, w, acc, GEMV: tl.constexpr, DT: tl.constexpr):
+    """acc + a @ w^T for a [BB, BK], w [BN, BK]: tensor cores (rows padded to 16), or for small
+    batches a plain multiply-and-sum that keeps fewer registers per weight byte."""
+    if GEMV:
+        return acc + tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    else:
+        return _dot(a, tl.trans(w), acc, DT)
+
+
+@triton.jit
 def _round(x, DT: tl.constexpr):
     """Round fp32 to the model dtype and back, as a materialised eager tensor would be."""
     return x.to(DT).to(tl.float32)
@@ -57,7 +67,7 @@ def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_N
 @triton.jit
 def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n_hi, B: tl.constexpr, K: tl.constexpr,
                 HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DT: tl.constexpr):
+                BLOCK_K: tl.constexpr, DT: tl.constexpr, GEMV: tl.constexpr):
     """[norm(x)] @ W[n0:n0+BLOCK_N]^T for W [N, K] row-major, rows >= n_hi masked -> fp32."""
     ns = n0 + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
@@ -66,7 +76,7 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n_hi, B: tl.constexpr, K: tl.con
         ks = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + ns[:, None] * K + ks[None, :],
                     mask=(ns[:, None] < n_hi) & (ks[None, :] < K), other=0.0).to(DT)
-        acc = _dot(a, tl.trans(w), acc, DT)
+        acc = _mac(a, w, acc, GEMV, DT)
     return acc
 
 
@@ -94,14 +104,15 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, n0, B: tl.constexpr, H: tl.constexp
 @triton.jit
 def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, eps: tl.constexpr, B: tl.constexpr,
               K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
-              BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              GEMV: tl.constexpr):
     """out[:, tile] = [res[:, tile] +] [RMSNorm](x) @ W[tile]^T."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rstd = tl.zeros([BLOCK_B], tl.float32)
     if HAS_NORM:
         rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
     y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, N, B, K, HAS_NORM, BLOCK_B, BLOCK_N,
-                           BLOCK_K, DT), DT)
+                           BLOCK_K, DT, GEMV), DT)
     if HAS_RES:
         rows = tl.arange(0, BLOCK_B)
         ns = n0 + tl.arange(0, BLOCK_N)
@@ -114,7 +125,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, eps: tl.constexpr, B: 
 @triton.jit
 def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, eps: tl.constexpr, B: tl.constexpr,
                K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+               BLOCK_K: tl.constexpr, GEMV: tl.constexpr):
     """out[:, tile] = SiLU(norm(x) @ Wg[tile]^T) * (norm(x) @ Wu[tile]^T)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
@@ -126,8 +137,8 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, eps: tl.constexpr, B:
         ks = k0 + tl.arange(0, BLOCK_K)
         offs = ns[:, None] * K + ks[None, :]
         mask = (ns[:, None] < N) & (ks[None, :] < K)
-        g = _dot(a, tl.trans(tl.load(wg_ptr + offs, mask=mask, other=0.0).to(DT)), g, DT)
-        u = _dot(a, tl.trans(tl.load(wu_ptr + offs, mask=mask, other=0.0).to(DT)), u, DT)
+        g = _mac(a, tl.load(wg_ptr + offs, mask=mask, other=0.0).to(DT), g, GEMV, DT)
+        u = _mac(a, tl.load(wu_ptr + offs, mask=mask, other=0.0).to(DT), u, GEMV, DT)
     g = _round(g, DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
     store_rows(out_ptr, (act * _round(u, DT)).to(DT), n0, N, B, N, BLOCK_B, BLOCK_N)
@@ -149,7 +160,8 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
                 kind, head, layer, eps: tl.constexpr, qk_eps: tl.constexpr, B: tl.constexpr,
                 K: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                 S: tl.constexpr, BS: tl.constexpr, HAS_HEAD_NORM: tl.constexpr,
-                BLOCK_B: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_B: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
+                GEMV: tl.constexpr):
     """One head of Q (kind 0), K (1) or V (2): norm(x) @ W[head]^T, then for Q and K the head
     RMSNorm and RoPE at each row's position; Q goes to q [B, HQ * D], K and V into the cache."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
@@ -157,9 +169,9 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
     n0 = head * D
     lo = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n0 + D2, B, K, True, BLOCK_B, HALF,
-                            BLOCK_K, DT), DT)                        # [BLOCK_B, HALF]
+                            BLOCK_K, DT, GEMV), DT)                  # [BLOCK_B, HALF]
     hi = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0 + D2, n0 + D, B, K, True, BLOCK_B,
-                            HALF, BLOCK_K, DT), DT)
+                            HALF, BLOCK_K, DT, GEMV), DT)
     rows = tl.arange(0, BLOCK_B)
     ds = tl.arange(0, HALF)
     pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)

@@ -40,16 +40,21 @@ def p2(n: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
+def rows(d: Dims, c: TileConfig) -> int:
+    """Batch rows per tile: padded to 16 for tensor cores, to a power of two for the GEMV form."""
+    return p2(d.batch, 1 if c.gemv else 16)
+
+
 def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
     n, k = t.args["n"], t.args["k"]
     return dict(eps=t.args["eps"], B=d.batch, K=k, N=n, HAS_NORM=t.args["norm"] is not None,
-                HAS_RES=t.args["residual"] is not None, BLOCK_B=p2(d.batch), BLOCK_N=c.block_n,
-                BLOCK_K=c.block_k)
+                HAS_RES=t.args["residual"] is not None, BLOCK_B=rows(d, c), BLOCK_N=c.block_n,
+                BLOCK_K=c.block_k, GEMV=c.gemv)
 
 
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
-    return dict(eps=t.args["eps"], B=d.batch, K=d.hidden, N=d.intermediate, BLOCK_B=p2(d.batch),
-                BLOCK_N=c.block_n, BLOCK_K=c.block_k)
+    return dict(eps=t.args["eps"], B=d.batch, K=d.hidden, N=d.intermediate, BLOCK_B=rows(d, c),
+                BLOCK_N=c.block_n, BLOCK_K=c.block_k, GEMV=c.gemv)
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -59,8 +64,8 @@ def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
 def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], B=d.batch, K=d.hidden, D=d.head_dim,
                 HQ=d.heads, HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
-                HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=p2(d.batch),
-                HALF=p2(d.head_dim // 2), BLOCK_K=c.block_k)
+                HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=rows(d, c),
+                HALF=p2(d.head_dim // 2), BLOCK_K=c.block_k, GEMV=c.gemv)
 
 
 def _splits(d: Dims, c: TileConfig) -> int:

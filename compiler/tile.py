@@ -24,6 +24,7 @@ class TileConfig:
     block_k: int = 64          # reduction columns per inner step of a projection
     kv_block: int = 16         # cache block (tokens) = keys per attention inner step
     kv_split: int = 256        # keys per attn_partial task (a multiple of kv_block)
+    gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
 
     def __post_init__(self) -> None:
         if self.kv_split % self.kv_block:

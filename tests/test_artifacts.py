@@ -55,9 +55,11 @@ from megakernel.models import PRESETS
 from megakernel.models.weights import empty_model
 from megakernel.runtime.megakernel import load_kernel
 import torch
-for name, batch in [("tiny-llama", 3), ("tiny-qwen3", 1), ("qwen3-0.6b", 8)]:
+from megakernel.compiler.tile import TileConfig
+for name, batch, gemv in [("tiny-llama", 3, False), ("tiny-qwen3", 1, True), ("qwen3-0.6b", 8, False)]:
     model = empty_model(PRESETS[name]).to(torch.bfloat16)
-    c = compile_model(model, CompileOptions(batch, 64, target="h200"), name)
+    opts = CompileOptions(batch, 64, target="h200", tile=TileConfig(gemv=gemv))
+    c = compile_model(model, opts, name)
     kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
     out = compile_for_hopper(kernel)
     ptx = out.asm["ptx"]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from megakernel.compiler.pipeline import CompileOptions, compile_model
+from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import MegakernelStep
@@ -21,9 +22,11 @@ def inputs(model):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_kernel_equals_vm_buffer_by_buffer(name):
+@pytest.mark.parametrize("gemv", [False, True])
+def test_kernel_equals_vm_buffer_by_buffer(name, gemv):
     model = load_model(name, progress=False).model
-    compiled = compile_model(model, CompileOptions(B, S, target="cpu"), name)
+    opts = CompileOptions(B, S, target="cpu", tile=TileConfig(gemv=gemv))
+    compiled = compile_model(model, opts, name)
     tokens, positions, cache = inputs(model)
     cache_vm = cache.clone()
     step = MegakernelStep(compiled, model, cache)
