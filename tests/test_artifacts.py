@@ -78,3 +78,14 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("sm_90 ok") == 3
+
+
+def test_top_level_compile_gives_one_kernel_per_batch_size():
+    import megakernel
+    from megakernel.models import load_model
+
+    model = load_model("tiny-qwen3", progress=False).model
+    kernels = megakernel.compile(model, batch_sizes=[1, 2], max_seq_len=64, target="cpu")
+    assert sorted(kernels) == [1, 2]
+    assert all(k.ops.dims.batch == b and "@triton.jit" in k.kernel.source
+               for b, k in kernels.items())
