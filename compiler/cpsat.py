@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from .cost import Target
 from .ir import Schedule, TaskGraph
-from .schedule import costs, greedy, simulate, start_times
+from .schedule import costs, greedy, place, simulate, start_times
 
 TICKS_PER_US = 100
 
@@ -64,23 +64,6 @@ def solve_window(graph, ids, cost, release, hint, target, workers, time_limit_s)
     return {t: solver.value(start[t]) for t in ids}
 
 
-def place(graph: TaskGraph, order: list[int], cost, target: Target, workers: int) -> Schedule:
-    """List-place tasks in the given order, each where it can start earliest."""
-    free = [0.0] * workers
-    where, finish, queues = {}, {}, [[] for _ in range(workers)]
-    for t in order:
-        def start_on(w):
-            ready = max((finish[d] + (0.0 if where[d] == w else target.sync_us)
-                         for d in graph.deps[t]), default=0.0)
-            return max(ready, free[w])
-        candidates = {min(range(workers), key=free.__getitem__)} | {where[d] for d in graph.deps[t]}
-        w = min(candidates, key=lambda c: (start_on(c), c))
-        where[t], finish[t] = w, start_on(w) + cost[t]
-        free[w] = finish[t]
-        queues[w].append(t)
-    return Schedule(workers, tuple(map(tuple, queues)), max(finish.values(), default=0.0), "cpsat")
-
-
 def cpsat(graph: TaskGraph, target: Target, num_workers: int, time_limit_s: float = 20.0,
           window_tasks: int = 400) -> Schedule:
     base = greedy(graph, target, num_workers)
@@ -100,7 +83,7 @@ def cpsat(graph: TaskGraph, target: Target, num_workers: int, time_limit_s: floa
         sync = round(target.sync_us * TICKS_PER_US)
         for t in ids:
             done_at[t] = starts[t] + max(1, round(cost[t] * TICKS_PER_US)) + sync
-    candidate = place(graph, order, cost, target, num_workers)
+    candidate = place(graph, order, cost, target, num_workers, "cpsat")
     cand_ms = simulate(graph, candidate, target)
     rated = (("greedy", base_ms), ("cpsat", cand_ms))
     if cand_ms < base_ms:

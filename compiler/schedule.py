@@ -39,6 +39,13 @@ def greedy(graph: TaskGraph, target: Target, num_workers: int) -> Schedule:
     for t in graph.tasks:
         op_index.setdefault(t.op, len(op_index))
     order = sorted(range(len(cost)), key=lambda t: (op_index[graph.tasks[t].op], -level[t]))
+    return place(graph, order, cost, target, num_workers, "greedy")
+
+
+def place(graph: TaskGraph, order: list[int], cost: list[float], target: Target,
+          num_workers: int, scheduler: str) -> Schedule:
+    """List-place tasks in ``order``, each on the worker where it can start earliest (the
+    earliest-free worker or one of its producers', which saves the sync)."""
     free = [(0.0, w) for w in range(num_workers)]      # heap of (time the worker frees up, w)
     worker_free = [0.0] * num_workers
     where, finish = [0] * len(cost), [0.0] * len(cost)
@@ -57,8 +64,8 @@ def greedy(graph: TaskGraph, target: Target, num_workers: int) -> Schedule:
         heapq.heappush(free, (finish[t], w))
         queues[w].append(t)
     makespan = max(finish, default=0.0)
-    return Schedule(num_workers, tuple(map(tuple, queues)), makespan, "greedy",
-                    (("greedy", makespan),))
+    return Schedule(num_workers, tuple(map(tuple, queues)), makespan, scheduler,
+                    ((scheduler, makespan),))
 
 
 def simulate(graph: TaskGraph, schedule: Schedule, target: Target) -> float:
