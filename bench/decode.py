@@ -79,14 +79,22 @@ def step_bytes(model: CausalLM, batch: int, context: int) -> int:
             + cache_bytes(cfg, batch, 1, itemsize))
 
 
-def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
-                warmup: int, iters: int) -> dict[str, float]:
+def decode_state(model: CausalLM, batch: int, context: int):
+    """Inputs of one decode step at position ``context - 1``: seeded random tokens [B, 1],
+    positions [B, 1] and a cache [L, 2, B, Hkv, context, D] of random values (never zeros)."""
     cfg, p = model.config, next(model.parameters())
     cache = allocate_kv_cache(cfg, batch, context, dtype=p.dtype, device=p.device)
     cache.normal_(std=0.5)
     gen = torch.Generator(device=p.device).manual_seed(batch)
     tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=p.device, generator=gen)
     positions = torch.full((batch, 1), context - 1, device=p.device)
+    return tokens, positions, cache
+
+
+def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
+                warmup: int, iters: int) -> dict[str, float]:
+    tokens, positions, cache = decode_state(model, batch, context)
+    p = next(model.parameters())
     times = {}
     for name in backends:
         step = get_backend(name)(model, cache)

@@ -9,7 +9,8 @@ import argparse
 import torch
 
 from megakernel.models import load_model
-from megakernel.runtime import allocate_kv_cache, get_backend
+from megakernel.bench.decode import decode_state
+from megakernel.runtime import get_backend
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,10 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=15)
     args = p.parse_args(argv)
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
-    cache = allocate_kv_cache(model.config, args.batch_size, args.context, dtype=torch.bfloat16,
-                              device="cuda")
-    tokens = torch.zeros(args.batch_size, 1, dtype=torch.long, device="cuda")
-    positions = torch.full((args.batch_size, 1), args.context - 1, device="cuda")
+    tokens, positions, cache = decode_state(model, args.batch_size, args.context)
     step = get_backend(args.backend)(model, cache)
     with torch.inference_mode():
         for _ in range(5):

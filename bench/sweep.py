@@ -11,10 +11,10 @@ import json
 
 import torch
 
-from megakernel.bench.decode import median_step_ms, step_bytes
+from megakernel.bench.decode import decode_state, median_step_ms, step_bytes
 from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
-from megakernel.runtime import allocate_kv_cache, get_backend
+from megakernel.runtime import get_backend
 from megakernel.runtime.megakernel import megakernel_backend
 
 
@@ -37,11 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     b, ctx = args.batch_size, args.context
-    tokens = torch.zeros(b, 1, dtype=torch.long, device="cuda")
-    positions = torch.full((b, 1), ctx - 1, device="cuda")
+    tokens, positions, cache = decode_state(model, b, ctx)
     nbytes = step_bytes(model, b, ctx)
     rows = []
-    cache = allocate_kv_cache(model.config, b, ctx, dtype=torch.bfloat16, device="cuda")
     ref = get_backend("torch-compile")(model, cache)
     with torch.inference_mode():
         base = median_step_ms(lambda: ref(tokens, positions, cache), cache.device, 10, args.iters)

@@ -15,10 +15,11 @@ def compile(model, batch_sizes=(1,), max_seq_len: int = 1024, target: str | None
     arguments go to ``CompileOptions`` (num_workers, scheduler, tile, num_warps, prefetch)."""
     import torch
 
-    from megakernel.interpreter import ensure_interpreter
+    from megakernel.interpreter import ensure_interpreter, kernel_target
 
-    target = target or ("h200" if torch.cuda.is_available() else "cpu")
-    if target == "cpu":
+    if target is None:
+        target = kernel_target("cuda" if torch.cuda.is_available() else "cpu")
+    elif target == "cpu":
         ensure_interpreter()
     from megakernel.compiler.pipeline import CompileOptions, compile_model
 

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from megakernel.interpreter import ensure_interpreter
+from megakernel.interpreter import kernel_target
 
 
 def default_device() -> str:
@@ -37,8 +37,8 @@ def cmd_generate(args) -> int:
     device, dtype = _resolve_device(args)
     if args.kernels and args.backend != "megakernel":
         raise ValueError("--kernels needs --backend megakernel")
-    if device == "cpu" and args.backend == "megakernel":
-        ensure_interpreter()
+    if args.backend == "megakernel":
+        kernel_target(device)
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed,
                         progress=not args.json)
     tok = loaded.tokenizer
@@ -97,22 +97,19 @@ def verify(result, reference, dtype: str) -> None:
 def cmd_compile(args) -> int:
     from pathlib import Path
 
-    if (args.device or default_device()) == "cpu":
-        ensure_interpreter()
-
+    device, dtype = _resolve_device(args)
+    target = kernel_target(device)
     from megakernel.compiler.artifact import cache_key, save
     from megakernel.compiler.pipeline import CompileOptions, compile_model
     from megakernel.compiler.report import summary
     from megakernel.models import ModelConfig, PRESETS, parse_dtype
     from megakernel.models.weights import empty_model
 
-    device, dtype = _resolve_device(args)
     cfg = PRESETS.get(args.model) or ModelConfig.from_folder(args.model)
     name = Path(args.model).name
     model = empty_model(cfg).to(parse_dtype(dtype))
     for batch in parse_batch_sizes(args.batch_sizes):
-        opts = CompileOptions(batch, args.max_seq_len, target="cpu" if device == "cpu" else "h200",
-                              scheduler=args.scheduler)
+        opts = CompileOptions(batch, args.max_seq_len, target=target, scheduler=args.scheduler)
         compiled = compile_model(model, opts, name)
         folder = save(compiled, model, Path(args.output) / f"b{batch}", cache_key(model, opts))
         print(summary(compiled))
@@ -124,19 +121,15 @@ def cmd_trace(args) -> int:
     from pathlib import Path
 
     device, dtype = _resolve_device(args)
-    if device == "cpu":
-        ensure_interpreter()
+    kernel_target(device)
+    from megakernel.bench.decode import decode_state
     from megakernel.models import load_model
-    from megakernel.runtime import allocate_kv_cache
     from megakernel.runtime.megakernel import megakernel_backend
     from megakernel.runtime.trace import draw_timeline, kind_table, trace_step
 
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
-    cache = allocate_kv_cache(loaded.config, args.batch_size, args.context,
-                              dtype=next(loaded.model.parameters()).dtype, device=device)
+    tokens, positions, cache = decode_state(loaded.model, args.batch_size, args.context)
     step = megakernel_backend(loaded.model, cache, trace=True)
-    tokens = torch.zeros(args.batch_size, 1, dtype=torch.long, device=device)
-    positions = torch.full((args.batch_size, 1), args.context - 1, device=device)
     with torch.inference_mode():
         for _ in range(args.steps):
             step(tokens, positions, cache)

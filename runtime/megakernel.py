@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from megakernel.interpreter import ensure_interpreter
+from megakernel.interpreter import kernel_target
 
 
 class WatchdogError(RuntimeError):
@@ -72,9 +72,10 @@ class MegakernelStep:
         self.act = torch.full((max(enc.memory.act_numel, 1),), float("nan"),
                               dtype=self.weights.dtype, device=device)
         self.f32 = torch.full((max(enc.memory.f32_numel, 1),), float("nan"), device=device)
+        constants = dict(model.named_buffers())        # e.g. the RoPE inverse frequencies
         for name, off in enc.memory.f32.items():
-            if name in dict(model.named_buffers()):
-                buf = model.get_buffer(name).float().flatten()
+            if name in constants:
+                buf = constants[name].float().flatten()
                 self.f32[off: off + buf.numel()] = buf
         self.counters = torch.zeros(max(compiled.sync.num_counters, 1), dtype=torch.int32,
                                     device=device)
@@ -92,6 +93,8 @@ class MegakernelStep:
         self.stamps = torch.zeros(1 + 3 * max(len(enc.instructions), 1) if trace else 2,
                                   dtype=torch.int64, device=device)
         self.expected_cache = tuple(compiled.ops.buffers["kv_cache"].shape)
+        # instruction index -> (task id, worker): instructions are grouped by worker queue
+        self.owners = [(t, w) for w, q in enumerate(compiled.schedule.queues) for t in q]
 
     def launch(self, kv_cache: torch.Tensor) -> None:
         from megakernel.compiler.registry import NUM_WORDS
@@ -107,18 +110,13 @@ class MegakernelStep:
     def check(self) -> None:
         err = self.error.tolist()
         if err[0]:
-            task = self.compiled.tasks.tasks[self._task_at(err[1])]
+            task = self.compiled.tasks.tasks[self.owners[err[1]][0]]
             self.error.zero_()
             self.counters.zero_()
             self.epoch = 0
             raise WatchdogError(
                 f"megakernel watchdog: task {task.id} ({task.kind} of {task.op}, {task.args}) "
                 f"waited past its bound on counter {err[2]} (seen {err[3]})")
-
-    def _task_at(self, index: int) -> int:
-        """Instruction index -> task id (instructions are grouped by worker queue)."""
-        order = [t for q in self.compiled.schedule.queues for t in q]
-        return order[index]
 
     def __call__(self, tokens, positions, kv_cache):
         if tuple(kv_cache.shape) != self.expected_cache:
@@ -136,11 +134,9 @@ def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, **opt
     from megakernel.compiler.artifact import compile_cached
     from megakernel.compiler.pipeline import CompileOptions
 
-    cpu = kv_cache.device.type == "cpu"
-    if cpu:
-        ensure_interpreter()
+    target = kernel_target(kv_cache.device.type)
     batch, seq = kv_cache.shape[2], kv_cache.shape[4]
-    opts = CompileOptions(batch, seq, target="cpu" if cpu else "h200", **options)
+    opts = CompileOptions(batch, seq, target=target, **options)
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     return MegakernelStep(compiled, model, kv_cache, trace=trace)
 
@@ -183,6 +179,5 @@ class KernelLibrary:
         return compiled
 
     def step(self, compiled, model, kv_cache) -> MegakernelStep:
-        if kv_cache.device.type == "cpu":
-            ensure_interpreter()
+        kernel_target(kv_cache.device.type)
         return MegakernelStep(compiled, model, kv_cache)

@@ -26,11 +26,8 @@ def trace_step(step) -> list[TaskTrace]:
     if not step.trace_mode:
         raise ValueError("this step was built without trace=True")
     stamps = step.stamps[1:].view(-1, 3).tolist()
-    tasks, out, index = step.compiled.tasks.tasks, [], 0
-    for worker, queue in enumerate(step.compiled.schedule.queues):
-        for t in queue:
-            out.append((t, worker, *stamps[index]))
-            index += 1
+    tasks = step.compiled.tasks.tasks
+    out = [(t, w, *s) for (t, w), s in zip(step.owners, stamps)]
     t0 = min(s[2] for s in out)
     return [TaskTrace(t, tasks[t].kind, w, a - t0, b - t0, c - t0) for t, w, a, b, c in out]
 
