@@ -1,7 +1,7 @@
 """Time megakernel variants (tile sizes, warps, workers) side by side with torch.compile.
 
     python -m megakernel.bench.sweep --model llama-3.2-1b --batch-size 1 \\
-        --variants 64x64x4x132,32x512x4x132xg  # block_n x block_k x warps x workers [x g: GEMV]
+        --variants 64x64x4x132,32x512x4x132xgxs3  # block_n x block_k x warps x workers [x flags]
 Prints one row per variant (ms/token, TB/s, ratio to torch-compile) and writes --json FILE.
 """
 from __future__ import annotations
@@ -19,11 +19,18 @@ from megakernel.runtime.megakernel import megakernel_backend
 
 
 def parse_variant(text: str) -> dict:
-    """'64x256x8x132' or '32x512x4x132xg' (g: GEMV projections)."""
+    """'64x256x8x132', then optional flags: 'g' GEMV projections, 'sN' an N-stage pipeline,
+    'kvN' N keys per attention task, 'np' no L2 prefetch; e.g. '32x512x4x132xgxs3xkv64'."""
     parts = text.split("x")
     bn, bk, warps, workers = (int(v) for v in parts[:4])
-    tile = TileConfig(block_n=bn, block_k=bk, gemv=parts[4:] == ["g"])
-    return dict(tile=tile, num_warps=warps, num_workers=workers)
+    flags = parts[4:]
+    num = lambda prefix, default: next((int(f[len(prefix):]) for f in flags
+                                        if f.startswith(prefix) and f[len(prefix):].isdigit()),
+                                       default)
+    tile = TileConfig(block_n=bn, block_k=bk, gemv="g" in flags, stages=num("s", 0),
+                      kv_split=num("kv", TileConfig.kv_split))
+    return dict(tile=tile, num_warps=warps, num_workers=workers,
+                workers_per_sm=-(-workers // 132), prefetch="np" not in flags)
 
 
 def main(argv: list[str] | None = None) -> None:

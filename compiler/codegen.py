@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jinja2
 
-from .encode import Encoded
+from .encode import ALIGN, Encoded
 from .ir import KernelSource
 from .registry import HEADER_WORDS, REGISTRY
 
@@ -26,8 +26,11 @@ def _template_dir() -> Path:
 
 def field_expr(field, word: int) -> str:
     load = f"tl.load(ins + {HEADER_WORDS + word})"
-    return {"act": f"act_ptr + {load}", "f32": f"f32_ptr + {load}",
-            "weight": f"weights_ptr + tl.load(offsets_ptr + {load})", "int": load}[field.space]
+    # every buffer starts on an ALIGN-element boundary: saying so lets loads be 16 bytes wide
+    aligned = lambda off: f"tl.multiple_of({off}, {ALIGN})"
+    return {"act": f"act_ptr + {aligned(load)}", "f32": f"f32_ptr + {aligned(load)}",
+            "weight": f"weights_ptr + {aligned(f'tl.load(offsets_ptr + {load})')}",
+            "int": load}[field.space]
 
 
 def call_args(kind: str, constexprs: dict) -> str:

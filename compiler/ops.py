@@ -65,18 +65,34 @@ def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_N
 
 
 @triton.jit
+def load_w(w_ptr, ns, n_hi, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows ``ns`` (< n_hi), columns [k0, k0 + BLOCK_K) of W [N, K]; past K nothing is read."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + ns[:, None] * K + ks[None, :],
+                   mask=(ns[:, None] < n_hi) & (ks[None, :] < K), other=0.0)
+
+
+@triton.jit
 def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n_hi, B: tl.constexpr, K: tl.constexpr,
                 HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DT: tl.constexpr, GEMV: tl.constexpr):
-    """[norm(x)] @ W[n0:n0+BLOCK_N]^T for W [N, K] row-major, rows >= n_hi masked -> fp32."""
+                BLOCK_K: tl.constexpr, DT: tl.constexpr, GEMV: tl.constexpr,
+                STAGES: tl.constexpr):
+    """[norm(x)] @ W[n0:n0+BLOCK_N]^T for W [N, K] row-major, rows >= n_hi masked -> fp32.
+    STAGES 0: the next weight chunk is requested (into registers) before the current one is
+    used; STAGES > 0: Triton's software pipeliner stages that many chunks through shared memory."""
     ns = n0 + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
-        ks = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + ns[:, None] * K + ks[None, :],
-                    mask=(ns[:, None] < n_hi) & (ks[None, :] < K), other=0.0).to(DT)
-        acc = _mac(a, w, acc, GEMV, DT)
+    if STAGES == 0:
+        w = load_w(w_ptr, ns, n_hi, 0, K, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            w_next = load_w(w_ptr, ns, n_hi, k0 + BLOCK_K, K, BLOCK_K)
+            a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
+            acc = _mac(a, w.to(DT), acc, GEMV, DT)
+            w = w_next
+    else:
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
+            acc = _mac(a, load_w(w_ptr, ns, n_hi, k0, K, BLOCK_K).to(DT), acc, GEMV, DT)
     return acc
 
 
@@ -105,14 +121,14 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, n0, B: tl.constexpr, H: tl.constexp
 def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, eps: tl.constexpr, B: tl.constexpr,
               K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
               BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              GEMV: tl.constexpr):
+              BLOCK_R: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr):
     """out[:, tile] = [res[:, tile] +] [RMSNorm](x) @ W[tile]^T."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rstd = tl.zeros([BLOCK_B], tl.float32)
     if HAS_NORM:
-        rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
+        rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
     y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, N, B, K, HAS_NORM, BLOCK_B, BLOCK_N,
-                           BLOCK_K, DT, GEMV), DT)
+                           BLOCK_K, DT, GEMV, STAGES), DT)
     if HAS_RES:
         rows = tl.arange(0, BLOCK_B)
         ns = n0 + tl.arange(0, BLOCK_N)
@@ -125,20 +141,29 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, eps: tl.constexpr, B: 
 @triton.jit
 def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, eps: tl.constexpr, B: tl.constexpr,
                K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, GEMV: tl.constexpr):
+               BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr,
+               STAGES: tl.constexpr):
     """out[:, tile] = SiLU(norm(x) @ Wg[tile]^T) * (norm(x) @ Wu[tile]^T)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
+    rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
     ns = n0 + tl.arange(0, BLOCK_N)
     g = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     u = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
-        ks = k0 + tl.arange(0, BLOCK_K)
-        offs = ns[:, None] * K + ks[None, :]
-        mask = (ns[:, None] < N) & (ks[None, :] < K)
-        g = _mac(a, tl.load(wg_ptr + offs, mask=mask, other=0.0).to(DT), g, GEMV, DT)
-        u = _mac(a, tl.load(wu_ptr + offs, mask=mask, other=0.0).to(DT), u, GEMV, DT)
+    if STAGES == 0:                              # as in matmul_tile
+        wg = load_w(wg_ptr, ns, N, 0, K, BLOCK_K)
+        wu = load_w(wu_ptr, ns, N, 0, K, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            wg_next = load_w(wg_ptr, ns, N, k0 + BLOCK_K, K, BLOCK_K)
+            wu_next = load_w(wu_ptr, ns, N, k0 + BLOCK_K, K, BLOCK_K)
+            a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
+            g = _mac(a, wg.to(DT), g, GEMV, DT)
+            u = _mac(a, wu.to(DT), u, GEMV, DT)
+            wg, wu = wg_next, wu_next
+    else:
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
+            g = _mac(a, load_w(wg_ptr, ns, N, k0, K, BLOCK_K).to(DT), g, GEMV, DT)
+            u = _mac(a, load_w(wu_ptr, ns, N, k0, K, BLOCK_K).to(DT), u, GEMV, DT)
     g = _round(g, DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
     store_rows(out_ptr, (act * _round(u, DT)).to(DT), n0, N, B, N, BLOCK_B, BLOCK_N)
@@ -161,17 +186,17 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
                 K: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                 S: tl.constexpr, BS: tl.constexpr, HAS_HEAD_NORM: tl.constexpr,
                 BLOCK_B: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
-                GEMV: tl.constexpr):
+                BLOCK_R: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr):
     """One head of Q (kind 0), K (1) or V (2): norm(x) @ W[head]^T, then for Q and K the head
     RMSNorm and RoPE at each row's position; Q goes to q [B, HQ * D], K and V into the cache."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
-    rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K)
+    rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
     n0 = head * D
     lo = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n0 + D2, B, K, True, BLOCK_B, HALF,
-                            BLOCK_K, DT, GEMV), DT)                  # [BLOCK_B, HALF]
+                            BLOCK_K, DT, GEMV, STAGES), DT)                  # [BLOCK_B, HALF]
     hi = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0 + D2, n0 + D, B, K, True, BLOCK_B,
-                            HALF, BLOCK_K, DT, GEMV), DT)
+                            HALF, BLOCK_K, DT, GEMV, STAGES), DT)
     rows = tl.arange(0, BLOCK_B)
     ds = tl.arange(0, HALF)
     pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)
@@ -202,6 +227,20 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
 
 
 @triton.jit
+def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, HKV: tl.constexpr,
+            S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Keys and values [BS, BLOCK_D] of cache block ``start // BS``; slots >= hi are not read."""
+    ss = tl.arange(0, BS)
+    ds = tl.arange(0, BLOCK_D)
+    key = cache_slots(row, tl.minimum(start, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
+    offs = key + ss[:, None] * D + ds[None, :]
+    mask = ((start + ss) < hi)[:, None] & (ds[None, :] < D)
+    v_shift = B * HKV * S * D                     # from the K plane to the V plane
+    return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
+            tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
+
+
+@triton.jit
 def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_head, split,
                     layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
@@ -222,23 +261,21 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    v_shift = B * HKV * S * D                     # from the K plane to the V plane
+    k, v = load_kv(cache_ptr, bt_ptr, row, lo, hi, layer, kv_head, B, HKV, S, D, BS, BLOCK_D)
     start = lo
-    while start < hi:
-        key = cache_slots(row, start, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
+    while start < hi:                      # the next block is requested before this one is used
+        k_next, v_next = load_kv(cache_ptr, bt_ptr, row, start + BS, hi, layer, kv_head, B, HKV,
+                                 S, D, BS, BLOCK_D)
         valid = (start + ss) < hi
-        kv_mask = valid[:, None] & (ds[None, :] < D)
-        offs = key + ss[:, None] * D + ds[None, :]
-        k = tl.load(cache_ptr + offs, mask=kv_mask, other=0.0).to(DT)
-        v = tl.load(cache_ptr + offs + v_shift, mask=kv_mask, other=0.0).to(DT)
-        scores = _dot(q, tl.trans(k), tl.zeros([BLOCK_G, BS], tl.float32), DT) * scale
+        scores = _dot(q, tl.trans(k.to(DT)), tl.zeros([BLOCK_G, BS], tl.float32), DT) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        acc = _dot(p.to(DT), v, acc * alpha[:, None], DT)
+        acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
         m = m_new
+        k, v = k_next, v_next
         start += BS
     heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ]
     part = heads * NSPLIT + split

@@ -2,7 +2,7 @@
 -> generate. Each arrow is a pure function of the previous stage's output and the options."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torch import fx
 
@@ -24,10 +24,11 @@ class CompileOptions:
     max_seq_len: int
     target: str = "h200"                 # a key of cost.TARGETS
     num_workers: int | None = None       # default: every resident slot of the target
+    workers_per_sm: int | None = None    # default: the target's; the runtime checks residency
     scheduler: str = "greedy"
     tile: TileConfig = field(default_factory=TileConfig)
     num_warps: int = 4                   # warps per worker program
-    prefetch: bool = True                # L2-prefetch each task's weights before its waits (GPU)
+    prefetch: bool = False               # L2-prefetch each task's weights before its waits (GPU)
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -52,9 +53,12 @@ class Compiled:
 def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
                   name: str = "model") -> Compiled:
     target = TARGETS[options.target]
+    if options.workers_per_sm:
+        target = replace(target, workers_per_sm=options.workers_per_sm)
     ops = lower(gm, itemsize)
-    tasks = tile(ops, options.tile)
-    sched = schedule(tasks, target, options.num_workers or target.max_workers, options.scheduler)
+    workers = options.num_workers or target.max_workers
+    tasks = tile(ops, options.tile, workers)
+    sched = schedule(tasks, target, workers, options.scheduler)
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
     enc = encode(tasks, sched, sync, options.tile)

@@ -45,27 +45,35 @@ def rows(d: Dims, c: TileConfig) -> int:
     return p2(d.batch, 1 if c.gemv else 16)
 
 
+def rstd_block(k: int, d: Dims, c: TileConfig) -> int:
+    """Columns per step of a row's RMS: whole rows of up to 8K elements in one load, since each
+    step of that loop costs a full memory latency."""
+    return max(min(c.block_k, p2(k)), min(p2(k), 8192 // rows(d, c)))
+
+
 def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
     n, k = t.args["n"], t.args["k"]
     return dict(eps=t.args["eps"], B=d.batch, K=k, N=n, HAS_NORM=t.args["norm"] is not None,
-                HAS_RES=t.args["residual"] is not None, BLOCK_B=rows(d, c), BLOCK_N=c.block_n,
-                BLOCK_K=c.block_k, GEMV=c.gemv)
+                HAS_RES=t.args["residual"] is not None, BLOCK_B=rows(d, c), BLOCK_N=t.args["bn"],
+                BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(k, d, c), GEMV=c.gemv, STAGES=c.stages)
 
 
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], B=d.batch, K=d.hidden, N=d.intermediate, BLOCK_B=rows(d, c),
-                BLOCK_N=c.block_n, BLOCK_K=c.block_k, GEMV=c.gemv)
+                BLOCK_N=t.args["bn"], BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(d.hidden, d, c),
+                GEMV=c.gemv, STAGES=c.stages)
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
-    return dict(B=d.batch, H=d.hidden, BLOCK_B=p2(d.batch), BLOCK_N=c.block_n)
+    return dict(B=d.batch, H=d.hidden, BLOCK_B=p2(d.batch), BLOCK_N=t.args["bn"])
 
 
 def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], B=d.batch, K=d.hidden, D=d.head_dim,
                 HQ=d.heads, HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=rows(d, c),
-                HALF=p2(d.head_dim // 2), BLOCK_K=c.block_k, GEMV=c.gemv)
+                HALF=p2(d.head_dim // 2), BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(d.hidden, d, c),
+                GEMV=c.gemv, STAGES=c.stages)
 
 
 def _splits(d: Dims, c: TileConfig) -> int:

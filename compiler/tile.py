@@ -6,8 +6,10 @@ Tilings (``TileConfig`` sets the sizes):
     qkv_rope   one task per head: each q head, each k head, each v head (k/v write the cache)
     attention  attn_partial per (row, kv head, KV split) into fp32 partials, then attn_combine per
                (row, kv head); a partial waits only for its q heads and its k/v head
-    linear     one task per ``block_n`` output columns (norm, residual fused in)
-    gate_up    one task per ``block_n`` columns of the intermediate size
+    linear     one task per ``bn`` output columns (norm, residual fused in)
+    gate_up    one task per ``bn`` columns of the intermediate size
+A projection's width ``bn`` is ``block_n``, halved (down to ``min_block_n``) while the op would
+give fewer tasks than there are workers, so that every op spreads its weights over the whole GPU.
 Invariant: the write regions of an op's tasks tile its outputs exactly once.
 """
 from __future__ import annotations
@@ -20,11 +22,13 @@ from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 
 @dataclass(frozen=True)
 class TileConfig:
-    block_n: int = 64          # output columns per linear / gate_up / embed task
-    block_k: int = 64          # reduction columns per inner step of a projection
+    block_n: int = 64          # output columns per linear / gate_up / embed task (at most)
+    min_block_n: int = 16      # narrowest projection task when spreading an op over workers
+    block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
     kv_block: int = 16         # cache block (tokens) = keys per attention inner step
-    kv_split: int = 256        # keys per attn_partial task (a multiple of kv_block)
+    kv_split: int = 64         # keys per attn_partial task (a multiple of kv_block)
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
+    stages: int = 3            # projection loop: 0 next chunk in registers, n > 0 n-stage pipeline
 
     def __post_init__(self) -> None:
         if self.kv_split % self.kv_block:
@@ -47,6 +51,7 @@ def rows(buf: Buffer, lo: int, hi: int) -> Region:
 class Tiler:
     graph: OpGraph
     cfg: TileConfig
+    workers: int = 1
     tasks: list = field(default_factory=list)
     buffers: dict = field(default_factory=dict)
 
@@ -60,16 +65,29 @@ class Tiler:
     def b(self, name) -> Buffer:
         return self.buffers[name]
 
-    def col_tiles(self, n: int):
-        for lo in range(0, n, self.cfg.block_n):
-            yield lo, min(n, lo + self.cfg.block_n)
+    def width(self, n: int) -> int:
+        """Columns per projection task: block_n, halved while that leaves workers idle."""
+        bn = self.cfg.block_n
+        while bn > self.cfg.min_block_n and -(-n // bn) < self.workers:
+            bn //= 2
+        return bn
+
+    def depth(self, k: int, rows: int) -> int:
+        """Reduction columns per inner step: a narrower task takes deeper steps, so every step
+        moves block_n * block_k weights (bytes in flight do not shrink with the width)."""
+        bk = max(self.cfg.block_k, self.cfg.block_n * self.cfg.block_k // rows)
+        return min(bk, 1 << max(k - 1, 1).bit_length())
+
+    def col_tiles(self, n: int, bn: int):
+        for lo in range(0, n, bn):
+            yield lo, min(n, lo + bn)
 
 
 def tile_embed(t: Tiler, op) -> None:
     table, out = t.b(op.inputs[0]), t.b(op.outputs[0])
     d = t.graph.dims
-    for lo, hi in t.col_tiles(d.hidden):
-        t.add(op, "embed", dict(table=table.name, out=out.name, n0=lo),
+    for lo, hi in t.col_tiles(d.hidden, t.cfg.block_n):
+        t.add(op, "embed", dict(table=table.name, out=out.name, n0=lo, bn=t.cfg.block_n),
               [Region("tokens", ((0, d.batch),)), Region(table.name, ((0, d.vocab), (lo, hi)))],
               [cols(out, lo, hi)], 2 * d.batch * (hi - lo) * d.itemsize, 0)
 
@@ -78,26 +96,28 @@ def tile_linear(t: Tiler, op) -> None:
     p, d = op.params, t.graph.dims
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
     n, k = w.shape
-    for lo, hi in t.col_tiles(n):
+    bn = t.width(n)
+    for lo, hi in t.col_tiles(n, bn):
         reads = [Region(x.name, full(x)), rows(w, lo, hi)]
         reads += [Region(p["norm"], ((0, k),))] if p["norm"] else []
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
         nbytes = ((hi - lo) * k + d.batch * k + d.batch * (hi - lo) * 2) * d.itemsize
         t.add(op, "linear", dict(x=x.name, weight=w.name, norm=p["norm"], residual=p["residual"],
-                                 out=out.name, n0=lo, eps=p["eps"], n=n, k=k),
+                                 out=out.name, n0=lo, bn=bn, bk=t.depth(k, bn), eps=p["eps"],
+                                 n=n, k=k),
               reads, [cols(out, lo, hi)], nbytes, 2 * d.batch * (hi - lo) * k)
 
 
 def tile_gate_up(t: Tiler, op) -> None:
     p, d = op.params, t.graph.dims
     x, out = t.b(p["x"]), t.b(op.outputs[0])
-    k = d.hidden
-    for lo, hi in t.col_tiles(d.intermediate):
+    k, bn = d.hidden, t.width(d.intermediate)
+    for lo, hi in t.col_tiles(d.intermediate, bn):
         reads = [Region(x.name, full(x)), Region(p["norm"], ((0, k),)),
                  rows(t.b(p["gate"]), lo, hi), rows(t.b(p["up"]), lo, hi)]
         nbytes = (2 * (hi - lo) * k + d.batch * k + d.batch * (hi - lo)) * d.itemsize
         t.add(op, "gate_up", dict(x=x.name, norm=p["norm"], gate=p["gate"], up=p["up"],
-                                  out=out.name, n0=lo, eps=p["eps"]),
+                                  out=out.name, n0=lo, bn=bn, bk=t.depth(k, bn), eps=p["eps"]),
               reads, [cols(out, lo, hi)], nbytes, 4 * d.batch * (hi - lo) * k)
 
 
@@ -122,7 +142,8 @@ def tile_qkv_rope(t: Tiler, op) -> None:
         nbytes = (hd * d.hidden + d.batch * d.hidden + d.batch * hd) * d.itemsize
         t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w, head_norm=head_norm,
                                    inv_freq=p["inv_freq"], out=q.name, kind="qkv".index(kind),
-                                   head=h, layer=layer, eps=p["eps"], qk_eps=p["qk_eps"]),
+                                   head=h, layer=layer, eps=p["eps"], qk_eps=p["qk_eps"],
+                                   bk=t.depth(d.hidden, max(hd // 2, 16))),
               reads, writes, nbytes, 2 * d.batch * hd * d.hidden)
 
 
@@ -182,8 +203,8 @@ def derive_deps(tasks) -> tuple[tuple[int, ...], ...]:
     return tuple(deps)
 
 
-def tile(graph: OpGraph, cfg: TileConfig = TileConfig()) -> TaskGraph:
-    t = Tiler(graph, cfg)
+def tile(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1) -> TaskGraph:
+    t = Tiler(graph, cfg, workers)
     for op in graph.ops:
         TILERS[op.kind](t, op)
     return TaskGraph(replace(graph, buffers=t.buffers), tuple(t.tasks), derive_deps(t.tasks))

@@ -7,7 +7,7 @@
     written once        every element of every activation/scratch buffer, and every (layer, k/v,
                         row, kv head) of the cache, is written by exactly one task
     fits                the grid is resident on the target at once (workers <= resident slots)
-    sync covers deps    each dependency is either waited on or implied by queue order
+    sync covers deps    each dependency is waited on, or implied by queue order or by another wait
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import numpy as np
 from .cost import Target
 from .ir import Schedule, SyncPlan, TaskGraph
 from .schedule import DeadlockError, simulate
+from .sync import ancestors, counter_closure
 from .tile import derive_deps
 
 
@@ -68,13 +69,21 @@ def check_written_once(graph: TaskGraph) -> None:
 
 
 def check_sync(graph: TaskGraph, schedule: Schedule, sync: SyncPlan) -> None:
-    where = {t: w for w, q in enumerate(schedule.queues) for t in q}
-    for t, deps in enumerate(graph.deps):
-        for d in deps:
-            c = sync.signal[d]
-            if where[d] != where[t] and (c < 0 or c not in sync.waits[t]):
-                raise ScheduleError(f"task {t} depends on task {d} on another worker "
-                                    "without waiting on its counter")
+    """Every dependency must happen before its consumer: it ran earlier on the same worker, or
+    it is a producer of a counter the consumer (or an earlier task of its worker) waited on, or
+    an ancestor of one (release/acquire chains are transitive)."""
+    anc = ancestors(graph.deps)
+    closure = counter_closure(sync.signal, anc, sync.num_counters)
+    for queue in schedule.queues:
+        before = 0                                    # happened before the worker's next task
+        for t in queue:
+            for c in sync.waits[t]:
+                before |= closure[c]
+            missing = [d for d in graph.deps[t] if not (before >> d) & 1]
+            if missing:
+                raise ScheduleError(f"task {t} depends on task {missing[0]} on another worker "
+                                    "without waiting on a counter that implies it")
+            before |= anc[t] | (1 << t)
 
 
 def validate(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, target: Target) -> None:

@@ -129,11 +129,22 @@ def cmd_trace(args) -> int:
 
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
     tokens, positions, cache = decode_state(loaded.model, args.batch_size, args.context)
-    step = megakernel_backend(loaded.model, cache, trace=True)
+    options = {}
+    if args.variant:
+        from megakernel.bench.sweep import parse_variant
+
+        options = parse_variant(args.variant)
+    step = megakernel_backend(loaded.model, cache, trace=True, **options)
     with torch.inference_mode():
         for _ in range(args.steps):
             step(tokens, positions, cache)
     traces = trace_step(step)
+    if args.json:
+        import dataclasses
+        import json
+
+        rows = [dict(dataclasses.asdict(t), op=step.compiled.tasks.tasks[t.task].op) for t in traces]
+        Path(args.json).write_text(json.dumps(rows))
     per_us, unit = (1e3, "ns") if step.trace_mode == 2 else (1.0, "ticks (interpreter order)")
     measured = "us" if step.trace_mode == 2 else "ticks"
     draw_timeline(traces, Path(args.output), f"{loaded.name} batch {args.batch_size}, "
@@ -204,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--context", type=int, default=1024)
     tr.add_argument("--steps", type=int, default=3, help="steps run; the last is drawn")
     tr.add_argument("-o", "--output", required=True, help="PNG file")
+    tr.add_argument("--json", help="also write every task's stamps to this file")
+    tr.add_argument("--variant", help="tile variant as in bench.sweep, e.g. 64x256x4x132xs3")
     tr.set_defaults(func=cmd_trace)
 
     bench = sub.add_parser("bench", help="benchmarks")

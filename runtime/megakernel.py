@@ -60,6 +60,24 @@ def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, t
     return arena, torch.tensor(offsets, dtype=torch.int64, device=device)
 
 
+def check_residency(built, workers: int, num_warps: int, device) -> None:
+    """Every worker must be resident at once (they wait on each other): refuse a grid that the
+    compiled kernel's registers and shared memory cannot fit on this GPU."""
+    built._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    regs_per_warp = -(-max(built.n_regs, 1) * 32 // 256) * 256
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * num_warps)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    by_smem = smem // (built.metadata.shared + 1024)
+    by_warps = props.max_threads_per_multi_processor // (32 * num_warps)
+    per_sm = min(by_regs, by_smem, by_warps)
+    if workers > per_sm * props.multi_processor_count:
+        raise RuntimeError(
+            f"{workers} workers cannot all be resident: the kernel takes {built.n_regs} registers "
+            f"per thread and {built.metadata.shared} bytes of shared memory, so {per_sm} programs "
+            f"of {num_warps} warps fit per SM ({props.multi_processor_count} SMs)")
+
+
 class MegakernelStep:
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False):
@@ -95,17 +113,25 @@ class MegakernelStep:
         self.expected_cache = tuple(compiled.ops.buffers["kv_cache"].shape)
         # instruction index -> (task id, worker): instructions are grouped by worker queue
         self.owners = [(t, w) for w, q in enumerate(compiled.schedule.queues) for t in q]
+        self.resident_checked = False
 
-    def launch(self, kv_cache: torch.Tensor) -> None:
+    def _args(self, kv_cache: torch.Tensor) -> tuple[tuple, dict]:
         from megakernel.compiler.registry import NUM_WORDS
 
+        return ((self.ins, self.waits, self.queues, self.counters, self.error, self.weights,
+                 self.offsets, self.act, self.f32, kv_cache, self.tokens, self.positions,
+                 self.block_table, self.epoch, self.spin_limit, self.stamps[1:]),
+                dict(NWORDS=NUM_WORDS, PREFETCH=self.compiled.options.prefetch and kv_cache.is_cuda,
+                     TRACE=self.trace_mode, num_warps=self.compiled.options.num_warps))
+
+    def launch(self, kv_cache: torch.Tensor) -> None:
         self.epoch += 1
-        self.kernel[(len(self.queues),)](
-            self.ins, self.waits, self.queues, self.counters, self.error, self.weights,
-            self.offsets, self.act, self.f32, kv_cache, self.tokens, self.positions,
-            self.block_table, self.epoch, self.spin_limit, self.stamps[1:], NWORDS=NUM_WORDS,
-            PREFETCH=self.compiled.options.prefetch and kv_cache.is_cuda, TRACE=self.trace_mode,
-            num_warps=self.compiled.options.num_warps)
+        args, kwargs = self._args(kv_cache)
+        if kv_cache.is_cuda and not self.resident_checked:
+            built = self.kernel.warmup(*args, grid=(len(self.queues),), **kwargs)
+            check_residency(built, len(self.queues), kwargs["num_warps"], kv_cache.device)
+            self.resident_checked = True
+        self.kernel[(len(self.queues),)](*args, **kwargs)
 
     def check(self) -> None:
         err = self.error.tolist()

@@ -22,10 +22,11 @@ def inputs(model):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-@pytest.mark.parametrize("gemv", [False, True])
-def test_kernel_equals_vm_buffer_by_buffer(name, gemv):
+@pytest.mark.parametrize("tiles", [TileConfig(), TileConfig(gemv=True, block_n=16),
+                                   TileConfig(block_k=32, stages=2)])
+def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load_model(name, progress=False).model
-    opts = CompileOptions(B, S, target="cpu", tile=TileConfig(gemv=gemv))
+    opts = CompileOptions(B, S, target="cpu", tile=tiles)
     compiled = compile_model(model, opts, name)
     tokens, positions, cache = inputs(model)
     cache_vm = cache.clone()
