@@ -33,13 +33,15 @@ def small_models(draw):
         max_position_embeddings=512, tie_word_embeddings=draw(st.booleans()))
     batch, seq = draw(st.integers(1, 5)), 16 * draw(st.integers(1, 6))
     tiles = TileConfig(block_n=draw(st.sampled_from([16, 32, 64])), kv_block=16,
-                       kv_split=16 * draw(st.integers(1, 4)))
-    return cfg, batch, seq, tiles
+                       kv_split=16 * draw(st.integers(1, 4)),
+                       min_block_n=draw(st.sampled_from([4, 16])))
+    spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
+    return cfg, batch, seq, tiles, spread
 
 
-def build(cfg, batch, seq, tiles):
+def build(cfg, batch, seq, tiles, spread=1):
     gm = capture(empty_model(cfg), batch, seq)
-    return gm, tile(lower(gm, 4), tiles)
+    return gm, tile(lower(gm, 4), tiles, spread)
 
 
 def graph_flops(gm, batch, seq) -> int:
@@ -58,8 +60,8 @@ def graph_flops(gm, batch, seq) -> int:
 @SETTINGS
 @given(small_models())
 def test_tiling_writes_every_output_once_and_keeps_the_flops(model):
-    cfg, batch, seq, tiles = model
-    gm, tg = build(cfg, batch, seq, tiles)
+    cfg, batch, seq, tiles, spread = model
+    gm, tg = build(cfg, batch, seq, tiles, spread)
     paint = {name: np.zeros(b.shape if b.space != "cache" else b.shape[:4], np.int32)
              for name, b in tg.ops.buffers.items() if b.space in ("act", "f32", "cache")
              and not name.startswith("inv_freq")}
