@@ -12,6 +12,7 @@ import json
 import torch
 
 from megakernel.bench.decode import decode_state, median_step_ms, step_bytes
+from megakernel.compiler.cost import H200
 from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import get_backend
@@ -30,7 +31,7 @@ def parse_variant(text: str) -> dict:
     tile = TileConfig(block_n=bn, block_k=bk, gemv="g" in flags, stages=num("s", 0),
                       kv_split=num("kv", TileConfig.kv_split))
     return dict(tile=tile, num_warps=warps, num_workers=workers,
-                workers_per_sm=-(-workers // 132), prefetch="np" not in flags)
+                workers_per_sm=-(-workers // H200.sms), prefetch="np" not in flags)
 
 
 def main(argv: list[str] | None = None) -> None:

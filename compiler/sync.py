@@ -63,7 +63,8 @@ def needed_waits(deps, signal, closure, before: int) -> tuple[int, ...]:
 
 
 def plan_sync(graph: TaskGraph, schedule: Schedule) -> SyncPlan:
-    deps = essential_deps(graph.deps)
+    anc = ancestors(graph.deps)
+    deps = essential_deps(graph.deps, anc)
     consumers = defaultdict(list)
     for t, ds in enumerate(deps):
         for d in ds:
@@ -76,7 +77,6 @@ def plan_sync(graph: TaskGraph, schedule: Schedule) -> SyncPlan:
             c = groups.setdefault((task.op, tuple(consumers[t])), len(groups))
             signal[t] = c
             members[c].append(t)
-    anc = ancestors(graph.deps)
     closure = counter_closure(signal, anc, len(groups))
     waits: list = [()] * len(graph.tasks)
     for queue in schedule.queues:

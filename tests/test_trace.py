@@ -1,7 +1,11 @@
 """In-kernel trace stamps (tick order under the interpreter) and the timeline."""
+import json
+
 import torch
 
+from megakernel.bench.sweep import parse_variant
 from megakernel.cli import main
+from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
@@ -34,9 +38,19 @@ def test_untraced_step_writes_no_stamps():
 
 
 def test_trace_cli_draws_a_timeline(tmp_path, capsys):
-    png = tmp_path / "timeline.png"
+    png, stamps = tmp_path / "timeline.png", tmp_path / "trace.json"
     assert main(["trace", "--model", "tiny-llama", "--batch-size", "2", "--context", "64",
-                 "--device", "cpu", "--steps", "1", "-o", str(png)]) == 0
+                 "--device", "cpu", "--steps", "1", "-o", str(png), "--json", str(stamps),
+                 "--variant", "32x64x4x1xgxs0xkv32"]) == 0
     out = capsys.readouterr().out
     assert "qkv_rope" in out and "attn_partial" in out
     assert png.stat().st_size > 5000
+    rows = json.loads(stamps.read_text())
+    assert sorted(r["task"] for r in rows) == list(range(len(rows)))
+    assert {"linear", "gate_up"} <= {r["kind"] for r in rows}
+
+
+def test_variant_flags():
+    v = parse_variant("64x256x8x264xgxs2xkv32xnp")
+    assert (v["num_warps"], v["num_workers"], v["workers_per_sm"], v["prefetch"]) == (8, 264, 2, False)
+    assert v["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
