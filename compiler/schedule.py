@@ -53,12 +53,16 @@ def place(graph: TaskGraph, order: list[int], cost: list[float], target: Target,
     for t in order:
         while free[0][0] != worker_free[free[0][1]]:    # drop stale heap entries
             heapq.heappop(free)
-        candidates = {free[0][1]} | {where[d] for d in graph.deps[t]}
-        def start_on(w):
-            ready = max((finish[d] + (0.0 if where[d] == w else target.sync_us)
-                         for d in graph.deps[t]), default=0.0)
+        latest: dict[int, float] = {}                   # worker -> its latest producer's finish
+        for d in graph.deps[t]:
+            latest[where[d]] = max(latest.get(where[d], 0.0), finish[d])
+        top = heapq.nlargest(2, latest.items(), key=lambda kv: kv[1])
+
+        def start_on(w):                                # own producers free, others + sync
+            other = next((f for v, f in top if v != w), None)
+            ready = max(latest.get(w, 0.0), 0.0 if other is None else other + target.sync_us)
             return max(ready, worker_free[w])
-        w = min(candidates, key=lambda c: (start_on(c), c))
+        w = min({free[0][1]} | latest.keys(), key=lambda c: (start_on(c), c))
         where[t], finish[t] = w, start_on(w) + cost[t]
         worker_free[w] = finish[t]
         heapq.heappush(free, (finish[t], w))
