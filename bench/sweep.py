@@ -13,25 +13,15 @@ import torch
 
 from megakernel.bench.decode import decode_state, median_step_ms, step_bytes
 from megakernel.compiler.cost import H200
-from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import get_backend
+from megakernel.runtime import variant
 from megakernel.runtime.megakernel import megakernel_backend
 
 
 def parse_variant(text: str) -> dict:
-    """'64x256x8x132', then optional flags: 'g' GEMV projections, 'sN' an N-stage pipeline,
-    'kvN' N keys per attention task, 'np' no L2 prefetch; e.g. '32x512x4x132xgxs3xkv64'."""
-    parts = text.split("x")
-    bn, bk, warps, workers = (int(v) for v in parts[:4])
-    flags = parts[4:]
-    num = lambda prefix, default: next((int(f[len(prefix):]) for f in flags
-                                        if f.startswith(prefix) and f[len(prefix):].isdigit()),
-                                       default)
-    tile = TileConfig(block_n=bn, block_k=bk, gemv="g" in flags, stages=num("s", 0),
-                      kv_split=num("kv", TileConfig.kv_split))
-    return dict(tile=tile, num_warps=warps, num_workers=workers,
-                workers_per_sm=-(-workers // H200.sms), prefetch="np" not in flags)
+    """Compile options of a variant label (see ``megakernel.runtime.variant``)."""
+    return variant.parse_variant(text).options(H200.sms)
 
 
 def main(argv: list[str] | None = None) -> None:

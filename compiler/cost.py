@@ -19,6 +19,7 @@ class Target:
     flops_per_us: float       # achievable bf16 tensor-core rate, whole chip
     sync_us: float            # one cross-worker dependency (release, then acquire elsewhere)
     task_overhead_us: float   # decode one instruction and dispatch
+    smem_bytes: int           # shared memory per SM (pipeline stages of resident programs)
 
     @property
     def max_workers(self) -> int:
@@ -26,10 +27,11 @@ class Target:
 
 
 H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=4.0e6, flops_per_us=7.0e8,
-              sync_us=1.0, task_overhead_us=0.3)
+              sync_us=1.0, task_overhead_us=0.3, smem_bytes=228 * 1024)
 # The Triton interpreter runs programs one after another: one worker, a topological queue.
 CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
-                         flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0)
+                         flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0,
+                         smem_bytes=1 << 30)
 TARGETS = {"h200": H200, "cpu": CPU_INTERPRETER}
 
 

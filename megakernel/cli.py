@@ -1,4 +1,4 @@
-"""The ``megakernel`` command: ``generate``, ``compile``, ``trace`` and ``bench``."""
+"""The ``megakernel`` command: ``generate``, ``compile``, ``autotune``, ``trace`` and ``bench``."""
 from __future__ import annotations
 
 import argparse
@@ -131,9 +131,10 @@ def cmd_trace(args) -> int:
     tokens, positions, cache = decode_state(loaded.model, args.batch_size, args.context)
     options = {}
     if args.variant:
-        from megakernel.bench.sweep import parse_variant
+        from megakernel.compiler.cost import TARGETS
+        from megakernel.runtime.variant import parse_variant
 
-        options = parse_variant(args.variant)
+        options = parse_variant(args.variant).options(TARGETS[kernel_target(device)].sms)
     step = megakernel_backend(loaded.model, cache, trace=True, **options)
     with torch.inference_mode():
         for _ in range(args.steps):
@@ -171,6 +172,32 @@ def parse_batch_sizes(text: str) -> list[int]:
     return sizes
 
 
+def cmd_autotune(args) -> int:
+    from pathlib import Path
+
+    device, dtype = _resolve_device(args)
+    kernel_target(device)
+    from rich.console import Console
+    from rich.table import Table
+
+    from megakernel.models import load_model
+    from megakernel.runtime.autotune import autotune
+    from megakernel.runtime.megakernel import cache_dir
+
+    loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
+    folder = Path(args.output or cache_dir() / "autotune" / loaded.name)
+    winners = autotune(loaded.model, loaded.name, parse_batch_sizes(args.batch_sizes),
+                       args.max_seq_len, folder, classes=args.classes, iters=args.iters)
+    table = Table(title=f"{loaded.name} on {device}, context {args.max_seq_len}: {folder}")
+    for col in ("batch", "winner", "ms/token", "predicted us", "timed", "failed"):
+        table.add_column(col, justify="left" if col == "winner" else "right")
+    for w in winners:
+        table.add_row(str(w.batch), w.label, f"{w.ms:.3f}", f"{w.predicted_us:.0f}", str(w.timed),
+                      str(w.failed))
+    Console().print(table)
+    return 0
+
+
 def cmd_bench_decode(args) -> int:
     from megakernel.bench.decode import run_decode_bench
 
@@ -197,6 +224,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--verify", action="store_true",
                      help="run the eager engine alongside; exit non-zero on divergence")
     gen.set_defaults(func=cmd_generate)
+
+    tune = sub.add_parser("autotune", help="search, time and keep the fastest kernel per batch size")
+    tune.add_argument("model", help="preset name or local Hugging Face folder")
+    tune.add_argument("--batch-sizes", default="1", help="e.g. 1-64 or 1,2,3,5,8")
+    tune.add_argument("--max-seq-len", type=int, default=1024, help="also the timed context")
+    tune.add_argument("--classes", type=int, default=2,
+                      help="best schedules (by the cost model) whose kernel knobs are all timed")
+    tune.add_argument("--iters", type=int, default=20, help="timed steps per variant")
+    tune.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    tune.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None)
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("-o", "--output", help="default: $MEGAKERNEL_CACHE/autotune/MODEL")
+    tune.set_defaults(func=cmd_autotune)
 
     comp = sub.add_parser("compile", help="compile a megakernel per batch size into a folder")
     comp.add_argument("model", help="preset name or local Hugging Face folder")

@@ -1,15 +1,16 @@
 """In-kernel trace stamps (tick order under the interpreter) and the timeline."""
 import json
 
+import pytest
 import torch
 
-from megakernel.bench.sweep import parse_variant
 from megakernel.cli import main
 from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
 from megakernel.runtime.trace import kind_table, trace_step
+from megakernel.runtime.variant import parse_variant
 
 
 def test_trace_stamps_every_task_in_order():
@@ -50,7 +51,12 @@ def test_trace_cli_draws_a_timeline(tmp_path, capsys):
     assert {"linear", "gate_up"} <= {r["kind"] for r in rows}
 
 
-def test_variant_flags():
+def test_variant_labels():
     v = parse_variant("64x256x8x264xgxs2xkv32xnp")
-    assert (v["num_warps"], v["num_workers"], v["workers_per_sm"], v["prefetch"]) == (8, 264, 2, False)
-    assert v["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
+    opts = v.options(sms=132)
+    assert (opts["num_warps"], opts["num_workers"], opts["workers_per_sm"], opts["prefetch"]) == (
+        8, 264, 2, False)
+    assert opts["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
+    assert parse_variant(v.label) == v and parse_variant("64x64x4x132xpf").prefetch
+    with pytest.raises(ValueError, match="unknown flag"):
+        parse_variant("64x64x4x132xq")

@@ -1,0 +1,165 @@
+"""Autotune: for each batch size, search kernel variants, rank them with the cost model, time the
+best on the device, keep the fastest.
+
+    autotune(model, name, batch_sizes, max_seq_len, folder) -> list[Winner]
+
+Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
+per SM, keys per attention task. Variants whose pipeline stages cannot fit in shared memory are
+dropped. The schedule-level knobs (tile shapes, programs per SM, keys per task) are rated by the
+cost model's makespan of their schedule (tiling and list scheduling, no code generated); the
+``classes`` best, crossed with every kernel-level knob (stages, warps), and the default variant
+are compiled and timed (one decode step at position ``max_seq_len - 1``, median of ``iters``).
+Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
+device, code version, variant), so a rerun times only what is missing, and each batch size's
+winner as a compiled artifact in ``folder/b{B}`` (the layout ``megakernel compile`` writes, which
+``KernelLibrary`` serves). A variant that fails to build, to fit or to finish is recorded with its
+error and skipped.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from megakernel.compiler.artifact import cache_key, code_hash, compile_cached, model_hash, save
+from megakernel.compiler.capture import capture
+from megakernel.compiler.cost import TARGETS, Target
+from megakernel.compiler.lower import lower
+from megakernel.compiler.pipeline import CompileOptions
+from megakernel.compiler.schedule import schedule
+from megakernel.compiler.tile import TileConfig, tile
+
+from .variant import Variant
+
+SPACE = {"block_n": (32, 64, 128), "block_k": (128, 256, 512), "stages": (2, 3, 4),
+         "num_warps": (4, 8), "workers_per_sm": (1, 2), "kv_split": (32, 64, 128)}
+
+
+@dataclass(frozen=True)
+class Winner:
+    batch: int
+    label: str
+    ms: float
+    predicted_us: float
+    timed: int          # variants timed for this batch size (this run and earlier ones)
+    failed: int
+
+
+def candidates(target: Target, space: dict) -> list[Variant]:
+    out = []
+    for bn, bk, st, warps, per_sm, kv in itertools.product(*(space[k] for k in SPACE)):
+        smem = max(st, 1) * bn * bk * 2 * 2            # stages of gate and up chunks, 2 bytes
+        if smem * per_sm > target.smem_bytes or (target.name == "cpu" and per_sm > 1):
+            continue
+        out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, kv_split=kv))
+    return out
+
+
+def predict(ops, v: Variant, target: Target) -> float:
+    """Makespan (us) of the variant's schedule under the cost model."""
+    cfg = TileConfig(block_n=v.block_n, block_k=v.block_k, kv_split=v.kv_split)
+    per_sm = -(-v.workers // target.sms)
+    return schedule(tile(ops, cfg, v.workers), replace(target, workers_per_sm=per_sm),
+                    v.workers).makespan_us
+
+
+def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
+    """The default variant, then every kernel-level knob of the ``classes`` best schedules."""
+    rated: dict = {}
+    for v in candidates(target, space):
+        key = (v.block_n, v.block_k, v.workers, v.kv_split)
+        if key not in rated:
+            rated[key] = predict(ops, v, target)
+    best = sorted(rated, key=lambda k: (rated[k], k))[:classes]
+    t = TileConfig()
+    default = Variant(t.block_n, t.block_k, CompileOptions.num_warps, target.max_workers)
+    picks = [(default, predict(ops, default, target))]
+    picks += [(v, rated[k]) for k in best for v in candidates(target, space)
+              if (v.block_n, v.block_k, v.workers, v.kv_split) == k and v != default]
+    return picks
+
+
+class Ledger:
+    """autotune.json: every measurement, keyed so that a rerun resumes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows = json.loads(path.read_text())["runs"] if path.is_file() else []
+
+    def key(self, **fields) -> str:
+        return json.dumps(fields, sort_keys=True)
+
+    def get(self, key: str):
+        return next((r for r in self.rows if r["key"] == key), None)
+
+    def add(self, key: str, **row) -> dict:
+        self.rows.append({"key": key, **row})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"runs": self.rows}, indent=1))
+        return self.rows[-1]
+
+
+def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int) -> float:
+    from megakernel.bench.decode import decode_state, median_step_ms
+
+    from .megakernel import MegakernelStep
+
+    compiled, _ = compile_cached(model, opts, name, root)
+    tokens, positions, cache = decode_state(model, opts.batch_size, opts.max_seq_len)
+    step = MegakernelStep(compiled, model, cache)
+    with torch.inference_mode():
+        return median_step_ms(lambda: step(tokens, positions, cache), cache.device,
+                              min(3, iters), iters)
+
+
+def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder: Path,
+             space: dict = SPACE, classes: int = 2, iters: int = 20, progress: bool = True,
+             cache_root: Path | None = None) -> list[Winner]:
+    from tqdm import tqdm
+
+    from megakernel.interpreter import kernel_target
+
+    from .megakernel import cache_dir
+
+    device = next(model.parameters()).device
+    target = TARGETS[kernel_target(device.type)]
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    ledger, root = Ledger(folder / "autotune.json"), cache_root or cache_dir() / "artifacts"
+    base = dict(model=model_hash(model), seq=max_seq_len, device=gpu, code=code_hash())
+    plans = {b: shortlist(lower(capture(model, b, max_seq_len), model.lm_head.weight.element_size()),
+                          target, space, classes) for b in batch_sizes}
+    bar = tqdm(total=sum(map(len, plans.values())), desc="autotune", disable=not progress)
+    winners = []
+    for b, picks in plans.items():
+        rows = []
+        for v, predicted in picks:
+            key = ledger.key(batch=b, variant=v.label, **base)
+            row = ledger.get(key)
+            if row is None:
+                opts = CompileOptions(b, max_seq_len, target=target.name, **v.options(target.sms))
+                try:
+                    row = ledger.add(key, batch=b, variant=v.label, predicted_us=predicted,
+                                     ms=time_variant(model, name, opts, root, iters), error=None)
+                except Exception as err:  # a variant that cannot build, fit or finish: skip it
+                    row = ledger.add(key, batch=b, variant=v.label, predicted_us=predicted,
+                                     ms=None, error=f"{type(err).__name__}: {err}"[:300])
+            rows.append((v, row))
+            bar.update()
+        winners.append(_keep_winner(model, name, b, max_seq_len, target, rows, folder, root))
+    bar.close()
+    return winners
+
+
+def _keep_winner(model, name, batch, max_seq_len, target, rows, folder, root) -> Winner:
+    ok = [(row["ms"], v.label, v, row) for v, row in rows if row["ms"] is not None]
+    if not ok:
+        raise RuntimeError(f"autotune: every variant failed at batch {batch}: "
+                           f"{rows[0][1]['error']}")
+    ms, label, v, row = min(ok)
+    opts = CompileOptions(batch, max_seq_len, target=target.name, **v.options(target.sms))
+    compiled, _ = compile_cached(model, opts, name, root)
+    save(compiled, model, folder / f"b{batch}", cache_key(model, opts))
+    return Winner(batch, label, ms, row["predicted_us"], len(ok), len(rows) - len(ok))

@@ -1,0 +1,58 @@
+"""Kernel variants: the knobs of one compiled megakernel as one short label, shared by the
+sweep, the trace command and the autotuner.
+
+Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``:
+``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
+``kvN`` N keys per attention task, ``np`` no L2 prefetch (the default), ``pf`` with it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megakernel.compiler.tile import TileConfig
+
+
+@dataclass(frozen=True)
+class Variant:
+    block_n: int
+    block_k: int
+    num_warps: int
+    workers: int
+    gemv: bool = False
+    stages: int = TileConfig.stages
+    kv_split: int = TileConfig.kv_split
+    prefetch: bool = False
+
+    @property
+    def label(self) -> str:
+        flags = ["g"] * self.gemv + [f"s{self.stages}", f"kv{self.kv_split}"]
+        flags += ["pf"] * self.prefetch
+        return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
+
+    def options(self, sms: int) -> dict:
+        """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
+        tile = TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
+                          stages=self.stages, kv_split=self.kv_split)
+        return dict(tile=tile, num_warps=self.num_warps, num_workers=self.workers,
+                    workers_per_sm=-(-self.workers // sms), prefetch=self.prefetch)
+
+
+def parse_variant(text: str) -> Variant:
+    parts = text.split("x")
+    try:
+        bn, bk, warps, workers = (int(v) for v in parts[:4])
+    except ValueError:
+        raise ValueError(f"variant {text!r}: expected BNxBKxWARPSxWORKERS[xflags]") from None
+    kw: dict = {}
+    for flag in parts[4:]:
+        if flag == "g":
+            kw["gemv"] = True
+        elif flag in ("np", "pf"):
+            kw["prefetch"] = flag == "pf"
+        elif flag.startswith("kv") and flag[2:].isdigit():
+            kw["kv_split"] = int(flag[2:])
+        elif flag.startswith("s") and flag[1:].isdigit():
+            kw["stages"] = int(flag[1:])
+        else:
+            raise ValueError(f"variant {text!r}: unknown flag {flag!r}")
+    return Variant(bn, bk, warps, workers, **kw)

@@ -1,0 +1,52 @@
+"""The autotuner on the CPU (interpreter timings): search, persistence, resume, served winners."""
+import torch
+
+from megakernel.compiler.cost import H200
+from megakernel.models import load_model
+from megakernel.runtime import allocate_kv_cache, autotune as tuning
+from megakernel.runtime.megakernel import KernelLibrary
+
+SPACE = {"block_n": (16, 32), "block_k": (32,), "stages": (0, 2), "num_warps": (4,),
+         "workers_per_sm": (1,), "kv_split": (16, 32)}
+
+
+def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, monkeypatch):
+    loaded = load_model("tiny-llama", progress=False)
+    model, folder = loaded.model, tmp_path / "tuned"
+    run = lambda: tuning.autotune(model, "tiny-llama", [1, 2], 64, folder, space=SPACE,
+                                  classes=1, iters=1, progress=False, cache_root=tmp_path / "c")
+    winners = run()
+    assert [w.batch for w in winners] == [1, 2]
+    assert all(w.ms > 0 and w.failed == 0 and w.timed >= 2 for w in winners)
+    ledger = tuning.Ledger(folder / "autotune.json")
+    assert len(ledger.rows) == sum(w.timed for w in winners)
+    assert {(r["batch"], r["variant"]) for r in ledger.rows} >= {(w.batch, w.label) for w in winners}
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a rerun must not time what autotune.json already holds")
+
+    monkeypatch.setattr(tuning, "time_variant", no_timing)
+    assert run() == winners
+
+    library = KernelLibrary(folder, model)
+    assert library.batch_sizes == [1, 2]
+    compiled = library.pick(2, 64)
+    assert compiled.options.tile.block_n == int(winners[1].label.split("x")[0])
+    cache = allocate_kv_cache(model.config, 2, 64, dtype=torch.float32, device="cpu")
+    cache.normal_(generator=torch.Generator().manual_seed(3))
+    ref_cache = cache.clone()
+    tokens, positions = torch.tensor([[5], [77]]), torch.tensor([[9], [30]])
+    got = library.step(compiled, model, cache)(tokens, positions, cache)
+    ref = model(tokens, positions, ref_cache)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_candidates_respect_shared_memory_and_the_interpreter():
+    big = dict(SPACE, block_n=(128,), block_k=(512,), stages=(4,), workers_per_sm=(1, 2))
+    assert tuning.candidates(H200, big) == []                 # 1 MB of stages per program
+    fits = tuning.candidates(H200, dict(SPACE, workers_per_sm=(1, 2)))
+    assert {v.workers for v in fits} == {132, 264}
+    from megakernel.compiler.cost import CPU_INTERPRETER
+
+    cpu = tuning.candidates(CPU_INTERPRETER, dict(SPACE, workers_per_sm=(1, 2)))
+    assert {v.workers for v in cpu} == {1}
