@@ -61,6 +61,8 @@ for name, batch, gemv in [("tiny-llama", 3, False), ("tiny-qwen3", 1, True), ("q
     opts = CompileOptions(batch, 64, target="h200", tile=TileConfig(gemv=gemv))
     c = compile_model(model, opts, name)
     kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
+    # values that change every launch must not select another build
+    assert [p.name for p in kernel.params if p.do_not_specialize] == ["epoch", "spin_limit"]
     out = compile_for_hopper(kernel)
     ptx = out.asm["ptx"]
     assert "globaltimer" not in ptx
