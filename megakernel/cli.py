@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -187,7 +188,8 @@ def cmd_autotune(args) -> int:
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
     folder = Path(args.output or cache_dir() / "autotune" / loaded.name)
     winners = autotune(loaded.model, loaded.name, parse_batch_sizes(args.batch_sizes),
-                       args.max_seq_len, folder, classes=args.classes, iters=args.iters)
+                       args.max_seq_len, folder, classes=args.classes, iters=args.iters,
+                       processes=args.jobs)
     table = Table(title=f"{loaded.name} on {device}, context {args.max_seq_len}: {folder}")
     for col in ("batch", "winner", "ms/token", "predicted us", "timed", "failed"):
         table.add_column(col, justify="left" if col == "winner" else "right")
@@ -232,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--classes", type=int, default=2,
                       help="best schedules (by the cost model) whose kernel knobs are all timed")
     tune.add_argument("--iters", type=int, default=20, help="timed steps per variant")
+    tune.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                      help="variants compiled and built at once, one process each")
     tune.add_argument("--device", choices=["cpu", "cuda"], default=None)
     tune.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None)
     tune.add_argument("--seed", type=int, default=0)

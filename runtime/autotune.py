@@ -8,7 +8,9 @@ per SM, keys per attention task. Variants whose pipeline stages cannot fit in sh
 dropped. The schedule-level knobs (tile shapes, programs per SM, keys per task) are rated by the
 cost model's makespan of their schedule (tiling and list scheduling, no code generated); the
 ``classes`` best, crossed with every kernel-level knob (stages, warps), and the default variant
-are compiled and timed (one decode step at position ``max_seq_len - 1``, median of ``iters``).
+are compiled and built side by side (``processes`` at once: Triton builds one kernel per
+process), then timed one after another (a decode step at position ``max_seq_len - 1``, median of
+``iters``).
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant), so a rerun times only what is missing, and each batch size's
 winner as a compiled artifact in ``folder/b{B}`` (the layout ``megakernel compile`` writes, which
@@ -115,9 +117,37 @@ def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int)
                               min(3, iters), iters)
 
 
+def _prepare(job) -> str | None:
+    """In a worker process: compile one variant (into the artifact cache) and build its kernel
+    (into Triton's cache); the error, if any."""
+    from megakernel.models.weights import empty_model
+
+    from .megakernel import build_ahead
+
+    cfg, dtype, name, opts, root, device = job
+    try:
+        compiled, _ = compile_cached(empty_model(cfg).to(dtype), opts, name, Path(root))
+        build_ahead(compiled, dtype, device)
+        return None
+    except Exception as err:  # reported with the variant, which is then not timed
+        return f"{type(err).__name__}: {err}"[:300]
+
+
+def prepare(jobs: list, processes: int) -> list[str | None]:
+    """Compile and build variants side by side (Triton builds one kernel per process)."""
+    if processes <= 1 or len(jobs) <= 1:
+        return [_prepare(job) for job in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx) as pool:
+        return list(pool.map(_prepare, jobs))
+
+
 def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder: Path,
              space: dict = SPACE, classes: int = 2, iters: int = 20, progress: bool = True,
-             cache_root: Path | None = None) -> list[Winner]:
+             cache_root: Path | None = None, processes: int = 1) -> list[Winner]:
     from tqdm import tqdm
 
     from megakernel.interpreter import kernel_target
@@ -131,20 +161,30 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     base = dict(model=model_hash(model), seq=max_seq_len, device=gpu, code=code_hash())
     plans = {b: shortlist(lower(capture(model, b, max_seq_len), model.lm_head.weight.element_size()),
                           target, space, classes) for b in batch_sizes}
-    bar = tqdm(total=sum(map(len, plans.values())), desc="autotune", disable=not progress)
+    opts = {(b, v): CompileOptions(b, max_seq_len, target=target.name, **v.options(target.sms))
+            for b, picks in plans.items() for v, _ in picks}
+    key = {(b, v): ledger.key(batch=b, variant=v.label, **base) for b, v in opts}
+    todo = [bv for bv in opts if ledger.get(key[bv]) is None]
+    dtype = next(model.parameters()).dtype
+    built = prepare([(model.config, dtype, name, opts[bv], str(root), device.type) for bv in todo],
+                    processes)
+    failed = {bv: err for bv, err in zip(todo, built) if err}
+    bar = tqdm(total=len(opts), desc="autotune", disable=not progress)
     winners = []
     for b, picks in plans.items():
         rows = []
         for v, predicted in picks:
-            key = ledger.key(batch=b, variant=v.label, **base)
-            row = ledger.get(key)
-            if row is None:
-                opts = CompileOptions(b, max_seq_len, target=target.name, **v.options(target.sms))
+            row = ledger.get(key[b, v])
+            if row is None and (b, v) in failed:
+                row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,
+                                 ms=None, error=failed[b, v])
+            elif row is None:
                 try:
-                    row = ledger.add(key, batch=b, variant=v.label, predicted_us=predicted,
-                                     ms=time_variant(model, name, opts, root, iters), error=None)
-                except Exception as err:  # a variant that cannot build, fit or finish: skip it
-                    row = ledger.add(key, batch=b, variant=v.label, predicted_us=predicted,
+                    row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,
+                                     ms=time_variant(model, name, opts[b, v], root, iters),
+                                     error=None)
+                except Exception as err:  # a variant that cannot fit or finish: skip it
+                    row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,
                                      ms=None, error=f"{type(err).__name__}: {err}"[:300])
             rows.append((v, row))
             bar.update()

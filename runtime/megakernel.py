@@ -60,6 +60,35 @@ def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, t
     return arena, torch.tensor(offsets, dtype=torch.int64, device=device)
 
 
+def launch_args(s, kv_cache: torch.Tensor, options, trace_mode: int) -> tuple[tuple, dict]:
+    """The kernel's arguments, from a step ``s`` (or anything holding the same tensors)."""
+    from megakernel.compiler.registry import NUM_WORDS
+
+    return ((s.ins, s.waits, s.queues, s.counters, s.error, s.weights, s.offsets, s.act, s.f32,
+             kv_cache, s.tokens, s.positions, s.block_table, s.epoch, s.spin_limit, s.stamps[1:]),
+            dict(NWORDS=NUM_WORDS, PREFETCH=options.prefetch and kv_cache.is_cuda,
+                 TRACE=trace_mode, num_warps=options.num_warps))
+
+
+def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:
+    """Build the kernel for this GPU without launching it, from stand-in arguments of a launch's
+    dtypes and alignment, so that a later launch (here or in another process) finds it in
+    Triton's cache. Nothing to build under the interpreter."""
+    from types import SimpleNamespace
+
+    if torch.device(device).type != "cuda":
+        return
+    small = lambda dt: torch.zeros(8, dtype=dt, device=device)
+    i32 = small(torch.int32)
+    stand_in = SimpleNamespace(ins=i32, waits=i32, queues=i32, counters=i32, error=i32,
+                               weights=small(dtype), offsets=small(torch.int64), act=small(dtype),
+                               f32=small(torch.float32), tokens=i32, positions=i32, block_table=i32,
+                               epoch=1, spin_limit=1, stamps=small(torch.int64))
+    args, kwargs = launch_args(stand_in, small(dtype), compiled.options, 0)
+    kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
+    kernel.warmup(*args, grid=(1,), **kwargs)
+
+
 def check_residency(built, workers: int, num_warps: int, device) -> None:
     """Every worker must be resident at once (they wait on each other): refuse a grid that the
     compiled kernel's registers and shared memory cannot fit on this GPU."""
@@ -116,13 +145,7 @@ class MegakernelStep:
         self.resident_checked = False
 
     def _args(self, kv_cache: torch.Tensor) -> tuple[tuple, dict]:
-        from megakernel.compiler.registry import NUM_WORDS
-
-        return ((self.ins, self.waits, self.queues, self.counters, self.error, self.weights,
-                 self.offsets, self.act, self.f32, kv_cache, self.tokens, self.positions,
-                 self.block_table, self.epoch, self.spin_limit, self.stamps[1:]),
-                dict(NWORDS=NUM_WORDS, PREFETCH=self.compiled.options.prefetch and kv_cache.is_cuda,
-                     TRACE=self.trace_mode, num_warps=self.compiled.options.num_warps))
+        return launch_args(self, kv_cache, self.compiled.options, self.trace_mode)
 
     def launch(self, kv_cache: torch.Tensor) -> None:
         self.epoch += 1

@@ -13,9 +13,15 @@ SPACE = {"block_n": (16, 32), "block_k": (32,), "stages": (0, 2), "num_warps": (
 def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, monkeypatch):
     loaded = load_model("tiny-llama", progress=False)
     model, folder = loaded.model, tmp_path / "tuned"
-    run = lambda: tuning.autotune(model, "tiny-llama", [1, 2], 64, folder, space=SPACE,
-                                  classes=1, iters=1, progress=False, cache_root=tmp_path / "c")
-    winners = run()
+    run = lambda jobs: tuning.autotune(model, "tiny-llama", [1, 2], 64, folder, space=SPACE,
+                                       classes=1, iters=1, progress=False,
+                                       cache_root=tmp_path / "c", processes=jobs)
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("variants are compiled in the worker processes, not here")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("megakernel.compiler.artifact.compile_model", no_compiling)
+        winners = run(2)                  # compiled in two worker processes, timed here
     assert [w.batch for w in winners] == [1, 2]
     assert all(w.ms > 0 and w.failed == 0 and w.timed >= 2 for w in winners)
     ledger = tuning.Ledger(folder / "autotune.json")
@@ -26,7 +32,7 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
         raise AssertionError("a rerun must not time what autotune.json already holds")
 
     monkeypatch.setattr(tuning, "time_variant", no_timing)
-    assert run() == winners
+    assert run(1) == winners
 
     library = KernelLibrary(folder, model)
     assert library.batch_sizes == [1, 2]
