@@ -91,16 +91,34 @@ def decode_state(model: CausalLM, batch: int, context: int):
     return tokens, positions, cache
 
 
+def megakernel_step(model: CausalLM, cache, kernels: str | None):
+    """The default kernel for the cache, or with ``kernels`` the one compiled (or autotuned)
+    for exactly this batch size in that folder."""
+    from megakernel.runtime.megakernel import KernelLibrary, megakernel_backend
+
+    if kernels is None:
+        return megakernel_backend(model, cache)
+    library, batch = KernelLibrary(kernels, model), cache.shape[2]
+    if batch not in library.batch_sizes:
+        raise ValueError(f"no kernel for batch {batch} in {kernels} (has {library.batch_sizes})")
+    return library.step(library.pick(batch, cache.shape[4]), model, cache)
+
+
 def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
-                warmup: int, iters: int) -> dict[str, float]:
+                warmup: int, iters: int, kernels: str | None = None) -> dict[str, tuple]:
+    """backend -> (ms per token, variant label of the megakernel or None)."""
+    from megakernel.runtime.variant import variant_of
+
     tokens, positions, cache = decode_state(model, batch, context)
     p = next(model.parameters())
     times = {}
     for name in backends:
-        step = get_backend(name)(model, cache)
+        step = (megakernel_step(model, cache, kernels) if name == "megakernel"
+                else get_backend(name)(model, cache))
+        label = variant_of(step.compiled).label if name == "megakernel" else None
         with torch.inference_mode():
-            times[name] = median_step_ms(lambda: step(tokens, positions, cache), p.device,
-                                         warmup, iters)
+            times[name] = (median_step_ms(lambda: step(tokens, positions, cache), p.device,
+                                          warmup, iters), label)
     return times
 
 
@@ -113,12 +131,12 @@ def environment(device: torch.device) -> dict:
 
 
 def run_decode_bench(args) -> dict:
-    from megakernel.cli import _resolve_device
+    from megakernel.cli import _resolve_device, parse_batch_sizes
 
     device_name, dtype = _resolve_device(args)
     device = torch.device(device_name)
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed)
-    batch_sizes = [int(b) for b in str(args.batch_sizes).split(",") if b]
+    batch_sizes = parse_batch_sizes(args.batch_sizes)
     backends = [b for b in args.backends.split(",") if b]
     for name in backends:
         get_backend(name)  # fail before any timing on an unknown name
@@ -126,12 +144,13 @@ def run_decode_bench(args) -> dict:
     rows = []
     for batch in batch_sizes:
         nbytes = step_bytes(loaded.model, batch, args.context)
-        for name, ms in bench_batch(loaded.model, backends, batch, args.context,
-                                    args.warmup, args.iters).items():
+        for name, (ms, label) in bench_batch(loaded.model, backends, batch, args.context,
+                                             args.warmup, args.iters, args.kernels).items():
             rows.append({"model": loaded.name, "batch_size": batch, "context": args.context,
                          "backend": name, "dtype": dtype, "ms_per_token": round(ms, 4),
                          "bytes_per_step": nbytes,
-                         "achieved_TBps": round(nbytes / (ms * 1e-3) / 1e12, 6)})
+                         "achieved_TBps": round(nbytes / (ms * 1e-3) / 1e12, 6)}
+                        | ({"variant": label} if label else {}))
             print(f"{loaded.name} B={batch:<3} ctx={args.context} {name:<14} {ms:8.3f} ms/token "
                   f"{rows[-1]['achieved_TBps']:.2f} TB/s (copy {report['copy_TBps']:.2f})",
                   flush=True)

@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--iters", type=int, default=50)
     dec.add_argument("--json", dest="json_out", default=None, help="write results to this file")
     dec.add_argument("--plot", default=None, help="write a PNG of ms/token per batch size")
+    dec.add_argument("--kernels", default=None,
+                     help="time the megakernel of each batch size in this folder (from "
+                          "`megakernel compile` or `megakernel autotune`)")
     dec.set_defaults(func=cmd_bench_decode)
     return parser
 

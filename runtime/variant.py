@@ -56,3 +56,10 @@ def parse_variant(text: str) -> Variant:
         else:
             raise ValueError(f"variant {text!r}: unknown flag {flag!r}")
     return Variant(bn, bk, warps, workers, **kw)
+
+
+def variant_of(compiled) -> Variant:
+    """The variant a compiled kernel was built with."""
+    o, t = compiled.options, compiled.options.tile
+    return Variant(t.block_n, t.block_k, o.num_warps, compiled.schedule.num_workers, t.gemv,
+                   t.stages, t.kv_split, o.prefetch)

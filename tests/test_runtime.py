@@ -138,3 +138,17 @@ def test_bench_decode_writes_json_and_plot(tmp_path, capsys):
     assert png.stat().st_size > 1000
     assert main(args[:5] + ["3", *args[6:], "--json", str(out)]) == 0  # merges, keeps old rows
     assert len(json.loads(out.read_text())["results"]) == 3
+
+
+def test_bench_decode_times_the_kernels_of_a_folder(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["compile", "tiny-qwen3", "--batch-sizes", "2", "--max-seq-len", "16",
+                 "--device", "cpu", "--scheduler", "greedy", "-o", str(tmp_path / "k")]) == 0
+    args = ["bench", "decode", "--model", "tiny-qwen3", "--context", "16", "--device", "cpu",
+            "--backends", "megakernel", "--warmup", "0", "--iters", "1",
+            "--kernels", str(tmp_path / "k"), "--json", str(out)]
+    assert main(args + ["--batch-sizes", "2"]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["backend"] == "megakernel" and row["variant"].startswith("64x256x4x1x")
+    assert main(args + ["--batch-sizes", "1"]) == 1
+    assert "no kernel for batch 1" in capsys.readouterr().err
