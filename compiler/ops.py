@@ -182,21 +182,25 @@ def cache_slots(row, pos, bt_ptr, layer, kv, head, B: tl.constexpr, HKV: tl.cons
 
 @triton.jit
 def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr,
-                kind, head, layer, eps: tl.constexpr, qk_eps: tl.constexpr, B: tl.constexpr,
+                kind, head, layer, d0, eps: tl.constexpr, qk_eps: tl.constexpr, B: tl.constexpr,
                 K: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                 S: tl.constexpr, BS: tl.constexpr, HAS_HEAD_NORM: tl.constexpr,
-                BLOCK_B: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_R: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr):
-    """One head of Q (kind 0), K (1) or V (2): norm(x) @ W[head]^T, then for Q and K the head
-    RMSNorm and RoPE at each row's position; Q goes to q [B, HQ * D], K and V into the cache."""
+                BLOCK_B: tl.constexpr, PART: tl.constexpr, HALF: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr,
+                STAGES: tl.constexpr):
+    """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
+    dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
+    head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to q [B, HQ * D], K and
+    V into the cache."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
-    n0 = head * D
-    lo = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n0 + D2, B, K, True, BLOCK_B, HALF,
+    n0 = head * D + d0
+    end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
+    lo = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n0 + end, B, K, True, BLOCK_B, HALF,
                             BLOCK_K, DT, GEMV, STAGES), DT)                  # [BLOCK_B, HALF]
-    hi = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0 + D2, n0 + D, B, K, True, BLOCK_B,
-                            HALF, BLOCK_K, DT, GEMV, STAGES), DT)
+    hi = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0 + D2, n0 + D2 + end, B, K, True,
+                            BLOCK_B, HALF, BLOCK_K, DT, GEMV, STAGES), DT)
     rows = tl.arange(0, BLOCK_B)
     ds = tl.arange(0, HALF)
     pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)
@@ -207,13 +211,13 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
             w_hi = tl.load(hn_ptr + D2 + ds, mask=ds < D2, other=0.0).to(tl.float32)
             lo = _round(w_lo[None, :] * _round(lo * hr[:, None], DT), DT)
             hi = _round(w_hi[None, :] * _round(hi * hr[:, None], DT), DT)
-        inv = tl.load(inv_ptr + ds, mask=ds < D2, other=0.0)
+        inv = tl.load(inv_ptr + d0 + ds, mask=ds < end, other=0.0)
         freqs = pos.to(tl.float32)[:, None] * inv[None, :]
         cos, sin = _round(tl.cos(freqs), DT), _round(tl.sin(freqs), DT)
         new_lo = _round(_round(lo * cos, DT) + _round(-hi * sin, DT), DT)
         hi = _round(_round(hi * cos, DT) + _round(lo * sin, DT), DT)
         lo = new_lo
-    mask = (rows[:, None] < B) & (ds[None, :] < D2)
+    mask = (rows[:, None] < B) & (ds[None, :] < end)
     if kind == 0:
         q_offs = rows[:, None] * (HQ * D) + n0 + ds[None, :]
         tl.store(q_ptr + q_offs, lo.to(DT), mask=mask)
@@ -221,7 +225,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
     else:
         safe_rows = tl.minimum(rows, B - 1)
         slot = cache_slots(safe_rows, pos, bt_ptr, layer, kind - 1, head, B, HKV, S, D, BS)
-        c_offs = slot[:, None] + ds[None, :]
+        c_offs = slot[:, None] + d0 + ds[None, :]
         tl.store(cache_ptr + c_offs, lo.to(DT), mask=mask)
         tl.store(cache_ptr + c_offs + D2, hi.to(DT), mask=mask)
 

@@ -72,7 +72,8 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], B=d.batch, K=d.hidden, D=d.head_dim,
                 HQ=d.heads, HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=rows(d, c),
-                HALF=p2(d.head_dim // 2), BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(d.hidden, d, c),
+                PART=t.args["part"], HALF=p2(t.args["part"]), BLOCK_K=t.args["bk"],
+                BLOCK_R=rstd_block(d.hidden, d, c),
                 GEMV=c.gemv, STAGES=c.stages)
 
 
@@ -107,7 +108,7 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("qkv_rope", "qkv_rope_op",
            _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
                    "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "
-                   "kind:int head:int layer:int"), _qkv),
+                   "kind:int head:int layer:int d0:int"), _qkv),
     OpSpec("attn_partial", "attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 row:int kv_head:int split:int layer:int"), _attn_partial),

@@ -3,7 +3,8 @@ dependencies are derived from region overlap (read-after-write), never wired by 
 
 Tilings (``TileConfig`` sets the sizes):
     embed      one task per ``block_n`` columns of the hidden size
-    qkv_rope   one task per head: each q head, each k head, each v head (k/v write the cache)
+    qkv_rope   one task per head (or per ``qkv_parts`` piece of one): each q head, each k head,
+               each v head (k/v write the cache)
     attention  attn_partial per (row, kv head, KV split) into fp32 partials, then attn_combine per
                (row, kv head); a partial waits only for its q heads and its k/v head
     linear     one task per ``bn`` output columns (norm, residual fused in)
@@ -29,6 +30,7 @@ class TileConfig:
     kv_split: int = 64         # keys per attn_partial task (a multiple of kv_block)
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
     stages: int = 3            # projection loop: 0 next chunk in registers, n > 0 n-stage pipeline
+    qkv_parts: int = 1         # tasks per q/k/v head (pieces of dims; heads without a head norm)
 
     def __post_init__(self) -> None:
         if self.kv_split % self.kv_block:
@@ -128,23 +130,31 @@ def tile_qkv_rope(t: Tiler, op) -> None:
     heads = [("q", h, p["wq"], p["q_norm"]) for h in range(d.heads)]
     heads += [(kind, h, p[f"w{kind}"], p["k_norm"] if kind == "k" else None)
               for h in range(d.kv_heads) for kind in ("k", "v")]
+    half = hd // 2
     for kind, h, w, head_norm in heads:
-        reads = [Region(x.name, full(x)), Region(p["norm"], ((0, d.hidden),)),
-                 rows(t.b(w), h * hd, (h + 1) * hd), Region("positions", ((0, d.batch),)),
-                 Region(p["inv_freq"], ((0, hd // 2),))]
-        reads += [Region(head_norm, ((0, hd),))] if head_norm else []
-        if kind == "q":
-            writes = [cols(q, h * hd, (h + 1) * hd)]
-        else:
-            slot = 0 if kind == "k" else 1
-            writes = [Region("kv_cache", ((layer, layer + 1), (slot, slot + 1), (0, d.batch),
-                                          (h, h + 1), (0, d.max_seq_len), (0, hd)))]
-        nbytes = (hd * d.hidden + d.batch * d.hidden + d.batch * hd) * d.itemsize
-        t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w, head_norm=head_norm,
-                                   inv_freq=p["inv_freq"], out=q.name, kind="qkv".index(kind),
-                                   head=h, layer=layer, eps=p["eps"], qk_eps=p["qk_eps"],
-                                   bk=t.depth(d.hidden, max(hd // 2, 16))),
-              reads, writes, nbytes, 2 * d.batch * hd * d.hidden)
+        # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2); a head RMSNorm
+        # needs the whole head
+        part = -(-half // (1 if head_norm else t.cfg.qkv_parts))
+        for d0 in range(0, half, part):
+            n = min(part, half - d0)
+            spans = ((h * hd + d0, h * hd + d0 + n), (h * hd + half + d0, h * hd + half + d0 + n))
+            reads = [Region(x.name, full(x)), Region(p["norm"], ((0, d.hidden),)),
+                     *(rows(t.b(w), lo, hi) for lo, hi in spans),
+                     Region("positions", ((0, d.batch),)), Region(p["inv_freq"], ((d0, d0 + n),))]
+            reads += [Region(head_norm, ((0, hd),))] if head_norm else []
+            if kind == "q":
+                writes = [cols(q, lo, hi) for lo, hi in spans]
+            else:
+                plane = ((layer, layer + 1), (int(kind == "v"), int(kind == "v") + 1),
+                         (0, d.batch), (h, h + 1), (0, d.max_seq_len))
+                writes = [Region("kv_cache", plane + ((lo - h * hd, hi - h * hd),))
+                          for lo, hi in spans]
+            nbytes = (2 * n * d.hidden + d.batch * d.hidden + 2 * d.batch * n) * d.itemsize
+            t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w, head_norm=head_norm,
+                                       inv_freq=p["inv_freq"], out=q.name, kind="qkv".index(kind),
+                                       head=h, layer=layer, d0=d0, part=part, eps=p["eps"],
+                                       qk_eps=p["qk_eps"], bk=t.depth(d.hidden, max(part, 16))),
+                  reads, writes, nbytes, 4 * d.batch * n * d.hidden)
 
 
 def tile_attention(t: Tiler, op) -> None:

@@ -5,7 +5,7 @@
     complete            every task is queued exactly once
     deadlock-free       running each queue in order, every wait can be satisfied
     written once        every element of every activation/scratch buffer, and every (layer, k/v,
-                        row, kv head) of the cache, is written by exactly one task
+                        row, kv head, dim) of the cache, is written by exactly one task
     fits                the grid is resident on the target at once (workers <= resident slots)
     sync covers deps    each dependency is waited on, or implied by queue order or by another wait
 """
@@ -49,18 +49,23 @@ def check_complete(graph: TaskGraph, schedule: Schedule) -> None:
                             f"missing {sorted(missing)[:8]}")
 
 
+def cache_cells(dims: tuple) -> tuple:
+    """[L, 2, B, Hkv, S, D] -> [L, 2, B, Hkv, D]: what one decode step writes of the cache."""
+    return tuple(dims[:4]) + tuple(dims[5:])
+
+
 def check_written_once(graph: TaskGraph) -> None:
     counts = {}
     for name, buf in graph.ops.buffers.items():
         if buf.space in ("act", "f32") and not name.startswith("inv_freq"):
             counts[name] = np.zeros(buf.shape, dtype=np.int32)
-        elif buf.space == "cache":
-            counts[name] = np.zeros(buf.shape[:4], dtype=np.int32)
+        elif buf.space == "cache":              # a step writes one slot per row: skip S
+            counts[name] = np.zeros(cache_cells(buf.shape), dtype=np.int32)
     for task in graph.tasks:
         for r in task.writes:
             if r.buffer not in counts:
                 raise ScheduleError(f"task {task.id} writes {r.buffer}, which is not writable")
-            box = r.box[: counts[r.buffer].ndim]
+            box = cache_cells(r.box) if graph.ops.buffers[r.buffer].space == "cache" else r.box
             counts[r.buffer][tuple(slice(lo, hi) for lo, hi in box)] += 1
     for name, c in counts.items():
         if c.size and (c.min() != 1 or c.max() != 1):

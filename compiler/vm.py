@@ -64,24 +64,26 @@ class VM:
         self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)
 
     def qkv_rope(self, a):
-        d, dt, h = self.d, self.dt, a["head"]
+        d, dt, h, kind = self.d, self.dt, a["head"], a["kind"]
+        half, d0 = d.head_dim // 2, a["d0"]
+        n = min(a["part"], half - d0)
+        local = torch.cat([torch.arange(d0, d0 + n), torch.arange(half + d0, half + d0 + n)])
         x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], dt)
-        y = mm(x, self.buf[a["weight"]][h * d.head_dim:(h + 1) * d.head_dim], dt)  # [B, D]
+        y = mm(x, self.buf[a["weight"]][h * d.head_dim + local], dt)       # [B, 2n]: lo, hi
         pos = self.buf["positions"]
-        if a["kind"] < 2:
-            if a["head_norm"] is not None:
+        if kind < 2:
+            if a["head_norm"] is not None:                                 # whole heads only
                 y = rms(y, self.buf[a["head_norm"]], a["qk_eps"], dt)
-            freqs = pos.float()[:, None] * self.buf[a["inv_freq"]]
+            freqs = pos.float()[:, None] * self.buf[a["inv_freq"]][d0:d0 + n]
             emb = torch.cat((freqs, freqs), -1)
             cos, sin = emb.cos().to(dt), emb.sin().to(dt)
-            half = d.head_dim // 2
-            rot = torch.cat((-y[:, half:], y[:, :half]), -1)
+            rot = torch.cat((-y[:, n:], y[:, :n]), -1)
             y = (y * cos).to(dt) + (rot * sin).to(dt)
-        if a["kind"] == 0:
-            self.buf[a["out"]][:, h * d.head_dim:(h + 1) * d.head_dim] = y
+        if kind == 0:
+            self.buf[a["out"]][:, h * d.head_dim + local] = y
         else:
-            rows = torch.arange(d.batch, device=pos.device)
-            self.buf["kv_cache"][a["layer"], a["kind"] - 1, rows, h, pos] = y.to(dt)
+            rows = torch.arange(d.batch, device=pos.device)[:, None]
+            self.buf["kv_cache"][a["layer"], kind - 1, rows, h, pos[:, None], local[None]] = y.to(dt)
 
     def attn_partial(self, a):
         d, b, g, s = self.d, a["row"], a["kv_head"], a["split"]

@@ -3,7 +3,8 @@ sweep, the trace command and the autotuner.
 
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``:
 ``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
-``kvN`` N keys per attention task, ``np`` no L2 prefetch (the default), ``pf`` with it.
+``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head, ``np`` no L2 prefetch (the
+default), ``pf`` with it.
 """
 from __future__ import annotations
 
@@ -22,17 +23,18 @@ class Variant:
     stages: int = TileConfig.stages
     kv_split: int = TileConfig.kv_split
     prefetch: bool = False
+    qkv_parts: int = TileConfig.qkv_parts
 
     @property
     def label(self) -> str:
         flags = ["g"] * self.gemv + [f"s{self.stages}", f"kv{self.kv_split}"]
-        flags += ["pf"] * self.prefetch
+        flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != 1) + ["pf"] * self.prefetch
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
         tile = TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
-                          stages=self.stages, kv_split=self.kv_split)
+                          stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts)
         return dict(tile=tile, num_warps=self.num_warps, num_workers=self.workers,
                     workers_per_sm=-(-self.workers // sms), prefetch=self.prefetch)
 
@@ -53,6 +55,8 @@ def parse_variant(text: str) -> Variant:
             kw["kv_split"] = int(flag[2:])
         elif flag.startswith("s") and flag[1:].isdigit():
             kw["stages"] = int(flag[1:])
+        elif flag.startswith("q") and flag[1:].isdigit():
+            kw["qkv_parts"] = int(flag[1:])
         else:
             raise ValueError(f"variant {text!r}: unknown flag {flag!r}")
     return Variant(bn, bk, warps, workers, **kw)
@@ -62,4 +66,4 @@ def variant_of(compiled) -> Variant:
     """The variant a compiled kernel was built with."""
     o, t = compiled.options, compiled.options.tile
     return Variant(t.block_n, t.block_k, o.num_warps, compiled.schedule.num_workers, t.gemv,
-                   t.stages, t.kv_split, o.prefetch)
+                   t.stages, t.kv_split, o.prefetch, t.qkv_parts)

@@ -34,7 +34,8 @@ def small_models(draw):
     batch, seq = draw(st.integers(1, 5)), 16 * draw(st.integers(1, 6))
     tiles = TileConfig(block_n=draw(st.sampled_from([16, 32, 64])), kv_block=16,
                        kv_split=16 * draw(st.integers(1, 4)),
-                       min_block_n=draw(st.sampled_from([4, 16])))
+                       min_block_n=draw(st.sampled_from([4, 16])),
+                       qkv_parts=draw(st.sampled_from([1, 2, 3, 8])))
     spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
     return cfg, batch, seq, tiles, spread
 
@@ -62,12 +63,14 @@ def graph_flops(gm, batch, seq) -> int:
 def test_tiling_writes_every_output_once_and_keeps_the_flops(model):
     cfg, batch, seq, tiles, spread = model
     gm, tg = build(cfg, batch, seq, tiles, spread)
-    paint = {name: np.zeros(b.shape if b.space != "cache" else b.shape[:4], np.int32)
+    cache = lambda dims: tuple(dims[:4]) + tuple(dims[5:])     # [L, 2, B, Hkv, D]: S skipped
+    paint = {name: np.zeros(b.shape if b.space != "cache" else cache(b.shape), np.int32)
              for name, b in tg.ops.buffers.items() if b.space in ("act", "f32", "cache")
              and not name.startswith("inv_freq")}
     for task in tg.tasks:
         for r in task.writes:
-            paint[r.buffer][tuple(slice(lo, hi) for lo, hi in r.box[: paint[r.buffer].ndim])] += 1
+            box = cache(r.box) if r.buffer == "kv_cache" else r.box
+            paint[r.buffer][tuple(slice(lo, hi) for lo, hi in box)] += 1
     for name, counts in paint.items():
         assert counts.min() == 1 and counts.max() == 1, name
     assert sum(t.flops for t in tg.tasks) == graph_flops(gm, batch, seq)

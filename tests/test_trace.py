@@ -58,5 +58,6 @@ def test_variant_labels():
         8, 264, 2, False)
     assert opts["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
     assert parse_variant(v.label) == v and parse_variant("64x64x4x132xpf").prefetch
+    assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
     with pytest.raises(ValueError, match="unknown flag"):
         parse_variant("64x64x4x132xq")

@@ -23,7 +23,8 @@ def inputs(model):
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("tiles", [TileConfig(), TileConfig(gemv=True, block_n=16),
-                                   TileConfig(block_k=32, stages=2)])
+                                   TileConfig(block_k=32, stages=2),
+                                   TileConfig(qkv_parts=3, stages=0)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load_model(name, progress=False).model
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
@@ -46,11 +47,13 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     torch.testing.assert_close(cache, cache_vm, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("workers", [2, 7, 32])
-def test_vm_on_many_workers_matches_eager(workers):
-    model = load_model("tiny-qwen3", progress=False).model
-    compiled = compile_model(model, CompileOptions(B, S, target="h200", num_workers=workers),
-                             "tiny-qwen3")
+@pytest.mark.parametrize("name,workers,parts", [("tiny-qwen3", 2, 1), ("tiny-qwen3", 7, 1),
+                                                ("tiny-qwen3", 32, 1), ("tiny-llama", 32, 3)])
+def test_vm_on_many_workers_matches_eager(name, workers, parts):
+    model = load_model(name, progress=False).model
+    opts = CompileOptions(B, S, target="h200", num_workers=workers,
+                          tile=TileConfig(qkv_parts=parts))
+    compiled = compile_model(model, opts, name)
     tokens, positions, cache = inputs(model)
     cache_ref = cache.clone()
     vm = run_vm(compiled, model, tokens, positions, cache)
