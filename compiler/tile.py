@@ -213,8 +213,14 @@ def derive_deps(tasks) -> tuple[tuple[int, ...], ...]:
     return tuple(deps)
 
 
-def tile(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1) -> TaskGraph:
+def tile_tasks(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1) -> Tiler:
+    """The tasks (and the scratch buffers they add), without dependencies."""
     t = Tiler(graph, cfg, workers)
     for op in graph.ops:
         TILERS[op.kind](t, op)
+    return t
+
+
+def tile(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1) -> TaskGraph:
+    t = tile_tasks(graph, cfg, workers)
     return TaskGraph(replace(graph, buffers=t.buffers), tuple(t.tasks), derive_deps(t.tasks))

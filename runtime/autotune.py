@@ -4,10 +4,10 @@ best on the device, keep the fastest.
     autotune(model, name, batch_sizes, max_seq_len, folder) -> list[Winner]
 
 Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
-per SM, keys per attention task. Variants whose pipeline stages cannot fit in shared memory are
-dropped. The schedule-level knobs (tile shapes, programs per SM, keys per task) are rated by the
-cost model's makespan of their schedule (tiling and list scheduling, no code generated); the
-``classes`` best, crossed with every kernel-level knob (stages, warps), and the default variant
+per SM, keys per attention task, tasks per q/k/v head. Variants whose pipeline stages cannot fit
+in shared memory are dropped. The knobs that shape the task graph (``schedule_class``) are rated
+by the cost model's wave estimate of their tasks (tiling only, no code generated); the
+``classes`` best, crossed with every code-level knob (block_k, stages, warps), and the default
 are compiled and built side by side (``processes`` at once: Triton builds one kernel per
 process), then timed one after another (a decode step at position ``max_seq_len - 1``, median of
 ``iters``).
@@ -28,16 +28,15 @@ import torch
 
 from megakernel.compiler.artifact import cache_key, code_hash, compile_cached, model_hash, save
 from megakernel.compiler.capture import capture
-from megakernel.compiler.cost import TARGETS, Target
+from megakernel.compiler.cost import TARGETS, Target, op_waves_us
 from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
-from megakernel.compiler.schedule import schedule
-from megakernel.compiler.tile import TileConfig, tile
+from megakernel.compiler.tile import TileConfig, tile_tasks
 
 from .variant import Variant
 
-SPACE = {"block_n": (32, 64, 128), "block_k": (128, 256, 512), "stages": (2, 3, 4),
-         "num_warps": (4, 8), "workers_per_sm": (1, 2), "kv_split": (32, 64, 128)}
+SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
+         "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 4)}
 
 
 @dataclass(frozen=True)
@@ -52,35 +51,40 @@ class Winner:
 
 def candidates(target: Target, space: dict) -> list[Variant]:
     out = []
-    for bn, bk, st, warps, per_sm, kv in itertools.product(*(space[k] for k in SPACE)):
+    for bn, bk, st, warps, per_sm, kv, qp in itertools.product(*(space[k] for k in SPACE)):
         smem = max(st, 1) * bn * bk * 2 * 2            # stages of gate and up chunks, 2 bytes
         if smem * per_sm > target.smem_bytes or (target.name == "cpu" and per_sm > 1):
             continue
-        out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, kv_split=kv))
+        out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, kv_split=kv,
+                           qkv_parts=qp))
     return out
 
 
+def schedule_class(v: Variant) -> tuple:
+    """The knobs that change the task graph and its schedule (the rest change only the code)."""
+    return (v.block_n, v.workers, v.kv_split, v.qkv_parts)
+
+
 def predict(ops, v: Variant, target: Target) -> float:
-    """Makespan (us) of the variant's schedule under the cost model."""
-    cfg = TileConfig(block_n=v.block_n, block_k=v.block_k, kv_split=v.kv_split)
+    """Estimated step time (us) of the variant's tasks under the cost model."""
+    cfg = TileConfig(block_n=v.block_n, kv_split=v.kv_split, qkv_parts=v.qkv_parts)
     per_sm = -(-v.workers // target.sms)
-    return schedule(tile(ops, cfg, v.workers), replace(target, workers_per_sm=per_sm),
-                    v.workers).makespan_us
+    return op_waves_us(tile_tasks(ops, cfg, v.workers).tasks,
+                       replace(target, workers_per_sm=per_sm), v.workers)
 
 
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
-    """The default variant, then every kernel-level knob of the ``classes`` best schedules."""
+    """The default variant, then every code-level knob of the ``classes`` best-rated schedules."""
     rated: dict = {}
     for v in candidates(target, space):
-        key = (v.block_n, v.block_k, v.workers, v.kv_split)
-        if key not in rated:
-            rated[key] = predict(ops, v, target)
+        if schedule_class(v) not in rated:
+            rated[schedule_class(v)] = predict(ops, v, target)
     best = sorted(rated, key=lambda k: (rated[k], k))[:classes]
     t = TileConfig()
     default = Variant(t.block_n, t.block_k, CompileOptions.num_warps, target.max_workers)
     picks = [(default, predict(ops, default, target))]
     picks += [(v, rated[k]) for k in best for v in candidates(target, space)
-              if (v.block_n, v.block_k, v.workers, v.kv_split) == k and v != default]
+              if schedule_class(v) == k and v != default]
     return picks
 
 
