@@ -178,15 +178,33 @@ class MegakernelStep:
         return self.logits
 
 
+def tuned_kernel(model, batch: int, seq: int, target: str):
+    """The kernel ``megakernel autotune`` kept for this model, batch size, length and target
+    under $MEGAKERNEL_CACHE/autotune, or None."""
+    import json
+
+    from megakernel.compiler.artifact import load, model_hash
+
+    want = model_hash(model)
+    for path in sorted((cache_dir() / "autotune").glob(f"*/b{batch}/manifest.json")):
+        info = json.loads(path.read_text())
+        if (info["model_hash"], info["max_seq_len"], info["target"]) == (want, seq, target):
+            return load(path.parent)
+    return None
+
+
 def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, **options):
-    """Backend factory: compile for the cache's batch size and length, bind, return the step."""
+    """Backend factory: the autotuned kernel for the cache's batch size and length when there is
+    one and no options are given, else compile (or reuse) one; bind; return the step."""
     from megakernel.compiler.artifact import compile_cached
     from megakernel.compiler.pipeline import CompileOptions
 
     target = kernel_target(kv_cache.device.type)
     batch, seq = kv_cache.shape[2], kv_cache.shape[4]
-    opts = CompileOptions(batch, seq, target=target, **options)
-    compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
+    compiled = None if options else tuned_kernel(model, batch, seq, target)
+    if compiled is None:
+        opts = CompileOptions(batch, seq, target=target, **options)
+        compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     return MegakernelStep(compiled, model, kv_cache, trace=trace)
 
 

@@ -4,15 +4,17 @@ import torch
 from megakernel.compiler.cost import H200
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache, autotune as tuning
-from megakernel.runtime.megakernel import KernelLibrary
+from megakernel.runtime.megakernel import KernelLibrary, megakernel_backend
+from megakernel.runtime.variant import variant_of
 
 SPACE = {"block_n": (16, 32), "block_k": (32,), "stages": (0, 2), "num_warps": (4,),
          "workers_per_sm": (1,), "kv_split": (16, 32), "qkv_parts": (1, 2)}
 
 
 def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
     loaded = load_model("tiny-llama", progress=False)
-    model, folder = loaded.model, tmp_path / "tuned"
+    model, folder = loaded.model, tmp_path / "autotune" / "tiny-llama"
     run = lambda jobs: tuning.autotune(model, "tiny-llama", [1, 2], 64, folder, space=SPACE,
                                        classes=1, iters=1, progress=False,
                                        cache_root=tmp_path / "c", processes=jobs)
@@ -45,6 +47,9 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     got = library.step(compiled, model, cache)(tokens, positions, cache)
     ref = model(tokens, positions, ref_cache)
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    # the megakernel backend finds the tuned kernel by itself; explicit options still compile
+    assert variant_of(megakernel_backend(model, cache).compiled).label == winners[1].label
+    assert megakernel_backend(model, cache, num_warps=8).compiled.options.num_warps == 8
 
 
 def test_candidates_respect_shared_memory_and_the_interpreter():
