@@ -77,21 +77,22 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
                 GEMV=c.gemv, STAGES=c.stages)
 
 
-def _splits(d: Dims, c: TileConfig) -> int:
-    return -(-d.max_seq_len // c.kv_split)
+def _splits(t: Task, d: Dims) -> int:
+    return -(-d.max_seq_len // t.args["kv_split"])
 
 
 def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
-                S=d.max_seq_len, D=d.head_dim, G=g, NSPLIT=_splits(d, c), KV_SPLIT=c.kv_split,
-                BS=c.kv_block, BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim))
+                S=d.max_seq_len, D=d.head_dim, G=g, NSPLIT=_splits(t, d),
+                KV_SPLIT=t.args["kv_split"], BS=c.kv_block, BLOCK_G=p2(g),
+                BLOCK_D=p2(d.head_dim))
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
-    return dict(HQ=d.heads, D=d.head_dim, G=g, NSPLIT=_splits(d, c), BLOCK_G=p2(g),
-                BLOCK_SPLIT=p2(_splits(d, c), 1), BLOCK_D=p2(d.head_dim))
+    return dict(HQ=d.heads, D=d.head_dim, G=g, NSPLIT=_splits(t, d), BLOCK_G=p2(g),
+                BLOCK_SPLIT=p2(_splits(t, d), 1), BLOCK_D=p2(d.head_dim))
 
 
 def _fields(spec: str) -> tuple[Field, ...]:

@@ -27,7 +27,9 @@ class TileConfig:
     min_block_n: int = 16      # narrowest projection task when spreading an op over workers
     block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
     kv_block: int = 16         # cache block (tokens) = keys per attention inner step
-    kv_split: int = 64         # keys per attn_partial task (a multiple of kv_block)
+    kv_split: int = 64         # keys per attn_partial task (a multiple of kv_block), at least
+    attn_tasks_per_worker: int = 2  # kv_split doubles while attention has more tasks than this
+                                    # per worker (beyond one per row and kv head); 0: never
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
     stages: int = 3            # projection loop: 0 next chunk in registers, n > 0 n-stage pipeline
     qkv_parts: int = 1         # tasks per q/k/v head (pieces of dims; heads without a head norm)
@@ -79,6 +81,17 @@ class Tiler:
         moves block_n * block_k weights (bytes in flight do not shrink with the width)."""
         bk = max(self.cfg.block_k, self.cfg.block_n * self.cfg.block_k // rows)
         return min(bk, 1 << max(k - 1, 1).bit_length())
+
+    def kv_span(self) -> int:
+        """Keys per attention task: kv_split, doubled while the (row, kv head, split) tasks
+        would outnumber attn_tasks_per_worker per worker (more tasks only add overhead)."""
+        d, cfg, span = self.graph.dims, self.cfg, self.cfg.kv_split
+        units = d.batch * d.kv_heads
+        limit = max(self.workers * cfg.attn_tasks_per_worker, units)
+        while cfg.attn_tasks_per_worker and span < d.max_seq_len and \
+                units * -(-d.max_seq_len // span) > limit:
+            span *= 2
+        return span
 
     def col_tiles(self, n: int, bn: int):
         for lo in range(0, n, bn):
@@ -158,10 +171,10 @@ def tile_qkv_rope(t: Tiler, op) -> None:
 
 
 def tile_attention(t: Tiler, op) -> None:
-    d, cfg = t.graph.dims, t.cfg
+    d = t.graph.dims
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
-    group, hd = d.heads // d.kv_heads, d.head_dim
-    splits = -(-d.max_seq_len // cfg.kv_split)
+    group, hd, span = d.heads // d.kv_heads, d.head_dim, t.kv_span()
+    splits = -(-d.max_seq_len // span)
     acc = Buffer(f"{op.name}.acc", "f32", (d.batch, d.heads, splits, hd))
     ml = Buffer(f"{op.name}.ml", "f32", (d.batch, d.heads, splits, 2))
     t.buffers.update({acc.name: acc, ml.name: ml})
@@ -170,19 +183,19 @@ def tile_attention(t: Tiler, op) -> None:
             heads = (g * group, (g + 1) * group)
             q_region = Region(q.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))
             for s in range(splits):
-                lo, hi = s * cfg.kv_split, min(d.max_seq_len, (s + 1) * cfg.kv_split)
+                lo, hi = s * span, min(d.max_seq_len, (s + 1) * span)
                 kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 1),
                                          (lo, hi), (0, hd)))
                 part = ((b, b + 1), heads, (s, s + 1))
                 t.add(op, "attn_partial", dict(q=q.name, acc=acc.name, ml=ml.name, row=b,
-                                               kv_head=g, split=s, layer=layer),
+                                               kv_head=g, split=s, layer=layer, kv_split=span),
                       [q_region, kv, Region("positions", ((0, d.batch),))],
                       [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))],
                       (2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4,
                       4 * group * (hi - lo) * hd)
             part = ((b, b + 1), heads, (0, splits))
             t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=b,
-                                           kv_head=g),
+                                           kv_head=g, kv_split=span),
                   [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))],
                   [Region(out.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))],
                   group * splits * (hd + 2) * 4 + group * hd * d.itemsize, 0)

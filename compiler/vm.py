@@ -87,7 +87,7 @@ class VM:
 
     def attn_partial(self, a):
         d, b, g, s = self.d, a["row"], a["kv_head"], a["split"]
-        group, hd, split = d.heads // d.kv_heads, d.head_dim, self.c.options.tile.kv_split
+        group, hd, split = d.heads // d.kv_heads, d.head_dim, a["kv_split"]
         n = int(self.buf["positions"][b]) + 1
         lo, hi = s * split, min((s + 1) * split, n)
         q = self.buf[a["q"]][b].view(d.heads, hd)[g * group:(g + 1) * group].float()

@@ -24,7 +24,8 @@ def inputs(model):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("tiles", [TileConfig(), TileConfig(gemv=True, block_n=16),
                                    TileConfig(block_k=32, stages=2),
-                                   TileConfig(qkv_parts=3, stages=0)])
+                                   TileConfig(qkv_parts=3, stages=0, kv_split=16,
+                                              attn_tasks_per_worker=0)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load_model(name, progress=False).model
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
