@@ -8,8 +8,8 @@ per SM, keys per attention task, tasks per q/k/v head. Variants whose pipeline s
 in shared memory are dropped. The knobs that shape the task graph (``schedule_class``) are rated
 by the cost model's wave estimate of their tasks (tiling only, no code generated); the
 ``classes`` best, crossed with every code-level knob (block_k, stages, warps), and the default
-are compiled and built side by side (``processes`` at once: Triton builds one kernel per
-process), then timed one after another (a decode step at position ``max_seq_len - 1``, median of
+are compiled and built side by side (``processes`` at once, as is the rating of each batch
+size: Triton builds one kernel per process), then timed one after another (a decode step at position ``max_seq_len - 1``, median of
 ``iters``).
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant), so a rerun times only what is missing, and each batch size's
@@ -36,7 +36,7 @@ from megakernel.compiler.tile import TileConfig, tile_tasks
 from .variant import Variant
 
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
-         "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 4)}
+         "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4)}
 
 
 @dataclass(frozen=True)
@@ -137,16 +137,26 @@ def _prepare(job) -> str | None:
         return f"{type(err).__name__}: {err}"[:300]
 
 
-def prepare(jobs: list, processes: int) -> list[str | None]:
-    """Compile and build variants side by side (Triton builds one kernel per process)."""
+def _plan(job) -> list[tuple[Variant, float]]:
+    """In a worker process: the shortlist of one batch size."""
+    from megakernel.models.weights import empty_model
+
+    cfg, dtype, batch, seq, target, space, classes = job
+    model = empty_model(cfg).to(dtype)
+    ops = lower(capture(model, batch, seq), model.lm_head.weight.element_size())
+    return shortlist(ops, TARGETS[target], space, classes)
+
+
+def fan_out(fn, jobs: list, processes: int) -> list:
+    """``[fn(job) for job in jobs]``, in ``processes`` worker processes when more than one."""
     if processes <= 1 or len(jobs) <= 1:
-        return [_prepare(job) for job in jobs]
+        return [fn(job) for job in jobs]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx) as pool:
-        return list(pool.map(_prepare, jobs))
+        return list(pool.map(fn, jobs))
 
 
 def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder: Path,
@@ -163,15 +173,16 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     ledger, root = Ledger(folder / "autotune.json"), cache_root or cache_dir() / "artifacts"
     base = dict(model=model_hash(model), seq=max_seq_len, device=gpu, code=code_hash())
-    plans = {b: shortlist(lower(capture(model, b, max_seq_len), model.lm_head.weight.element_size()),
-                          target, space, classes) for b in batch_sizes}
+    dtype = next(model.parameters()).dtype
+    plans = dict(zip(batch_sizes, fan_out(
+        _plan, [(model.config, dtype, b, max_seq_len, target.name, space, classes)
+                for b in batch_sizes], processes)))
     opts = {(b, v): CompileOptions(b, max_seq_len, target=target.name, **v.options(target.sms))
             for b, picks in plans.items() for v, _ in picks}
     key = {(b, v): ledger.key(batch=b, variant=v.label, **base) for b, v in opts}
     todo = [bv for bv in opts if ledger.get(key[bv]) is None]
-    dtype = next(model.parameters()).dtype
-    built = prepare([(model.config, dtype, name, opts[bv], str(root), device.type) for bv in todo],
-                    processes)
+    built = fan_out(_prepare, [(model.config, dtype, name, opts[bv], str(root), device.type)
+                               for bv in todo], processes)
     failed = {bv: err for bv, err in zip(todo, built) if err}
     bar = tqdm(total=len(opts), desc="autotune", disable=not progress)
     winners = []
