@@ -13,7 +13,7 @@ import jinja2
 
 from .encode import ALIGN, Encoded
 from .ir import KernelSource
-from .registry import HEADER_WORDS, REGISTRY
+from .registry import HEADER_WORDS, NUM_WORDS, REGISTRY
 
 KERNEL_NAME = "megakernel_step"
 
@@ -25,12 +25,11 @@ def _template_dir() -> Path:
 
 
 def field_expr(field, word: int) -> str:
-    load = f"tl.load(ins + {HEADER_WORDS + word})"
+    w = f"w{HEADER_WORDS + word}"          # the instruction's words, loaded once per task
     # every buffer starts on an ALIGN-element boundary: saying so lets loads be 16 bytes wide
-    aligned = lambda off: f"tl.multiple_of({off}, {ALIGN})"
-    return {"act": f"act_ptr + {aligned(load)}", "f32": f"f32_ptr + {aligned(load)}",
-            "weight": f"weights_ptr + {aligned(f'tl.load(offsets_ptr + {load})')}",
-            "int": load}[field.space]
+    return {"act": f"act_ptr + tl.multiple_of({w}, {ALIGN})",
+            "f32": f"f32_ptr + tl.multiple_of({w}, {ALIGN})",
+            "weight": f"weights_ptr + {w}.to(tl.int64) * {ALIGN}", "int": w}[field.space]
 
 
 def call_args(kind: str, constexprs: dict) -> str:
@@ -61,5 +60,5 @@ def generate(enc: Encoded, model: str, batch: int, num_tasks: int) -> KernelSour
                 for op, kind, cx in enc.variants]
     source = env.get_template("megakernel.py.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
-        num_workers=len(enc.queues), variants=variants)
+        num_workers=len(enc.queues), variants=variants, num_words=NUM_WORDS, align=ALIGN)
     return KernelSource(source, KERNEL_NAME, len(enc.queues), enc)

@@ -5,8 +5,9 @@
                                  prefetch (id, offset, count), then the op's fields
     waits        [N, 2]          (counter, producers per epoch)
     queues       [W, 2]          (first instruction, number of instructions) per worker
-Memory: activations and fp32 scratch get element offsets in two arenas; weights get an id into an
-int64 offset table, filled when a model is bound. Field order comes from the registry.
+Memory: activations and fp32 scratch get element offsets in two arenas; weight words hold a
+weight id, which the runtime replaces by that weight's arena offset / ALIGN when a model is bound
+(``weight_words`` marks them). Field order comes from the registry.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ir import Schedule, SyncPlan, TaskGraph
-from .registry import HEADER_WORDS, NUM_WORDS, REGISTRY, variant_key
+from .registry import HEADER_WORDS, NUM_WORDS, PREFETCH_WEIGHT_WORD, REGISTRY, variant_key
 from .tile import TileConfig
 
 ALIGN = 64
@@ -37,6 +38,8 @@ class Encoded:
     queues: np.ndarray
     variants: tuple              # (opcode, kind, constexpr dict) per opcode
     memory: MemoryPlan
+    weight_words: np.ndarray     # [T, NUM_WORDS] bool: words holding a weight id (the runtime
+                                 # replaces them by the weight's arena offset / ALIGN)
 
 
 def _pack(buffers, space: str) -> tuple[dict, int]:
@@ -85,7 +88,7 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
-    rows, waits, queues = [], [], []
+    rows, waits, queues, marks = [], [], [], []
     for queue in schedule.queues:
         queues.append((len(rows), len(queue)))
         for t in queue:
@@ -95,10 +98,13 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             header = [opcode, len(waits), len(sync.waits[t]), sync.signal[t]]
             header += prefetch_words(task, graph.ops.buffers, weight_id)
             waits.extend((c, sync.counter_size[c]) for c in sync.waits[t])
-            fields = [_word(f, task.args.get(f.name), mem, weight_id)
-                      for f in REGISTRY[task.kind].words]
+            spec = REGISTRY[task.kind]
+            fields = [_word(f, task.args.get(f.name), mem, weight_id) for f in spec.words]
             rows.append(header + fields + [0] * (NUM_WORDS - HEADER_WORDS - len(fields)))
+            is_weight = [i == PREFETCH_WEIGHT_WORD for i in range(HEADER_WORDS)]
+            is_weight += [f.space == "weight" for f in spec.words]
+            marks.append(is_weight + [False] * (NUM_WORDS - len(is_weight)))
     variants = tuple((op, key[0], dict(key[1])) for key, op in opcodes.items())
     as_i32 = lambda a, cols: np.asarray(a, dtype=np.int32).reshape(-1, cols)
     return Encoded(as_i32(rows, NUM_WORDS), as_i32(waits or [(0, 0)], 2), as_i32(queues, 2),
-                   variants, mem)
+                   variants, mem, np.asarray(marks, dtype=bool).reshape(-1, NUM_WORDS))

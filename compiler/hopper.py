@@ -13,7 +13,7 @@ from .registry import NUM_WORDS
 
 POINTERS = {
     "ins_ptr": "*i32", "waits_ptr": "*i32", "queue_ptr": "*i32", "counters_ptr": "*i32",
-    "error_ptr": "*i32", "weights_ptr": "*{dt}", "offsets_ptr": "*i64", "act_ptr": "*{dt}",
+    "error_ptr": "*i32", "weights_ptr": "*{dt}", "act_ptr": "*{dt}",
     "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i32", "positions_ptr": "*i32",
     "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "trace_ptr": "*i64",
     "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr",

@@ -3,8 +3,8 @@
 back into pointers and sizes), so the two cannot drift.
 
 A field is one runtime argument of the op body, in order: ``act``/``f32`` words are element offsets
-into those arenas, ``weight`` words index the int64 offset table of the weight arena, ``int`` words
-pass through, ``kernel`` fields name a pointer the kernel itself receives (no word). Compile-time
+into those arenas, ``weight`` words the weight's offset in its arena in units of ALIGN elements
+(written when a model is bound), ``int`` words pass through, ``kernel`` fields name a pointer the kernel itself receives (no word). Compile-time
 sizes come from ``constexprs(task, dims, cfg)``; tasks with equal kind and sizes share an opcode.
 """
 from __future__ import annotations
@@ -120,6 +120,7 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
 # opcode, first wait, number of waits, counter to signal, then the weight tile to prefetch before
 # waiting: weight id, element offset within that weight, element count (0: nothing)
 HEADER_WORDS = 7
+PREFETCH_WEIGHT_WORD = 4
 NUM_WORDS = HEADER_WORDS + max(len(s.words) for s in REGISTRY.values())
 
 

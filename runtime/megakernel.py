@@ -13,6 +13,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from megakernel.interpreter import kernel_target
@@ -42,29 +43,40 @@ def load_kernel(source: str, name: str):
     return getattr(module, name)
 
 
-def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, torch.Tensor]:
+def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, list[int]]:
     """Copy every distinct parameter into one arena and make the model's parameters views of it.
-    Returns (arena, int64 offset per weight id)."""
+    Returns (arena, offset of each weight id in units of ALIGN elements)."""
+    from megakernel.compiler.encode import ALIGN
+
     params = [model.get_parameter(n) for n in names]
     offsets, top, starts = [], 0, {}          # tied parameters share one slot
     for p in params:
         if id(p) not in starts:
             starts[id(p)] = top
-            top += -(-p.numel() // 64) * 64
-        offsets.append(starts[id(p)])
+            top += -(-p.numel() // ALIGN) * ALIGN
+        offsets.append(starts[id(p)] // ALIGN)
+    if top // ALIGN >= 2 ** 31:
+        raise ValueError(f"weights of {top} elements: offsets overflow the int32 instruction words")
     arena = torch.empty(top, dtype=params[0].dtype, device=device)
     for p in {id(p): p for p in params}.values():
         view = arena[starts[id(p)]: starts[id(p)] + p.numel()].view(p.shape)
         view.copy_(p.data)
         p.data = view
-    return arena, torch.tensor(offsets, dtype=torch.int64, device=device)
+    return arena, offsets
+
+
+def resolve_weights(instructions: np.ndarray, weight_words: np.ndarray, offsets: list[int]):
+    """Instruction words holding weight ids -> those weights' arena offsets / ALIGN."""
+    ins = instructions.copy()
+    ins[weight_words] = np.asarray(offsets, dtype=np.int64)[ins[weight_words]]
+    return ins
 
 
 def launch_args(s, kv_cache: torch.Tensor, options, trace_mode: int) -> tuple[tuple, dict]:
     """The kernel's arguments, from a step ``s`` (or anything holding the same tensors)."""
     from megakernel.compiler.registry import NUM_WORDS
 
-    return ((s.ins, s.waits, s.queues, s.counters, s.error, s.weights, s.offsets, s.act, s.f32,
+    return ((s.ins, s.waits, s.queues, s.counters, s.error, s.weights, s.act, s.f32,
              kv_cache, s.tokens, s.positions, s.block_table, s.epoch, s.spin_limit, s.stamps[1:]),
             dict(NWORDS=NUM_WORDS, PREFETCH=options.prefetch and kv_cache.is_cuda,
                  TRACE=trace_mode, num_warps=options.num_warps))
@@ -81,7 +93,7 @@ def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:
     small = lambda dt: torch.zeros(8, dtype=dt, device=device)
     i32 = small(torch.int32)
     stand_in = SimpleNamespace(ins=i32, waits=i32, queues=i32, counters=i32, error=i32,
-                               weights=small(dtype), offsets=small(torch.int64), act=small(dtype),
+                               weights=small(dtype), act=small(dtype),
                                f32=small(torch.float32), tokens=i32, positions=i32, block_table=i32,
                                epoch=1, spin_limit=1, stamps=small(torch.int64))
     args, kwargs = launch_args(stand_in, small(dtype), compiled.options, 0)
@@ -114,8 +126,9 @@ class MegakernelStep:
         dims, enc, device = compiled.ops.dims, compiled.encoded, kv_cache.device
         self.kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
         i32 = lambda a: torch.as_tensor(a, dtype=torch.int32, device=device).contiguous()
-        self.ins, self.waits, self.queues = i32(enc.instructions), i32(enc.waits), i32(enc.queues)
-        self.weights, self.offsets = bind_weights(model, enc.memory.weights, device)
+        self.weights, offsets = bind_weights(model, enc.memory.weights, device)
+        self.ins = i32(resolve_weights(enc.instructions, enc.weight_words, offsets))
+        self.waits, self.queues = i32(enc.waits), i32(enc.queues)
         self.act = torch.full((max(enc.memory.act_numel, 1),), float("nan"),
                               dtype=self.weights.dtype, device=device)
         self.f32 = torch.full((max(enc.memory.f32_numel, 1),), float("nan"), device=device)
