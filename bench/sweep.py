@@ -42,8 +42,14 @@ def main(argv: list[str] | None = None) -> None:
     with torch.inference_mode():
         base = median_step_ms(lambda: ref(tokens, positions, cache), cache.device, 10, args.iters)
         for text in args.variants.split(","):
-            step = megakernel_backend(model, cache, **parse_variant(text))
-            ms = median_step_ms(lambda: step(tokens, positions, cache), cache.device, 5, args.iters)
+            try:
+                step = megakernel_backend(model, cache, **parse_variant(text))
+                ms = median_step_ms(lambda: step(tokens, positions, cache), cache.device, 5,
+                                    args.iters)
+            except (RuntimeError, ValueError) as err:  # does not fit, or a watchdog: go on
+                print(f"{args.model} B={b} {text:<18} failed: {str(err)[:200]}", flush=True)
+                rows.append({"variant": text, "error": str(err)[:300]})
+                continue
             rows.append({"variant": text, "ms_per_token": ms, "TBps": nbytes / ms / 1e9,
                          "torch_compile_ms": base, "speedup": base / ms})
             print(f"{args.model} B={b} {text:<18} {ms:7.3f} ms  {nbytes / ms / 1e9:5.2f} TB/s  "
