@@ -2,7 +2,8 @@
 
     instructions [T, NUM_WORDS]  per task, grouped by worker in queue order: opcode, first
                                  wait, number of waits, counter to signal, weight tile to
-                                 prefetch (id, offset, count), then the op's fields
+                                 prefetch (id, offset, count), the first wait again (counter,
+                                 size: no table lookup in the common case), the op's fields
     waits        [N, 2]          (counter, producers per epoch)
     queues       [W, 2]          (first instruction, number of instructions) per worker
 Memory: activations and fp32 scratch get element offsets in two arenas; weight words hold a
@@ -95,9 +96,11 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             task = graph.tasks[t]
             key = variant_key(task, graph.ops.dims, cfg)
             opcode = opcodes.setdefault(key, len(opcodes))
-            header = [opcode, len(waits), len(sync.waits[t]), sync.signal[t]]
+            mine = [(c, sync.counter_size[c]) for c in sync.waits[t]]
+            header = [opcode, len(waits), len(mine), sync.signal[t]]
             header += prefetch_words(task, graph.ops.buffers, weight_id)
-            waits.extend((c, sync.counter_size[c]) for c in sync.waits[t])
+            header += list(mine[0]) if mine else [0, 0]
+            waits.extend(mine)
             spec = REGISTRY[task.kind]
             fields = [_word(f, task.args.get(f.name), mem, weight_id) for f in spec.words]
             rows.append(header + fields + [0] * (NUM_WORDS - HEADER_WORDS - len(fields)))

@@ -314,15 +314,20 @@ def attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, HQ: tl.constexpr, D:
 
 
 @triton.jit
-def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, epoch, spin_limit, task):
-    """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list.
-    A spin past ``spin_limit`` (or an error raised elsewhere) records the task and counter in
-    error_ptr [flag, task, counter, seen value] and returns False."""
+def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
+                  task):
+    """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
+    (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
+    elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
+    returns False."""
     ok = True
     j = 0
     while j < count:
-        c = tl.load(waits_ptr + 2 * (first + j))
-        need = tl.load(waits_ptr + 2 * (first + j) + 1) * epoch
+        c = c0
+        need = size0 * epoch
+        if j > 0:
+            c = tl.load(waits_ptr + 2 * (first + j))
+            need = tl.load(waits_ptr + 2 * (first + j) + 1) * epoch
         seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
         spins = 0
         while (seen < need) & (spins < spin_limit):

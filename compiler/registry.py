@@ -118,8 +118,9 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
 ]}
 
 # opcode, first wait, number of waits, counter to signal, then the weight tile to prefetch before
-# waiting: weight id, element offset within that weight, element count (0: nothing)
-HEADER_WORDS = 7
+# waiting: weight id, element offset within that weight, element count (0: nothing), then the
+# first wait inline (counter, producers per epoch; most tasks have at most one)
+HEADER_WORDS = 9
 PREFETCH_WEIGHT_WORD = 4
 NUM_WORDS = HEADER_WORDS + max(len(s.words) for s in REGISTRY.values())
 

@@ -109,6 +109,7 @@ def test_fault_raises_watchdog_quickly(fault):
         ins[producers[0], 3] = -1
     else:
         step.waits[:, 1][step.waits[:, 0] == victim] += 1
+        step.ins[:, 8][(step.ins[:, 7] == victim) & (step.ins[:, 2] > 0)] += 1  # inline copy
     t0 = time.perf_counter()
     with pytest.raises(WatchdogError, match="counter"):
         step(tokens, positions, cache)
