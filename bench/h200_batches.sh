@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
-# Every batch size on the H200 in one call, from the repository root: install, autotune one
-# megakernel per batch size, then time eager, torch-compile and the autotuned kernels side by side
-# into $OUT/h200.json (merged into a copy of bench/results/h200.json) with the plot $OUT/h200.png;
-# $OUT/autotune.json holds every variant timed.
-# Usage: bash bench/h200_batches.sh [MODEL [BATCH_SIZES [JOBS]]]
+# Every batch size on the H200, from the repository root, in two stages that each fit one call:
+#   bash bench/h200_batches.sh tune  [BATCH_SIZES]   install, autotune one megakernel per batch
+#                                                    size into /tmp/megakernel-tuned/MODEL;
+#                                                    $OUT/autotune.json holds every variant timed
+#   bash bench/h200_batches.sh bench [BATCH_SIZES]   eager, torch-compile and the tuned kernels
+#                                                    side by side into $OUT/h200.json (merged into
+#                                                    a copy of bench/results/h200.json) + h200.png
+# MODEL (default llama-3.2-1b) and JOBS (build processes, default 12) come from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model=${1:-llama-3.2-1b}
+stage=${1:?tune or bench}
 batches=${2:-1,2,3,5,8,13,16,17,24,32,48,64}
-jobs=${3:-12}
+model=${MODEL:-llama-3.2-1b}
 out=${OUT:-/tmp/megakernel-out}
 tuned=/tmp/megakernel-tuned/$model
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
-start=$(date +%s)
-python3 -m megakernel autotune "$model" --batch-sizes "$batches" --max-seq-len 1024 \
-  --classes 1 --jobs "$jobs" -o "$tuned"
-echo "autotune: $(( $(date +%s) - start )) s for batch sizes $batches"
-cp "$tuned/autotune.json" "$out/autotune.json"
-cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
-python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
-  --backends eager,torch-compile,megakernel --kernels "$tuned" --json "$out/h200.json" \
-  --plot "$out/h200.png"
+case "$stage" in
+  tune)
+    start=$(date +%s)
+    python3 -m megakernel autotune "$model" --batch-sizes "$batches" --max-seq-len 1024 \
+      --classes 1 --jobs "${JOBS:-12}" -o "$tuned"
+    echo "autotune: $(( $(date +%s) - start )) s for batch sizes $batches"
+    cp "$tuned/autotune.json" "$out/autotune.json" ;;
+  bench)
+    [ -f "$out/h200.json" ] || cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
+    python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
+      --backends eager,torch-compile,megakernel --kernels "$tuned" --json "$out/h200.json" \
+      --plot "$out/h200.png" ;;
+  *) echo "stage must be tune or bench" >&2; exit 2 ;;
+esac
