@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 
 
@@ -210,8 +212,31 @@ def _region_key(r: Region):
     return (r.buffer, r.box[0] if r.buffer == "kv_cache" else None)
 
 
+class _Writers:
+    """The boxes written so far into one buffer (one cache layer), tested against a read box all
+    at once."""
+
+    def __init__(self):
+        self.ids, self.boxes, self.arrays = [], [], None
+
+    def add(self, task: int, box) -> None:
+        self.ids.append(task)
+        self.boxes.append(box)
+        self.arrays = None
+
+    def overlapping(self, box) -> list[int]:
+        if not self.ids:
+            return []
+        if self.arrays is None:                     # rebuilt once per run of reads
+            b = np.asarray(self.boxes)              # [writers, dims, 2]
+            self.arrays = (np.asarray(self.ids), b[:, :, 0], b[:, :, 1])
+        ids, lo, hi = self.arrays
+        q = np.asarray(box)                         # [dims, 2]
+        return ids[np.all((lo < q[:, 1]) & (q[:, 0] < hi), axis=1)].tolist()
+
+
 def derive_deps(tasks) -> tuple[tuple[int, ...], ...]:
-    writers: dict = defaultdict(list)
+    writers: dict = defaultdict(_Writers)
     deps = []
     for task in tasks:
         found = set()
@@ -219,10 +244,10 @@ def derive_deps(tasks) -> tuple[tuple[int, ...], ...]:
             keys = [_region_key(r)] if r.buffer != "kv_cache" else [
                 ("kv_cache", (layer, layer + 1)) for layer in range(*r.box[0])]
             for k in keys:
-                found.update(w.id for w, wr in writers[k] if wr.overlaps(r))
+                found.update(writers[k].overlapping(r.box))
         deps.append(tuple(sorted(found)))
         for w in task.writes:
-            writers[_region_key(w)].append((task, w))
+            writers[_region_key(w)].add(task.id, w.box)
     return tuple(deps)
 
 
