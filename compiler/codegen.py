@@ -13,7 +13,7 @@ import jinja2
 
 from .encode import ALIGN, Encoded
 from .ir import KernelSource
-from .registry import HEADER_WORDS, NUM_WORDS, REGISTRY
+from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY
 
 KERNEL_NAME = "megakernel_step"
 
@@ -60,5 +60,6 @@ def generate(enc: Encoded, model: str, batch: int, num_tasks: int) -> KernelSour
                 for op, kind, cx in enc.variants]
     source = env.get_template("megakernel.py.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
-        num_workers=len(enc.queues), variants=variants, num_words=NUM_WORDS, align=ALIGN)
+        num_workers=len(enc.queues), variants=variants, num_words=NUM_WORDS, align=ALIGN,
+        h={name: f"w{i}" for i, name in enumerate(HEADER)})
     return KernelSource(source, KERNEL_NAME, len(enc.queues), enc)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ir import Schedule, SyncPlan, TaskGraph
-from .registry import HEADER_WORDS, NUM_WORDS, PREFETCH_WEIGHT_WORD, REGISTRY, variant_key
+from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY, variant_key
 from .tile import TileConfig
 
 ALIGN = 64
@@ -97,14 +97,17 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             key = variant_key(task, graph.ops.dims, cfg)
             opcode = opcodes.setdefault(key, len(opcodes))
             mine = [(c, sync.counter_size[c]) for c in sync.waits[t]]
-            header = [opcode, len(waits), len(mine), sync.signal[t]]
-            header += prefetch_words(task, graph.ops.buffers, weight_id)
-            header += list(mine[0]) if mine else [0, 0]
+            pf = prefetch_words(task, graph.ops.buffers, weight_id)
+            named = dict(op=opcode, first_wait=len(waits), num_waits=len(mine),
+                         signal=sync.signal[t], prefetch_weight=pf[0], prefetch_offset=pf[1],
+                         prefetch_count=pf[2], wait0_counter=mine[0][0] if mine else 0,
+                         wait0_size=mine[0][1] if mine else 0)
+            header = [named[h] for h in HEADER]
             waits.extend(mine)
             spec = REGISTRY[task.kind]
             fields = [_word(f, task.args.get(f.name), mem, weight_id) for f in spec.words]
             rows.append(header + fields + [0] * (NUM_WORDS - HEADER_WORDS - len(fields)))
-            is_weight = [i == PREFETCH_WEIGHT_WORD for i in range(HEADER_WORDS)]
+            is_weight = [h == "prefetch_weight" for h in HEADER]
             is_weight += [f.space == "weight" for f in spec.words]
             marks.append(is_weight + [False] * (NUM_WORDS - len(is_weight)))
     variants = tuple((op, key[0], dict(key[1])) for key, op in opcodes.items())

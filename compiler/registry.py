@@ -117,11 +117,12 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int"), _attn_combine),
 ]}
 
-# opcode, first wait, number of waits, counter to signal, then the weight tile to prefetch before
-# waiting: weight id, element offset within that weight, element count (0: nothing), then the
-# first wait inline (counter, producers per epoch; most tasks have at most one)
-HEADER_WORDS = 9
-PREFETCH_WEIGHT_WORD = 4
+# The words before an op's fields, by name: encoder and kernel template both index them through
+# HEADER, so they cannot drift. Weight tile to prefetch before waiting: weight, element offset
+# within it, element count (0: nothing); the first wait travels inline (most tasks have at most one).
+HEADER = ("op", "first_wait", "num_waits", "signal", "prefetch_weight", "prefetch_offset",
+          "prefetch_count", "wait0_counter", "wait0_size")
+HEADER_WORDS = len(HEADER)
 NUM_WORDS = HEADER_WORDS + max(len(s.words) for s in REGISTRY.values())
 
 

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from megakernel.compiler.registry import HEADER
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache, get_backend
 from megakernel.runtime.megakernel import WatchdogError, megakernel_backend
@@ -104,12 +105,14 @@ def test_fault_raises_watchdog_quickly(fault):
     assert waited, "the schedule has no cross-worker waits to break"
     victim = waited[0]
     ins = step.ins
-    producers = (ins[:, 3] == victim).nonzero().flatten()
+    word = {name: i for i, name in enumerate(HEADER)}
+    producers = (ins[:, word["signal"]] == victim).nonzero().flatten()
     if fault == "dropped signal":
-        ins[producers[0], 3] = -1
+        ins[producers[0], word["signal"]] = -1
     else:
         step.waits[:, 1][step.waits[:, 0] == victim] += 1
-        step.ins[:, 8][(step.ins[:, 7] == victim) & (step.ins[:, 2] > 0)] += 1  # inline copy
+        inline = (ins[:, word["wait0_counter"]] == victim) & (ins[:, word["num_waits"]] > 0)
+        ins[:, word["wait0_size"]][inline] += 1
     t0 = time.perf_counter()
     with pytest.raises(WatchdogError, match="counter"):
         step(tokens, positions, cache)
