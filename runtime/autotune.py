@@ -31,7 +31,7 @@ from megakernel.compiler.capture import capture
 from megakernel.compiler.cost import TARGETS, Target, op_waves_us
 from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
-from megakernel.compiler.tile import TileConfig, tile_tasks
+from megakernel.compiler.tile import TileConfig, Tiler, tile_tasks
 
 from .variant import Variant
 
@@ -73,17 +73,29 @@ def predict(ops, v: Variant, target: Target) -> float:
                        replace(target, workers_per_sm=per_sm), v.workers)
 
 
+def effective(ops, v: Variant) -> Variant:
+    """The variant as it will be built: keys per attention task as the tiler raises them for
+    this batch, one task per q/k/v head where heads have a head norm. Equal results build equal
+    kernels, so they are rated and timed once."""
+    cfg = TileConfig(block_n=v.block_n, kv_split=v.kv_split, qkv_parts=v.qkv_parts)
+    head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
+    return replace(v, kv_split=Tiler(ops, cfg, v.workers).kv_span(),
+                   qkv_parts=1 if head_norm else v.qkv_parts)
+
+
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
     """The default variant, then every code-level knob of the ``classes`` best-rated schedules."""
+    variants = list(dict.fromkeys(effective(ops, v) for v in candidates(target, space)))
     rated: dict = {}
-    for v in candidates(target, space):
+    for v in variants:
         if schedule_class(v) not in rated:
             rated[schedule_class(v)] = predict(ops, v, target)
     best = sorted(rated, key=lambda k: (rated[k], k))[:classes]
     t = TileConfig()
-    default = Variant(t.block_n, t.block_k, CompileOptions.num_warps, target.max_workers)
+    default = effective(ops, Variant(t.block_n, t.block_k, CompileOptions.num_warps,
+                                     target.max_workers))
     picks = [(default, predict(ops, default, target))]
-    picks += [(v, rated[k]) for k in best for v in candidates(target, space)
+    picks += [(v, rated[k]) for k in best for v in variants
               if schedule_class(v) == k and v != default]
     return picks
 

@@ -1,4 +1,6 @@
 """The autotuner on the CPU (interpreter timings): search, persistence, resume, served winners."""
+from dataclasses import replace
+
 import torch
 
 from megakernel.compiler.cost import H200
@@ -61,3 +63,18 @@ def test_candidates_respect_shared_memory_and_the_interpreter():
 
     cpu = tuning.candidates(CPU_INTERPRETER, dict(SPACE, workers_per_sm=(1, 2)))
     assert {v.workers for v in cpu} == {1}
+
+
+def test_variants_are_rated_as_they_will_be_built():
+    from megakernel.compiler.capture import capture
+    from megakernel.compiler.lower import lower
+    from megakernel.runtime.variant import Variant
+
+    v = Variant(32, 64, 4, 132, kv_split=16, qkv_parts=4)
+    for name, parts in [("tiny-llama", 4), ("tiny-qwen3", 1)]:        # qwen3 has head norms
+        model = load_model(name, progress=False).model
+        ops = lower(capture(model, 3, 64), 4)
+        built = tuning.effective(ops, v)
+        assert built.qkv_parts == parts
+        assert built.kv_split >= 16 and 64 % built.kv_split == 0
+    assert tuning.effective(ops, replace(v, workers=1)).kv_split == 64   # one worker: one split
