@@ -1,7 +1,8 @@
 """Hardware numbers and the cost model: every figure the compiler assumes lives here.
 
-``task_us(task, target)`` rates one tile task; ``sync_us`` is charged to each dependency that crosses
-workers; ``op_waves_us`` estimates a whole step from its tasks alone. Numbers for the H200 were measured on one (copy 4.2 TB/s, grid-wide wait about 1 us).
+``task_us(task, target)`` rates one tile task; ``sync_us`` is charged to each dependency that
+crosses workers; ``op_waves_us`` estimates a whole step from its tasks alone. Numbers for the H200
+were measured on one (copy 4.2 TB/s, grid-wide wait about 1 us).
 """
 from __future__ import annotations
 

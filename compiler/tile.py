@@ -95,6 +95,10 @@ class Tiler:
             span *= 2
         return span
 
+    def qkv_pieces(self, head_norm: bool) -> int:
+        """Tasks per q/k/v head: qkv_parts, or one where a head RMSNorm needs the whole head."""
+        return 1 if head_norm else self.cfg.qkv_parts
+
     def col_tiles(self, n: int, bn: int):
         for lo in range(0, n, bn):
             yield lo, min(n, lo + bn)
@@ -147,9 +151,8 @@ def tile_qkv_rope(t: Tiler, op) -> None:
               for h in range(d.kv_heads) for kind in ("k", "v")]
     half = hd // 2
     for kind, h, w, head_norm in heads:
-        # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2); a head RMSNorm
-        # needs the whole head
-        part = -(-half // (1 if head_norm else t.cfg.qkv_parts))
+        # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2)
+        part = -(-half // t.qkv_pieces(head_norm is not None))
         for d0 in range(0, half, part):
             n = min(part, half - d0)
             spans = ((h * hd + d0, h * hd + d0 + n), (h * hd + half + d0, h * hd + half + d0 + n))

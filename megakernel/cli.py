@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--steps", type=int, default=3, help="steps run; the last is drawn")
     tr.add_argument("-o", "--output", required=True, help="PNG file")
     tr.add_argument("--json", help="also write every task's stamps to this file")
-    tr.add_argument("--variant", help="tile variant as in bench.sweep, e.g. 64x256x4x132xs3")
+    tr.add_argument("--variant", help="variant label (runtime/variant.py), e.g. 64x256x4x132xs3")
     tr.set_defaults(func=cmd_trace)
 
     bench = sub.add_parser("bench", help="benchmarks")

@@ -78,9 +78,9 @@ def effective(ops, v: Variant) -> Variant:
     this batch, one task per q/k/v head where heads have a head norm. Equal results build equal
     kernels, so they are rated and timed once."""
     cfg = TileConfig(block_n=v.block_n, kv_split=v.kv_split, qkv_parts=v.qkv_parts)
+    tiler = Tiler(ops, cfg, v.workers)
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
-    return replace(v, kv_split=Tiler(ops, cfg, v.workers).kv_span(),
-                   qkv_parts=1 if head_norm else v.qkv_parts)
+    return replace(v, kv_split=tiler.kv_span(), qkv_parts=tiler.qkv_pieces(head_norm))
 
 
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
@@ -120,13 +120,15 @@ class Ledger:
         return self.rows[-1]
 
 
-def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int) -> float:
-    from megakernel.bench.decode import decode_state, median_step_ms
+def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int,
+                 state: tuple) -> float:
+    """Median ms of one decode step on ``state`` = (tokens, positions, cache) of the batch."""
+    from megakernel.bench.decode import median_step_ms
 
     from .megakernel import MegakernelStep
 
     compiled, _ = compile_cached(model, opts, name, root)
-    tokens, positions, cache = decode_state(model, opts.batch_size, opts.max_seq_len)
+    tokens, positions, cache = state
     step = MegakernelStep(compiled, model, cache)
     with torch.inference_mode():
         return median_step_ms(lambda: step(tokens, positions, cache), cache.device,
@@ -176,6 +178,7 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
              cache_root: Path | None = None, processes: int = 1) -> list[Winner]:
     from tqdm import tqdm
 
+    from megakernel.bench.decode import decode_state
     from megakernel.interpreter import kernel_target
 
     from .megakernel import cache_dir
@@ -199,16 +202,17 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     bar = tqdm(total=len(opts), desc="autotune", disable=not progress)
     winners = []
     for b, picks in plans.items():
-        rows = []
+        rows, state = [], None                 # one set of decode inputs serves every variant
         for v, predicted in picks:
             row = ledger.get(key[b, v])
             if row is None and (b, v) in failed:
                 row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,
                                  ms=None, error=failed[b, v])
             elif row is None:
+                state = state or decode_state(model, b, max_seq_len)
                 try:
                     row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,
-                                     ms=time_variant(model, name, opts[b, v], root, iters),
+                                     ms=time_variant(model, name, opts[b, v], root, iters, state),
                                      error=None)
                 except Exception as err:  # a variant that cannot fit or finish: skip it
                     row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,

@@ -14,7 +14,7 @@ from megakernel.compiler.lower import LoweringError, is_, lower
 from megakernel.compiler.schedule import schedule
 from megakernel.compiler.sync import plan_sync
 from megakernel.compiler.tile import TileConfig, derive_deps, tile
-from megakernel.compiler.validate import ScheduleError, validate
+from megakernel.compiler.validate import ScheduleError, cache_cells, validate
 from megakernel.models import ModelConfig
 from megakernel.models.weights import empty_model
 
@@ -63,13 +63,12 @@ def graph_flops(gm, batch, seq) -> int:
 def test_tiling_writes_every_output_once_and_keeps_the_flops(model):
     cfg, batch, seq, tiles, spread = model
     gm, tg = build(cfg, batch, seq, tiles, spread)
-    cache = lambda dims: tuple(dims[:4]) + tuple(dims[5:])     # [L, 2, B, Hkv, D]: S skipped
-    paint = {name: np.zeros(b.shape if b.space != "cache" else cache(b.shape), np.int32)
+    paint = {name: np.zeros(b.shape if b.space != "cache" else cache_cells(b.shape), np.int32)
              for name, b in tg.ops.buffers.items() if b.space in ("act", "f32", "cache")
              and not name.startswith("inv_freq")}
     for task in tg.tasks:
         for r in task.writes:
-            box = cache(r.box) if r.buffer == "kv_cache" else r.box
+            box = cache_cells(r.box) if r.buffer == "kv_cache" else r.box
             paint[r.buffer][tuple(slice(lo, hi) for lo, hi in box)] += 1
     for name, counts in paint.items():
         assert counts.min() == 1 and counts.max() == 1, name
