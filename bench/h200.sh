@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole benchmark on the H200 in one call, from the repository root:
 #   install megakernel into the machine's python (carried wheels in .whl/ first, if any),
-#   run the GPU correctness tests, then time every backend side by side and merge the rows into
+#   run the GPU correctness tests (on a second GPU, at the same time, when the machine has two),
+#   time every backend side by side and merge the rows into
 #   $OUT/h200.json (a copy of bench/results/h200.json) with a plot $OUT/h200.png.
 # Usage: bash bench/h200.sh [MODEL [BATCH_SIZES [BACKENDS]]]
 set -euo pipefail
@@ -18,16 +19,31 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+checks() {  # GPU correctness tests and memcheck; on a second GPU, beside the timings, when there is one
+  local rc=0
+  python3 -m pytest -q -s -m gpu tests > "$out/gpu-tests.log" 2>&1 || rc=$?
+  compute-sanitizer --tool memcheck python3 -m megakernel.bench.sanitize_step > "$out/memcheck.log" 2>&1 \
+    || echo "memcheck FAILED" >> "$out/memcheck.log"
+  return "$rc"
+}
+report_checks() {
+  grep -E "rel err|passed|failed" "$out/gpu-tests.log" | tail -20
+  tail -3 "$out/memcheck.log"
+}
 tests_rc=0
-python3 -m pytest -q -s -m gpu tests > "$out/gpu-tests.log" 2>&1 || tests_rc=$?
-grep -E "rel err|passed|failed" "$out/gpu-tests.log" | tail -20
-compute-sanitizer --tool memcheck python3 -m megakernel.bench.sanitize_step > "$out/memcheck.log" 2>&1 \
-  || echo "memcheck FAILED"
-tail -3 "$out/memcheck.log"
+gpus=$(nvidia-smi -L | wc -l)
+if [ "$gpus" -ge 2 ]; then
+  (export CUDA_VISIBLE_DEVICES=$((gpus - 1)); checks) & checks_pid=$!
+  export CUDA_VISIBLE_DEVICES=0
+else
+  checks || tests_rc=$?
+  report_checks
+fi
 python3 -m megakernel trace --model "$model" --batch-size 1 -o "$out/timeline.png" \
   > "$out/trace.txt" 2>&1 || echo "trace FAILED"
 tail -12 "$out/trace.txt"
 cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
 python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
   --backends "$backends" --json "$out/h200.json" --plot "$out/h200.png"
+if [ "$gpus" -ge 2 ]; then wait "$checks_pid" || tests_rc=$?; report_checks; fi
 [ "$tests_rc" = 0 ] || { echo "GPU tests FAILED (rc=$tests_rc), see gpu-tests.log"; exit "$tests_rc"; }
