@@ -21,14 +21,14 @@ POINTERS = {
 
 
 def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3,
-                       trace: int = 0):
+                       trace: int = 0, prefetch: bool = True):
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
     signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
     # as the launcher specialises them at run time: every pointer 16-byte aligned
     aligned = {(kernel.arg_names.index(k),): [["tt.divisibility", 16]]
                for k, v in signature.items() if v.startswith("*")}
-    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": True,
+    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": prefetch,
                                                       "TRACE": trace}, attrs=aligned)
     compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})

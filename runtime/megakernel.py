@@ -104,7 +104,10 @@ def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:
 def check_residency(built, workers: int, num_warps: int, device) -> None:
     """Every worker must be resident at once (they wait on each other): refuse a grid that the
     compiled kernel's registers and shared memory cannot fit on this GPU."""
-    built._init_handles()
+    try:
+        built._init_handles()
+    except Exception as err:  # triton's OutOfResources: one program alone does not fit
+        raise RuntimeError(f"the kernel does not fit on this GPU: {err}") from err
     props = torch.cuda.get_device_properties(device)
     regs_per_warp = -(-max(built.n_regs, 1) * 32 // 256) * 256
     by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * num_warps)
