@@ -30,8 +30,9 @@ def stream_kernel(x_ptr, w_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N
             ops.prefetch_l2(w_ptr + nxt.to(tl.int64) * BLOCK_N * K, BLOCK_N * K)
         if NORM:                                       # the RMSNorm prologue of a projection
             rstd = ops.row_rstd(x_ptr, 1e-5, 1, K, 1, K)
-        acc = ops.matmul_tile(x_ptr, x_ptr, rstd, w_ptr, n0, N, 1, K, NORM, 1, BLOCK_N, BLOCK_K,
-                              tl.bfloat16, GEMV, STAGES)
+        ns = n0 + tl.arange(0, BLOCK_N)
+        acc = ops.matmul_tile(x_ptr, x_ptr, rstd, w_ptr, ns, ns < N, 1, K, NORM, 1, BLOCK_N,
+                              BLOCK_K, tl.bfloat16, GEMV, STAGES)
         ops.store_rows(y_ptr, acc.to(tl.bfloat16), n0, N, 1, N, 1, BLOCK_N)
         tile += grid
 

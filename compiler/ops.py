@@ -65,34 +65,35 @@ def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_N
 
 
 @triton.jit
-def load_w(w_ptr, ns, n_hi, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Rows ``ns`` (< n_hi), columns [k0, k0 + BLOCK_K) of W [N, K]; past K nothing is read."""
+def load_w(w_ptr, ns, nmask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows ``ns`` (where ``nmask``), columns [k0, k0 + BLOCK_K) of W [N, K]; past K nothing is
+    read."""
     ks = k0 + tl.arange(0, BLOCK_K)
     return tl.load(w_ptr + ns[:, None] * K + ks[None, :],
-                   mask=(ns[:, None] < n_hi) & (ks[None, :] < K), other=0.0)
+                   mask=nmask[:, None] & (ks[None, :] < K), other=0.0)
 
 
 @triton.jit
-def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n_hi, B: tl.constexpr, K: tl.constexpr,
+def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, nmask, B: tl.constexpr, K: tl.constexpr,
                 HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, DT: tl.constexpr, GEMV: tl.constexpr,
                 STAGES: tl.constexpr):
-    """[norm(x)] @ W[n0:n0+BLOCK_N]^T for W [N, K] row-major, rows >= n_hi masked -> fp32.
+    """[norm(x)] @ W[ns]^T for W [N, K] row-major and row indices ns [BLOCK_N] (rows outside
+    ``nmask`` read as 0) -> [BLOCK_B, BLOCK_N] fp32.
     STAGES 0: the next weight chunk is requested (into registers) before the current one is
     used; STAGES > 0: Triton's software pipeliner stages that many chunks through shared memory."""
-    ns = n0 + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     if STAGES == 0:
-        w = load_w(w_ptr, ns, n_hi, 0, K, BLOCK_K)
+        w = load_w(w_ptr, ns, nmask, 0, K, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
-            w_next = load_w(w_ptr, ns, n_hi, k0 + BLOCK_K, K, BLOCK_K)
+            w_next = load_w(w_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
             a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
             acc = _mac(a, w.to(DT), acc, GEMV, DT)
             w = w_next
     else:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
-            acc = _mac(a, load_w(w_ptr, ns, n_hi, k0, K, BLOCK_K).to(DT), acc, GEMV, DT)
+            acc = _mac(a, load_w(w_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), acc, GEMV, DT)
     return acc
 
 
@@ -118,43 +119,47 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, n0, B: tl.constexpr, H: tl.constexp
 
 
 @triton.jit
-def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, eps: tl.constexpr, B: tl.constexpr,
-              K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
-              BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_R: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr):
-    """out[:, tile] = [res[:, tile] +] [RMSNorm](x) @ W[tile]^T."""
+def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
+              B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
+              HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr):
+    """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
+    rows = tl.arange(0, BLOCK_B)
+    ns = n0 + tl.arange(0, BLOCK_N)
+    r = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    if HAS_RES:  # requested before the weights stream, so its latency hides behind them
+        r = tl.load(res_ptr + rows[:, None] * N + ns[None, :],
+                    mask=(rows[:, None] < B) & (ns[None, :] < n1), other=0.0).to(tl.float32)
     rstd = tl.zeros([BLOCK_B], tl.float32)
     if HAS_NORM:
         rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
-    y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, N, B, K, HAS_NORM, BLOCK_B, BLOCK_N,
-                           BLOCK_K, DT, GEMV, STAGES), DT)
+    y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, ns < n1, B, K, HAS_NORM, BLOCK_B,
+                           BLOCK_N, BLOCK_K, DT, GEMV, STAGES), DT)
     if HAS_RES:
-        rows = tl.arange(0, BLOCK_B)
-        ns = n0 + tl.arange(0, BLOCK_N)
-        r = tl.load(res_ptr + rows[:, None] * N + ns[None, :],
-                    mask=(rows[:, None] < B) & (ns[None, :] < N), other=0.0).to(tl.float32)
         y = r + y
-    store_rows(out_ptr, y.to(DT), n0, N, B, N, BLOCK_B, BLOCK_N)
+    store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
-def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, eps: tl.constexpr, B: tl.constexpr,
+def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr,
+               B: tl.constexpr,
                K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr,
                STAGES: tl.constexpr):
-    """out[:, tile] = SiLU(norm(x) @ Wg[tile]^T) * (norm(x) @ Wu[tile]^T)."""
+    """out[:, n0:n1] = SiLU(norm(x) @ Wg[n0:n1]^T) * (norm(x) @ Wu[n0:n1]^T)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
     ns = n0 + tl.arange(0, BLOCK_N)
+    nmask = ns < n1
     g = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     u = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     if STAGES == 0:                              # as in matmul_tile
-        wg = load_w(wg_ptr, ns, N, 0, K, BLOCK_K)
-        wu = load_w(wu_ptr, ns, N, 0, K, BLOCK_K)
+        wg = load_w(wg_ptr, ns, nmask, 0, K, BLOCK_K)
+        wu = load_w(wu_ptr, ns, nmask, 0, K, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
-            wg_next = load_w(wg_ptr, ns, N, k0 + BLOCK_K, K, BLOCK_K)
-            wu_next = load_w(wu_ptr, ns, N, k0 + BLOCK_K, K, BLOCK_K)
+            wg_next = load_w(wg_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
+            wu_next = load_w(wu_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
             a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
             g = _mac(a, wg.to(DT), g, GEMV, DT)
             u = _mac(a, wu.to(DT), u, GEMV, DT)
@@ -162,11 +167,11 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, eps: tl.constexpr, B:
     else:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
-            g = _mac(a, load_w(wg_ptr, ns, N, k0, K, BLOCK_K).to(DT), g, GEMV, DT)
-            u = _mac(a, load_w(wu_ptr, ns, N, k0, K, BLOCK_K).to(DT), u, GEMV, DT)
+            g = _mac(a, load_w(wg_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), g, GEMV, DT)
+            u = _mac(a, load_w(wu_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), u, GEMV, DT)
     g = _round(g, DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
-    store_rows(out_ptr, (act * _round(u, DT)).to(DT), n0, N, B, N, BLOCK_B, BLOCK_N)
+    store_rows(out_ptr, (act * _round(u, DT)).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
@@ -197,10 +202,11 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
     n0 = head * D + d0
     end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
-    lo = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n0 + end, B, K, True, BLOCK_B, HALF,
-                            BLOCK_K, DT, GEMV, STAGES), DT)                  # [BLOCK_B, HALF]
-    hi = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0 + D2, n0 + D2 + end, B, K, True,
-                            BLOCK_B, HALF, BLOCK_K, DT, GEMV, STAGES), DT)
+    js = tl.arange(0, 2 * HALF)                   # rows of both halves in one pipeline
+    ns = n0 + js % HALF + (js // HALF) * D2
+    both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, js % HALF < end, B, K, True,
+                              BLOCK_B, 2 * HALF, BLOCK_K, DT, GEMV, STAGES), DT)
+    lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     rows = tl.arange(0, BLOCK_B)
     ds = tl.arange(0, HALF)
     pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)
@@ -232,13 +238,15 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
 
 @triton.jit
 def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, HKV: tl.constexpr,
-            S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Keys and values [BS, BLOCK_D] of cache block ``start // BS``; slots >= hi are not read."""
-    ss = tl.arange(0, BS)
+            S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+            BLOCK_D: tl.constexpr):
+    """Keys and values [CHUNK, BLOCK_D] at positions [start, start + CHUNK), each through the
+    block table (one gather, one memory latency); positions >= hi are not read."""
+    ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
-    key = cache_slots(row, tl.minimum(start, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
-    offs = key + ss[:, None] * D + ds[None, :]
-    mask = ((start + ss) < hi)[:, None] & (ds[None, :] < D)
+    key = cache_slots(row, tl.minimum(ss, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
+    offs = key[:, None] + ds[None, :]                                   # [CHUNK, BLOCK_D]
+    mask = (ss < hi)[:, None] & (ds[None, :] < D)
     v_shift = B * HKV * S * D                     # from the K plane to the V plane
     return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
             tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
@@ -249,7 +257,7 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_
                     layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                     NSPLIT: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
-                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+                    CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
     """Attention of row ``row``'s G query heads of one kv head over keys
     [split * KV_SPLIT, min(+KV_SPLIT, len)) -> unnormalised acc [G, D] and (max, sum) in fp32."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
@@ -258,20 +266,19 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_
     hi = tl.minimum(lo + KV_SPLIT, seq_len)
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
-    ss = tl.arange(0, BS)
+    ss = tl.arange(0, CHUNK)
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
     q = tl.load(q_ptr + row * (HQ * D) + (kv_head * G + gs)[:, None] * D + ds[None, :],
                 mask=qmask, other=0.0).to(DT)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    k, v = load_kv(cache_ptr, bt_ptr, row, lo, hi, layer, kv_head, B, HKV, S, D, BS, BLOCK_D)
     start = lo
-    while start < hi:                      # the next block is requested before this one is used
-        k_next, v_next = load_kv(cache_ptr, bt_ptr, row, start + BS, hi, layer, kv_head, B, HKV,
-                                 S, D, BS, BLOCK_D)
+    while start < hi:                      # CHUNK keys per step (most tasks: one step)
+        k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
+                       CHUNK, BLOCK_D)
         valid = (start + ss) < hi
-        scores = _dot(q, tl.trans(k.to(DT)), tl.zeros([BLOCK_G, BS], tl.float32), DT) * scale
+        scores = _dot(q, tl.trans(k.to(DT)), tl.zeros([BLOCK_G, CHUNK], tl.float32), DT) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
@@ -279,8 +286,7 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_
         l = l * alpha + tl.sum(p, axis=1)
         acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
         m = m_new
-        k, v = k_next, v_next
-        start += BS
+        start += CHUNK
     heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ]
     part = heads * NSPLIT + split
     tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)

@@ -81,12 +81,18 @@ def _splits(t: Task, d: Dims) -> int:
     return -(-d.max_seq_len // t.args["kv_split"])
 
 
+def kv_chunk(t: Task, d: Dims) -> int:
+    """Keys per step of an attention task: its whole span, up to 4K key elements per step."""
+    span = 1 << (t.args["kv_split"].bit_length() - 1)
+    return max(16, min(span, 4096 // p2(d.head_dim)))
+
+
 def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, D=d.head_dim, G=g, NSPLIT=_splits(t, d),
-                KV_SPLIT=t.args["kv_split"], BS=c.kv_block, BLOCK_G=p2(g),
-                BLOCK_D=p2(d.head_dim))
+                KV_SPLIT=t.args["kv_split"], BS=c.kv_block, CHUNK=kv_chunk(t, d),
+                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim))
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -103,9 +109,9 @@ def _fields(spec: str) -> tuple[Field, ...]:
 REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("embed", "embed_op", _fields("tokens_ptr:kernel table:weight out:act n0:int"), _embed),
     OpSpec("linear", "linear_op",
-           _fields("x:act weight:weight norm:weight residual:act out:act n0:int"), _linear),
+           _fields("x:act weight:weight norm:weight residual:act out:act n0:int n1:int"), _linear),
     OpSpec("gate_up", "gate_up_op",
-           _fields("x:act norm:weight gate:weight up:weight out:act n0:int"), _gate_up),
+           _fields("x:act norm:weight gate:weight up:weight out:act n0:int n1:int"), _gate_up),
     OpSpec("qkv_rope", "qkv_rope_op",
            _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
                    "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "

@@ -9,8 +9,9 @@ Tilings (``TileConfig`` sets the sizes):
                (row, kv head); a partial waits only for its q heads and its k/v head
     linear     one task per ``bn`` output columns (norm, residual fused in)
     gate_up    one task per ``bn`` columns of the intermediate size
-A projection's width ``bn`` is ``block_n``, halved (down to ``min_block_n``) while the op would
-give fewer tasks than there are workers, so that every op spreads its weights over the whole GPU.
+A projection's columns split evenly over the workers in as few waves as keep tasks within
+4 * ``block_n`` columns, so that every op spreads its weights over the whole GPU with the fewest
+tasks; ``bn`` is the op body's block (a power of two), ``n0``/``n1`` the task's columns.
 Invariant: the write regions of an op's tasks tile its outputs exactly once.
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 
 @dataclass(frozen=True)
 class TileConfig:
-    block_n: int = 64          # output columns per linear / gate_up / embed task (at most)
+    block_n: int = 64          # columns per embed task; projections: block_n x block_k weights
+                               # per inner step, tasks of at most 4 x block_n columns
     min_block_n: int = 16      # narrowest projection task when spreading an op over workers
     block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
     kv_block: int = 16         # cache block (tokens) = keys per attention inner step
@@ -34,11 +36,18 @@ class TileConfig:
                                     # per worker (beyond one per row and kv head); 0: never
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
     stages: int = 3            # projection loop: 0 next chunk in registers, n > 0 n-stage pipeline
-    qkv_parts: int = 1         # tasks per q/k/v head (pieces of dims; heads without a head norm)
+    qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
+                               # norm); 0: doubled while the tasks fit in one wave
+    min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
 
     def __post_init__(self) -> None:
         if self.kv_split % self.kv_block:
             raise ValueError(f"kv_split={self.kv_split} is not a multiple of kv_block={self.kv_block}")
+
+
+def p2(n: int) -> int:
+    """The next power of two >= n (block sizes of op bodies)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def full(buf: Buffer) -> tuple[tuple[int, int], ...]:
@@ -72,16 +81,19 @@ class Tiler:
         return self.buffers[name]
 
     def width(self, n: int) -> int:
-        """Columns per projection task: block_n, halved while that leaves workers idle."""
-        bn = self.cfg.block_n
-        while bn > self.cfg.min_block_n and -(-n // bn) < self.workers:
-            bn //= 2
-        return bn
+        """Columns per projection task: the columns split evenly over the workers (a multiple
+        of 8, at least min_block_n), in as few waves as keep tasks within 4 * block_n columns.
+        Each task has a fixed cost (instruction, wait, pipeline fill, signal), so fewer and
+        larger tasks win while the waves stay even."""
+        cfg = self.cfg
+        even = -(-n // self.workers)
+        waves = -(-even // (4 * cfg.block_n))
+        return max(cfg.min_block_n, (-(-n // (self.workers * waves)) + 7) // 8 * 8)
 
     def depth(self, k: int, rows: int) -> int:
-        """Reduction columns per inner step: a narrower task takes deeper steps, so every step
-        moves block_n * block_k weights (bytes in flight do not shrink with the width)."""
-        bk = max(self.cfg.block_k, self.cfg.block_n * self.cfg.block_k // rows)
+        """Reduction columns per inner step: block_n * block_k weights per step whatever the
+        task's rows (bytes in flight do not change with the width), within [16, k]."""
+        bk = max(16, self.cfg.block_n * self.cfg.block_k // rows)
         return min(bk, 1 << max(k - 1, 1).bit_length())
 
     def kv_span(self) -> int:
@@ -96,8 +108,18 @@ class Tiler:
         return span
 
     def qkv_pieces(self, head_norm: bool) -> int:
-        """Tasks per q/k/v head: qkv_parts, or one where a head RMSNorm needs the whole head."""
-        return 1 if head_norm else self.cfg.qkv_parts
+        """Tasks per q/k/v head: one where a head RMSNorm needs the whole head, else qkv_parts,
+        or (qkv_parts=0) doubled while all pieces still run in one wave over the workers."""
+        if head_norm:
+            return 1
+        if self.cfg.qkv_parts:
+            return self.cfg.qkv_parts
+        d, parts = self.graph.dims, 1
+        heads = d.heads + 2 * d.kv_heads
+        while 2 * heads * parts <= self.workers and \
+                d.head_dim // (4 * parts) >= self.cfg.min_qkv_dims:
+            parts *= 2
+        return parts
 
     def col_tiles(self, n: int, bn: int):
         for lo in range(0, n, bn):
@@ -118,14 +140,15 @@ def tile_linear(t: Tiler, op) -> None:
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
     n, k = w.shape
     bn = t.width(n)
+    block = p2(bn)
     for lo, hi in t.col_tiles(n, bn):
         reads = [Region(x.name, full(x)), rows(w, lo, hi)]
         reads += [Region(p["norm"], ((0, k),))] if p["norm"] else []
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
         nbytes = ((hi - lo) * k + d.batch * k + d.batch * (hi - lo) * 2) * d.itemsize
         t.add(op, "linear", dict(x=x.name, weight=w.name, norm=p["norm"], residual=p["residual"],
-                                 out=out.name, n0=lo, bn=bn, bk=t.depth(k, bn), eps=p["eps"],
-                                 n=n, k=k),
+                                 out=out.name, n0=lo, n1=hi, bn=block, bk=t.depth(k, block),
+                                 eps=p["eps"], n=n, k=k),
               reads, [cols(out, lo, hi)], nbytes, 2 * d.batch * (hi - lo) * k)
 
 
@@ -133,12 +156,14 @@ def tile_gate_up(t: Tiler, op) -> None:
     p, d = op.params, t.graph.dims
     x, out = t.b(p["x"]), t.b(op.outputs[0])
     k, bn = d.hidden, t.width(d.intermediate)
+    block = p2(bn)
     for lo, hi in t.col_tiles(d.intermediate, bn):
         reads = [Region(x.name, full(x)), Region(p["norm"], ((0, k),)),
                  rows(t.b(p["gate"]), lo, hi), rows(t.b(p["up"]), lo, hi)]
         nbytes = (2 * (hi - lo) * k + d.batch * k + d.batch * (hi - lo)) * d.itemsize
         t.add(op, "gate_up", dict(x=x.name, norm=p["norm"], gate=p["gate"], up=p["up"],
-                                  out=out.name, n0=lo, bn=bn, bk=t.depth(k, bn), eps=p["eps"]),
+                                  out=out.name, n0=lo, n1=hi, bn=block, bk=t.depth(k, block),
+                                  eps=p["eps"]),
               reads, [cols(out, lo, hi)], nbytes, 4 * d.batch * (hi - lo) * k)
 
 
@@ -171,7 +196,8 @@ def tile_qkv_rope(t: Tiler, op) -> None:
             t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w, head_norm=head_norm,
                                        inv_freq=p["inv_freq"], out=q.name, kind="qkv".index(kind),
                                        head=h, layer=layer, d0=d0, part=part, eps=p["eps"],
-                                       qk_eps=p["qk_eps"], bk=t.depth(d.hidden, max(part, 16))),
+                                       qk_eps=p["qk_eps"],
+                                       bk=t.depth(d.hidden, 2 * max(p2(part), 16))),
                   reads, writes, nbytes, 4 * d.batch * n * d.hidden)
 
 

@@ -50,7 +50,7 @@ class VM:
         self.buf[a["out"]][:, lo:hi] = self.buf[a["table"]][self.buf["tokens"], lo:hi]
 
     def linear(self, a):
-        lo, hi = a["n0"], a["n0"] + a["bn"]
+        lo, hi = a["n0"], a["n1"]
         x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)
         y = mm(x, self.buf[a["weight"]][lo:hi], self.dt)
         if a["residual"] is not None:
@@ -58,7 +58,7 @@ class VM:
         self.buf[a["out"]][:, lo:hi] = y
 
     def gate_up(self, a):
-        lo, hi = a["n0"], a["n0"] + a["bn"]
+        lo, hi = a["n0"], a["n1"]
         x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)
         g, u = mm(x, self.buf[a["gate"]][lo:hi], self.dt), mm(x, self.buf[a["up"]][lo:hi], self.dt)
         self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)

@@ -3,8 +3,8 @@ sweep, the trace command and the autotuner.
 
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``:
 ``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
-``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head, ``np`` no L2 prefetch (the
-default), ``pf`` with it.
+``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
+heads over the workers), ``np`` no L2 prefetch (the default), ``pf`` with it.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class Variant:
     @property
     def label(self) -> str:
         flags = ["g"] * self.gemv + [f"s{self.stages}", f"kv{self.kv_split}"]
-        flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != 1) + ["pf"] * self.prefetch
+        flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
+        flags += ["pf"] * self.prefetch
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
     def options(self, sms: int) -> dict:

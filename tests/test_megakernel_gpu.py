@@ -1,6 +1,5 @@
 """The megakernel on the GPU (skipped without CUDA): bf16 against eager, watchdog, long runs."""
 import copy
-import math
 import time
 
 import pytest
@@ -21,6 +20,16 @@ def rel(out, ref):
 
 def top1(out, ref):
     return (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
+
+
+def decisive_top1(out, ref, err):
+    """(agreeing, counted): top-1 agreement on the rows whose reference margin (top-1 minus
+    top-2 logit) exceeds twice ``err`` [rows], the largest logit error allowed there: an
+    implementation within that error cannot flip those rows."""
+    top2 = ref.topk(2, dim=-1).values                                 # [rows, 2]
+    rows = (top2[:, 0] - top2[:, 1]) > 2 * err
+    agree = out.argmax(-1) == ref.argmax(-1)
+    return int((agree & rows).sum()), int(rows.sum())
 
 
 def teacher_forced(name, batch, steps=64, with_compile=False):
@@ -50,14 +59,26 @@ def teacher_forced(name, batch, steps=64, with_compile=False):
             for backend, step in steps_of.items():
                 outs[backend] = step(tokens, positions, caches[backend]).float()
                 assert torch.isfinite(outs[backend]).all(), f"{backend} step {i}"
+            ref2, err = ref.view(-1, ref.shape[-1]), None
             for key, out in outs.items():
                 stats.setdefault(f"{key} vs fp32", []).append((rel(out, ref), top1(out, ref)))
+                out2 = out.view_as(ref2)
+                if key == "bf16":   # eager's own logit error per row, with the test's slack
+                    err = 1.25 * (out2 - ref2).abs().amax(-1)
+                stats.setdefault(f"{key} decisive", []).append(decisive_top1(out2, ref2, err))
                 if key != "bf16":
                     stats.setdefault(f"{key} vs bf16 eager", []).append(
                         (rel(out, outs["bf16"]), top1(out, outs["bf16"])))
-    summary = {k: (max(e for e, _ in v), sum(a for _, a in v) / len(v)) for k, v in stats.items()}
-    for k, (err, agree) in summary.items():
-        print(f"{name} B={batch} {k}: max rel err {err:.2e}, top-1 agreement {agree:.4f}")
+    summary = {}
+    for k, v in stats.items():
+        if k.endswith("decisive"):
+            agree, count = map(sum, zip(*v))
+            summary[k] = (agree / max(count, 1), count)
+            print(f"{name} B={batch} {k}: top-1 agreement {agree}/{count} on decisive rows")
+        else:
+            summary[k] = (max(e for e, _ in v), sum(a for _, a in v) / len(v))
+            print(f"{name} B={batch} {k}: max rel err {summary[k][0]:.2e}, "
+                  f"top-1 agreement {summary[k][1]:.4f}")
     return summary
 
 
@@ -68,13 +89,16 @@ def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch):
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
     eager's own distance from the fp32 reference."""
     s = teacher_forced(name, batch, with_compile=batch == 1)
-    eager_err, eager_top1 = s["bf16 vs fp32"]
-    mk_err, mk_top1 = s["megakernel vs fp32"]
+    eager_err, _ = s["bf16 vs fp32"]
+    mk_err, _ = s["megakernel vs fp32"]
     assert mk_err <= 1.25 * eager_err + 2e-3
-    # top-1 agreement over 64 * batch tokens is a binomial estimate: allow two standard errors
-    # of the difference of two such estimates
-    n = 64 * batch
-    assert mk_top1 >= eager_top1 - 2 * math.sqrt(2 * eager_top1 * (1 - eager_top1) / n) - 1e-9
+    # Over all rows, top-1 agreement of either bf16 model with fp32 moves by ten points between
+    # runs (random weights leave many near-ties). Where the fp32 margin exceeds twice the error
+    # allowed above, a flip is a bug: there the megakernel must agree at 99% or better.
+    # (about one row in ten is decisive on these random models)
+    agreement, count = s["megakernel decisive"]
+    assert count >= 4 * batch, f"only {count} decisive rows"
+    assert agreement >= 0.99
 
 
 def _tiny_step(batch=2):
