@@ -257,7 +257,8 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_
                     layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                     NSPLIT: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
-                    CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+                    CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                    STAGES: tl.constexpr):
     """Attention of row ``row``'s G query heads of one kv head over keys
     [split * KV_SPLIT, min(+KV_SPLIT, len)) -> unnormalised acc [G, D] and (max, sum) in fp32."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
@@ -273,20 +274,23 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    start = lo
-    while start < hi:                      # CHUNK keys per step (most tasks: one step)
+    NCHUNK: tl.constexpr = (KV_SPLIT + CHUNK - 1) // CHUNK
+    # a fixed count of CHUNK-key steps (keys >= hi are masked, never read), so that the
+    # pipeliner streams the next chunk while this one is used
+    for c in tl.range(0, NCHUNK, num_stages=STAGES):
+        start = lo + c * CHUNK
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
                        CHUNK, BLOCK_D)
         valid = (start + ss) < hi
         scores = _dot(q, tl.trans(k.to(DT)), tl.zeros([BLOCK_G, CHUNK], tl.float32), DT) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # no key yet: adds nothing
+        alpha = tl.exp(m - m_ref)
+        p = tl.exp(scores - m_ref[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
         m = m_new
-        start += CHUNK
     heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ]
     part = heads * NSPLIT + split
     tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)

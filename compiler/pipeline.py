@@ -28,7 +28,7 @@ class CompileOptions:
     scheduler: str = "greedy"
     tile: TileConfig = field(default_factory=TileConfig)
     num_warps: int = 4                   # warps per worker program
-    prefetch: bool = False               # L2-prefetch each task's weights before its waits (GPU)
+    prefetch: bool = True                # L2-prefetch each task's weights before its waits (GPU)
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:

@@ -92,7 +92,7 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, D=d.head_dim, G=g, NSPLIT=_splits(t, d),
                 KV_SPLIT=t.args["kv_split"], BS=c.kv_block, CHUNK=kv_chunk(t, d),
-                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim))
+                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=max(2, c.stages))
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:

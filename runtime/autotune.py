@@ -53,7 +53,9 @@ def candidates(target: Target, space: dict) -> list[Variant]:
     out = []
     for bn, bk, st, warps, per_sm, kv, qp in itertools.product(*(space[k] for k in SPACE)):
         smem = max(st, 1) * bn * bk * 2 * 2            # stages of gate and up chunks, 2 bytes
-        if smem * per_sm > target.smem_bytes or (target.name == "cpu" and per_sm > 1):
+        # a register file holds 8 warps of 255 registers (what these kernels take on sm_90)
+        if smem * per_sm > target.smem_bytes or (target.name == "cpu" and per_sm > 1) \
+                or per_sm * warps > 8:
             continue
         out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, kv_split=kv,
                            qkv_parts=qp))

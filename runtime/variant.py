@@ -4,7 +4,8 @@ sweep, the trace command and the autotuner.
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``:
 ``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
 ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
-heads over the workers), ``np`` no L2 prefetch (the default), ``pf`` with it.
+heads over the workers), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
+with it (the default).
 """
 from __future__ import annotations
 
@@ -22,14 +23,14 @@ class Variant:
     gemv: bool = False
     stages: int = TileConfig.stages
     kv_split: int = TileConfig.kv_split
-    prefetch: bool = False
+    prefetch: bool = True
     qkv_parts: int = TileConfig.qkv_parts
 
     @property
     def label(self) -> str:
         flags = ["g"] * self.gemv + [f"s{self.stages}", f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
-        flags += ["pf"] * self.prefetch
+        flags += ["np"] * (not self.prefetch)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
     def options(self, sms: int) -> dict:

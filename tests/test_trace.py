@@ -57,7 +57,7 @@ def test_variant_labels():
     assert (opts["num_warps"], opts["num_workers"], opts["workers_per_sm"], opts["prefetch"]) == (
         8, 264, 2, False)
     assert opts["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
-    assert parse_variant(v.label) == v and parse_variant("64x64x4x132xpf").prefetch
+    assert parse_variant(v.label) == v and parse_variant("64x64x4x132").prefetch
     assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
     with pytest.raises(ValueError, match="unknown flag"):
         parse_variant("64x64x4x132xq")
