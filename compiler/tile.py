@@ -90,11 +90,18 @@ class Tiler:
         waves = -(-even // (4 * cfg.block_n))
         return max(cfg.min_block_n, (-(-n // (self.workers * waves)) + 7) // 8 * 8)
 
-    def depth(self, k: int, rows: int) -> int:
-        """Reduction columns per inner step: block_n * block_k weights per step whatever the
-        task's rows (bytes in flight do not change with the width), within [16, k]."""
-        bk = max(16, self.cfg.block_n * self.cfg.block_k // rows)
-        return min(bk, 1 << max(k - 1, 1).bit_length())
+    def depth(self, k: int, rows: int, weights: int = 1) -> int:
+        """Reduction columns per inner step: block_n * block_k elements of each weight per step
+        whatever the task's rows (bytes in flight do not change with the width), within [16, k];
+        halved while the activation rows beyond the 16 of a tensor-core tile would make a step
+        stage more than that (at large batches the activation tile rivals the weights' in the
+        pipeline's shared memory: batch 64 did not fit without it)."""
+        nominal = self.cfg.block_n * self.cfg.block_k
+        bk = min(max(16, nominal // rows), p2(k))
+        extra = max(0, p2(self.graph.dims.batch) - 16)
+        while bk > 16 and (rows * weights + extra) * bk > nominal * weights:
+            bk //= 2
+        return bk
 
     def kv_span(self) -> int:
         """Keys per attention task: kv_split, doubled while the (row, kv head, split) tasks
@@ -162,8 +169,8 @@ def tile_gate_up(t: Tiler, op) -> None:
                  rows(t.b(p["gate"]), lo, hi), rows(t.b(p["up"]), lo, hi)]
         nbytes = (2 * (hi - lo) * k + d.batch * k + d.batch * (hi - lo)) * d.itemsize
         t.add(op, "gate_up", dict(x=x.name, norm=p["norm"], gate=p["gate"], up=p["up"],
-                                  out=out.name, n0=lo, n1=hi, bn=block, bk=t.depth(k, block),
-                                  eps=p["eps"]),
+                                  out=out.name, n0=lo, n1=hi, bn=block,
+                                  bk=t.depth(k, block, weights=2), eps=p["eps"]),
               reads, [cols(out, lo, hi)], nbytes, 4 * d.batch * (hi - lo) * k)
 
 
