@@ -31,9 +31,9 @@ from megakernel.compiler.capture import capture
 from megakernel.compiler.cost import TARGETS, Target, op_waves_us
 from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
-from megakernel.compiler.tile import TileConfig, Tiler, tile_tasks
+from megakernel.compiler.tile import TileConfig, tile_tasks
 
-from .variant import Variant
+from .variant import Variant, effective
 
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4)}
@@ -73,16 +73,6 @@ def predict(ops, v: Variant, target: Target) -> float:
     per_sm = -(-v.workers // target.sms)
     return op_waves_us(tile_tasks(ops, cfg, v.workers).tasks,
                        replace(target, workers_per_sm=per_sm), v.workers)
-
-
-def effective(ops, v: Variant) -> Variant:
-    """The variant as it will be built: keys per attention task as the tiler raises them for
-    this batch, one task per q/k/v head where heads have a head norm. Equal results build equal
-    kernels, so they are rated and timed once."""
-    cfg = TileConfig(block_n=v.block_n, kv_split=v.kv_split, qkv_parts=v.qkv_parts)
-    tiler = Tiler(ops, cfg, v.workers)
-    head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
-    return replace(v, kv_split=tiler.kv_span(), qkv_parts=tiler.qkv_pieces(head_norm))
 
 
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:

@@ -9,9 +9,9 @@ with it (the default).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from megakernel.compiler.tile import TileConfig
+from megakernel.compiler.tile import TileConfig, Tiler
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,19 @@ def parse_variant(text: str) -> Variant:
     return Variant(bn, bk, warps, workers, **kw)
 
 
+def effective(ops, v: Variant) -> Variant:
+    """The variant as it will be built for the op graph ``ops``: keys per attention task as the
+    tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
+    have a head norm). Equal results build equal kernels."""
+    cfg = TileConfig(block_n=v.block_n, kv_split=v.kv_split, qkv_parts=v.qkv_parts)
+    tiler = Tiler(ops, cfg, v.workers)
+    head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
+    return replace(v, kv_split=tiler.kv_span(), qkv_parts=tiler.qkv_pieces(head_norm))
+
+
 def variant_of(compiled) -> Variant:
-    """The variant a compiled kernel was built with."""
+    """The variant a compiled kernel was built with, as built (see ``effective``)."""
     o, t = compiled.options, compiled.options.tile
-    return Variant(t.block_n, t.block_k, o.num_warps, compiled.schedule.num_workers, t.gemv,
-                   t.stages, t.kv_split, o.prefetch, t.qkv_parts)
+    return effective(compiled.ops, Variant(t.block_n, t.block_k, o.num_warps,
+                                           compiled.schedule.num_workers, t.gemv, t.stages,
+                                           t.kv_split, o.prefetch, t.qkv_parts))
