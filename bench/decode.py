@@ -119,6 +119,7 @@ def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
         with torch.inference_mode():
             times[name] = (median_step_ms(lambda: step(tokens, positions, cache), p.device,
                                           warmup, iters), label)
+            getattr(step, "synchronize", lambda: None)()    # a megakernel reports late errors
     return times
 
 

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
                 step = megakernel_backend(model, cache, **parse_variant(text))
                 ms = median_step_ms(lambda: step(tokens, positions, cache), cache.device, 5,
                                     args.iters)
+                step.synchronize()
             except (RuntimeError, ValueError) as err:  # does not fit, or a watchdog: go on
                 print(f"{args.model} B={b} {text:<18} failed: {str(err)[:200]}", flush=True)
                 rows.append({"variant": text, "error": str(err)[:300]})

@@ -123,8 +123,10 @@ def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int,
     tokens, positions, cache = state
     step = MegakernelStep(compiled, model, cache)
     with torch.inference_mode():
-        return median_step_ms(lambda: step(tokens, positions, cache), cache.device,
-                              min(3, iters), iters)
+        ms = median_step_ms(lambda: step(tokens, positions, cache), cache.device,
+                            min(3, iters), iters)
+    step.synchronize()
+    return ms
 
 
 def _prepare(job) -> str | None:

@@ -130,6 +130,7 @@ class Engine:
             logits = step_fn(next_tokens[:, None], positions[:, None], cache)[:, -1]
             positions = positions + 1
             result.decode_steps += 1
+        getattr(step_fn, "synchronize", lambda: None)()   # a megakernel reports late errors
         _sync(self.device)
         result.prefill_s, result.decode_s = t1 - t0, time.perf_counter() - t1
         return result

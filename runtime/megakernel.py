@@ -5,6 +5,9 @@ logits [B, 1, V] after one launch. The model's parameters are moved into one wei
 stay usable by eager PyTorch as views of it). Activation and scratch arenas start as NaN. Counters
 count up by one epoch per step and are never reset; a wait that spins past its bound makes the
 kernel record the task and counter, and this class raises :class:`WatchdogError` naming them.
+On the GPU a step does not wait for the kernel: like a CUDA error, a watchdog trip is raised by a
+later call (at most ``MAX_UNCHECKED`` steps later) or by ``synchronize()``; every other worker
+of a tripped step, and of the steps after it, gives up at its next wait instead of hanging.
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ from megakernel.interpreter import kernel_target
 
 class WatchdogError(RuntimeError):
     pass
+
+
+MAX_UNCHECKED = 2   # GPU steps launched whose error word has not been read yet (at most)
 
 
 def cache_dir() -> Path:
@@ -159,6 +165,10 @@ class MegakernelStep:
         # instruction index -> (task id, worker): instructions are grouped by worker queue
         self.owners = [(t, w) for w, q in enumerate(compiled.schedule.queues) for t in q]
         self.resident_checked = False
+        # the error word of each step, copied back without waiting: (event, pinned copy)
+        self.unchecked: list = []
+        self.error_copies = torch.zeros((MAX_UNCHECKED + 2, 4), dtype=torch.int32,
+                                        pin_memory=device.type == "cuda")
 
     def _args(self, kv_cache: torch.Tensor) -> tuple[tuple, dict]:
         return launch_args(self, kv_cache, self.compiled.options, self.trace_mode)
@@ -172,9 +182,32 @@ class MegakernelStep:
             self.resident_checked = True
         self.kernel[(len(self.queues),)](*args, **kwargs)
 
-    def check(self) -> None:
-        err = self.error.tolist()
+    def check(self, wait: bool = False) -> None:
+        """Raise for the oldest step whose kernel tripped the watchdog, among the steps that
+        have finished (all of them with ``wait``, or while more than MAX_UNCHECKED are left)."""
+        while self.unchecked and (wait or len(self.unchecked) > MAX_UNCHECKED
+                                  or self.unchecked[0][0].query()):
+            done, err = self.unchecked.pop(0)
+            done.synchronize()
+            self._raise_if(err.tolist())
+
+    def synchronize(self) -> None:
+        """Wait for every launched step; raise if one of them tripped the watchdog."""
+        self.check(wait=True)
+
+    def _record_error(self) -> None:
+        if not self.error.is_cuda:          # the interpreter has finished the step already
+            self._raise_if(self.error.tolist())
+            return
+        slot = self.error_copies[self.epoch % len(self.error_copies)]
+        slot.copy_(self.error, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self.unchecked.append((done, slot))
+
+    def _raise_if(self, err: list[int]) -> None:
         if err[0]:
+            self.unchecked.clear()
             task = self.compiled.tasks.tasks[self.owners[err[1]][0]]
             self.error.zero_()
             self.counters.zero_()
@@ -187,10 +220,11 @@ class MegakernelStep:
         if tuple(kv_cache.shape) != self.expected_cache:
             raise ValueError(f"kv_cache has shape {tuple(kv_cache.shape)}, the kernel was "
                              f"compiled for {self.expected_cache}")
+        self.check()
         self.tokens.copy_(tokens.view(-1))
         self.positions.copy_(positions.view(-1))
         self.launch(kv_cache)
-        self.check()
+        self._record_error()
         return self.logits
 
 

@@ -25,6 +25,7 @@ class TaskTrace:
 def trace_step(step) -> list[TaskTrace]:
     if not step.trace_mode:
         raise ValueError("this step was built without trace=True")
+    step.synchronize()
     stamps = step.stamps[1:].view(-1, 3).tolist()
     tasks = step.compiled.tasks.tasks
     out = [(t, w, *s) for (t, w), s in zip(step.owners, stamps)]

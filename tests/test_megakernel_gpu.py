@@ -69,6 +69,7 @@ def teacher_forced(name, batch, steps=64, with_compile=False):
                 if key != "bf16":
                     stats.setdefault(f"{key} vs bf16 eager", []).append(
                         (rel(out, outs["bf16"]), top1(out, outs["bf16"])))
+    steps_of["megakernel"].synchronize()
     summary = {}
     for k, v in stats.items():
         if k.endswith("decisive"):
@@ -118,6 +119,7 @@ def test_no_watchdog_trip_in_1000_steps():
     with torch.inference_mode():
         for i in range(1000):
             step(tokens, torch.full((8, 1), i % CONTEXT, device="cuda"), cache)
+    step.synchronize()
     assert step.epoch == 1000
 
 
@@ -139,5 +141,6 @@ def test_fault_raises_watchdog_quickly(fault):
         ins[:, word["wait0_size"]][inline] += 1
     t0 = time.perf_counter()
     with pytest.raises(WatchdogError, match="counter"):
-        step(tokens, positions, cache)
+        step(tokens, positions, cache)   # returns at once; the trip is reported by a later
+        step.synchronize()               # call or here
     assert time.perf_counter() - t0 < 2.0
