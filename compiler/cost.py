@@ -19,39 +19,49 @@ class Target:
     hbm_bytes_per_us: float   # achievable streaming bandwidth, whole chip
     flops_per_us: float       # achievable bf16 tensor-core rate, whole chip
     sync_us: float            # one cross-worker dependency (release, then acquire elsewhere)
-    task_overhead_us: float   # decode one instruction and dispatch
+    task_overhead_us: float   # fixed cost of any task: instruction, wait, epilogue, signal
+    pipeline_fill_us: float   # more for a task that streams weights through the pipeline
     smem_bytes: int           # shared memory per SM (pipeline stages of resident programs)
-    program_bytes_per_us: float  # what one program streams at most (bytes in flight / latency)
+    sm_bytes_per_us: float    # what one SM streams at most, shared by its programs
 
     @property
     def max_workers(self) -> int:
         return self.sms * self.workers_per_sm
 
 
+# Fitted to the traced llama-3.2-1b batch-1 step (one program per SM, one wave per op): a
+# projection task takes ~6.5 us plus its bytes at ~43 GB/s (qkv 128 KB 9.4 us, gate_up 512 KB
+# 18.3 us, o/down/lm_head within 3%), an attention task ~2.8 us plus its bytes.
 H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=4.0e6, flops_per_us=7.0e8,
-              sync_us=1.0, task_overhead_us=0.3, smem_bytes=228 * 1024,
-              # 16-20 GB/s per 4-warp program inside the megakernel (trace, llama-3.2-1b batch 1)
-              program_bytes_per_us=2.0e4)
+              sync_us=1.0, task_overhead_us=2.5, pipeline_fill_us=4.0, smem_bytes=228 * 1024,
+              sm_bytes_per_us=4.3e4)
 # The Triton interpreter runs programs one after another: one worker, a topological queue.
 CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0,
-                         smem_bytes=1 << 30, program_bytes_per_us=1.0e4)
+                         pipeline_fill_us=0.0, smem_bytes=1 << 30, sm_bytes_per_us=1.0e4)
 TARGETS = {"h200": H200, "cpu": CPU_INTERPRETER}
+PIPELINED = {"linear", "gate_up", "qkv_rope"}     # kinds that stream weights through a pipeline
 
 
 def task_us(task: Task, target: Target, workers: int) -> float:
-    """Time of one task on one worker when ``workers`` stream at once and share HBM."""
-    per_worker_bw = min(target.hbm_bytes_per_us / max(1, min(workers, target.max_workers)),
-                        target.program_bytes_per_us)
+    """Time of one task on one worker when ``workers`` run at once: a fixed cost, then its bytes
+    at its program's share of the SM (programs on one SM share its rate; the op-level HBM limit
+    is ``op_waves_us``'s), or its flops at its share of the tensor cores if that is longer."""
+    per_sm = max(1, -(-min(workers, target.max_workers) // target.sms))
     per_worker_flops = target.flops_per_us / max(1, min(workers, target.sms))
-    return max(task.bytes / per_worker_bw, task.flops / per_worker_flops) + target.task_overhead_us
+    fixed = target.task_overhead_us + target.pipeline_fill_us * (task.kind in PIPELINED)
+    return fixed + max(task.bytes * per_sm / target.sm_bytes_per_us,
+                       task.flops / per_worker_flops)
 
 
 def op_waves_us(tasks, target: Target, workers: int) -> float:
     """A quick makespan estimate without dependencies, for ranking many variants: ops run one
     after another (in decode each op reads whole rows of an earlier one), each in waves of
-    ``workers`` tasks, plus one synchronisation per op."""
+    ``workers`` tasks but no faster than HBM streams its bytes, plus one synchronisation per op."""
     per_op: dict[str, list[float]] = {}
+    op_bytes: dict[str, int] = {}
     for task in tasks:
         per_op.setdefault(task.op, []).append(task_us(task, target, workers))
-    return sum(-(-len(c) // workers) * max(c) + target.sync_us for c in per_op.values())
+        op_bytes[task.op] = op_bytes.get(task.op, 0) + task.bytes
+    return sum(max(-(-len(c) // workers) * max(c), op_bytes[op] / target.hbm_bytes_per_us)
+               + target.sync_us for op, c in per_op.items())
