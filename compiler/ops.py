@@ -122,7 +122,8 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, n0, B: tl.constexpr, H: tl.constexp
 def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
               B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
               HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr):
+              BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr,
+              STAGES: tl.constexpr):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
@@ -143,10 +144,9 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
 
 @triton.jit
 def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr,
-               B: tl.constexpr,
-               K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr,
-               STAGES: tl.constexpr):
+               B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+               GEMV: tl.constexpr, STAGES: tl.constexpr):
     """out[:, n0:n1] = SiLU(norm(x) @ Wg[n0:n1]^T) * (norm(x) @ Wu[n0:n1]^T)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)

@@ -109,7 +109,8 @@ def _fields(spec: str) -> tuple[Field, ...]:
 REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("embed", "embed_op", _fields("tokens_ptr:kernel table:weight out:act n0:int"), _embed),
     OpSpec("linear", "linear_op",
-           _fields("x:act weight:weight norm:weight residual:act out:act n0:int n1:int"), _linear),
+           _fields("x:act weight:weight norm:weight residual:act out:act n0:int n1:int"),
+           _linear),
     OpSpec("gate_up", "gate_up_op",
            _fields("x:act norm:weight gate:weight up:weight out:act n0:int n1:int"), _gate_up),
     OpSpec("qkv_rope", "qkv_rope_op",

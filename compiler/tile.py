@@ -7,8 +7,8 @@ Tilings (``TileConfig`` sets the sizes):
                each v head (k/v write the cache)
     attention  attn_partial per (row, kv head, KV split) into fp32 partials, then attn_combine per
                (row, kv head); a partial waits only for its q heads and its k/v head
-    linear     one task per ``bn`` output columns (norm, residual fused in)
-    gate_up    one task per ``bn`` columns of the intermediate size
+    linear     one task per output columns [n0, n1) (norm, residual fused in)
+    gate_up    one task per columns [n0, n1) of the intermediate size
 A projection's columns split evenly over the workers in as few waves as keep tasks within
 4 * ``block_n`` columns, so that every op spreads its weights over the whole GPU with the fewest
 tasks; ``bn`` is the op body's block (a power of two), ``n0``/``n1`` the task's columns.
@@ -30,7 +30,7 @@ class TileConfig:
                                # per inner step, tasks of at most 4 x block_n columns
     min_block_n: int = 16      # narrowest projection task when spreading an op over workers
     block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
-    kv_block: int = 16         # cache block (tokens) = keys per attention inner step
+    kv_block: int = 16         # cache block (tokens): the block table's unit
     kv_split: int = 64         # keys per attn_partial task (a multiple of kv_block), at least
     attn_tasks_per_worker: int = 2  # kv_split doubles while attention has more tasks than this
                                     # per worker (beyond one per row and kv head); 0: never
