@@ -6,11 +6,14 @@ from megakernel.models import load_model
 from megakernel.runtime import Engine
 
 STEPS = 32
-PROMPTS = [[256, 72, 101, 108, 108, 111], [256, 9], [256, 40, 41, 42, 43, 44, 45, 46, 47, 48]]
+PROMPTS = [[256, 72, 101, 108, 108, 111], [256, 9], [256, 40, 41, 42, 43, 44, 45, 46, 47, 48],
+           [256, 7, 7], [256, 99, 98, 97, 96]]
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-@pytest.mark.parametrize("batch", [1, 3])
+# batch 1 and 3 for the compiler; 2 and 5 for the batch-size range (each its own kernel)
+@pytest.mark.parametrize("name,batch", [(name, batch) for name in ("tiny-llama", "tiny-qwen3")
+                                        for batch in (1, 3)] + [("tiny-llama", 2),
+                                                                ("tiny-qwen3", 5)])
 def test_megakernel_matches_eager_for_32_greedy_steps(name, batch):
     model = load_model(name, progress=False, seed=batch).model
     prompts = PROMPTS[:batch]

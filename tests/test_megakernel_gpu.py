@@ -83,8 +83,10 @@ def teacher_forced(name, batch, steps=64, with_compile=False):
     return summary
 
 
-@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen3-0.6b"])
-@pytest.mark.parametrize("batch", [1, 8])
+# batch 1 and 8 for the compiler; 2, 17 and 64 for the batch-size range
+@pytest.mark.parametrize("name,batch", [(name, batch) for name in ("llama-3.2-1b", "qwen3-0.6b")
+                                        for batch in (1, 8)]
+                         + [("llama-3.2-1b", batch) for batch in (2, 17, 64)])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
