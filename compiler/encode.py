@@ -85,7 +85,10 @@ def prefetch_words(task, buffers, weight_id: dict) -> list[int]:
     return [weight_id[best.buffer], best.box[0][0] * row, best.numel]
 
 
-def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig) -> Encoded:
+def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
+           prefetch_bytes: int = 0) -> Encoded:
+    """``prefetch_bytes``: at most this much of each task's weights is prefetched into L2 before
+    its waits (0: the whole region)."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
@@ -98,6 +101,8 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             opcode = opcodes.setdefault(key, len(opcodes))
             mine = [(c, sync.counter_size[c]) for c in sync.waits[t]]
             pf = prefetch_words(task, graph.ops.buffers, weight_id)
+            if prefetch_bytes:
+                pf[2] = min(pf[2], prefetch_bytes // graph.ops.dims.itemsize)
             named = dict(op=opcode, first_wait=len(waits), num_waits=len(mine),
                          signal=sync.signal[t], prefetch_weight=pf[0], prefetch_offset=pf[1],
                          prefetch_count=pf[2], wait0_counter=mine[0][0] if mine else 0,

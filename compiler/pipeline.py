@@ -29,6 +29,7 @@ class CompileOptions:
     tile: TileConfig = field(default_factory=TileConfig)
     num_warps: int = 4                   # warps per worker program
     prefetch: bool = True                # L2-prefetch each task's weights before its waits (GPU)
+    prefetch_kb: int = 0                 # at most this many KiB of them per task (0: all)
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -61,7 +62,7 @@ def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
     sched = schedule(tasks, target, workers, options.scheduler)
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
-    enc = encode(tasks, sched, sync, options.tile)
+    enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024)
     return Compiled(name, options, ops, tasks, sched, sync, enc,
                     generate(enc, name, options.batch_size, len(tasks.tasks)))
 

@@ -59,5 +59,20 @@ def test_variant_labels():
     assert opts["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
     assert parse_variant(v.label) == v and parse_variant("64x64x4x132").prefetch
     assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
+    capped = parse_variant("64x64x4x132xpf256")
+    assert capped.options(132)["prefetch_kb"] == 256 and parse_variant(capped.label) == capped
     with pytest.raises(ValueError, match="unknown flag"):
         parse_variant("64x64x4x132xq")
+
+
+def test_prefetch_cap_limits_every_task():
+    import megakernel
+    from megakernel.compiler.registry import HEADER
+
+    model = load_model("tiny-llama", progress=False).model
+    count = HEADER.index("prefetch_count")
+    whole, capped = (megakernel.compile(model, 1, 64, target="cpu", prefetch_kb=kb)[1]
+                     for kb in (0, 1))
+    per_elem = whole.ops.dims.itemsize
+    assert whole.encoded.instructions[:, count].max() * per_elem > 1024
+    assert capped.encoded.instructions[:, count].max() * per_elem == 1024
