@@ -16,12 +16,12 @@ POINTERS = {
     "error_ptr": "*i32", "weights_ptr": "*{dt}", "act_ptr": "*{dt}",
     "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i32", "positions_ptr": "*i32",
     "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "trace_ptr": "*i64",
-    "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr",
+    "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr", "BACKOFF": "constexpr",
 }
 
 
 def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3,
-                       trace: int = 0, prefetch: bool = True):
+                       trace: int = 0, prefetch: bool = True, backoff: int = 0):
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
     signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
@@ -29,7 +29,8 @@ def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stag
     aligned = {(kernel.arg_names.index(k),): [["tt.divisibility", 16]]
                for k, v in signature.items() if v.startswith("*")}
     src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": prefetch,
-                                                      "TRACE": trace}, attrs=aligned)
+                                                      "TRACE": trace, "BACKOFF": backoff},
+                    attrs=aligned)
     compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
     return compiled

@@ -325,11 +325,12 @@ def attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, HQ: tl.constexpr, D:
 
 @triton.jit
 def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
-                  task):
+                  task, BACKOFF: tl.constexpr = 0):
     """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
     (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
     elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
-    returns False."""
+    returns False. BACKOFF > 0 (GPU only): sleep that many ns between polls, so that the
+    producers' increments do not queue behind every consumer's atomic reads of one counter."""
     ok = True
     j = 0
     while j < count:
@@ -341,6 +342,10 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
         seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
         spins = 0
         while (seen < need) & (spins < spin_limit):
+            if BACKOFF > 0:
+                tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
+                                          [spins * 0 + BACKOFF], dtype=tl.int32, is_pure=False,
+                                          pack=1)
             seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
             spins += 1
             if spins % 1024 == 0:

@@ -30,6 +30,7 @@ class CompileOptions:
     num_warps: int = 4                   # warps per worker program
     prefetch: bool = True                # L2-prefetch each task's weights before its waits (GPU)
     prefetch_kb: int = 0                 # at most this many KiB of them per task (0: all)
+    spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:

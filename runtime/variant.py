@@ -5,7 +5,8 @@ Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64`
 ``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
 ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
 heads over the workers), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
-with it (the default), ``pfN`` with at most N KiB of them per task.
+with it (the default), ``pfN`` with at most N KiB of them per task, ``boN`` N ns of sleep
+between polls of a counter not yet reached.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Variant:
     prefetch: bool = True
     qkv_parts: int = TileConfig.qkv_parts
     prefetch_kb: int = 0
+    backoff_ns: int = 0
 
     @property
     def label(self) -> str:
@@ -33,6 +35,7 @@ class Variant:
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * bool(self.prefetch_kb)
+        flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
     def options(self, sms: int) -> dict:
@@ -41,7 +44,7 @@ class Variant:
                           stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts)
         return dict(tile=tile, num_warps=self.num_warps, num_workers=self.workers,
                     workers_per_sm=-(-self.workers // sms), prefetch=self.prefetch,
-                    prefetch_kb=self.prefetch_kb)
+                    prefetch_kb=self.prefetch_kb, spin_backoff_ns=self.backoff_ns)
 
 
 def parse_variant(text: str) -> Variant:
@@ -58,6 +61,8 @@ def parse_variant(text: str) -> Variant:
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
             kw["prefetch"], kw["prefetch_kb"] = True, int(flag[2:])
+        elif flag.startswith("bo") and flag[2:].isdigit():
+            kw["backoff_ns"] = int(flag[2:])
         elif flag.startswith("kv") and flag[2:].isdigit():
             kw["kv_split"] = int(flag[2:])
         elif flag.startswith("s") and flag[1:].isdigit():
@@ -85,4 +90,4 @@ def variant_of(compiled) -> Variant:
     return effective(compiled.ops, Variant(t.block_n, t.block_k, o.num_warps,
                                            compiled.schedule.num_workers, t.gemv, t.stages,
                                            t.kv_split, o.prefetch, t.qkv_parts,
-                                           o.prefetch_kb))
+                                           o.prefetch_kb, o.spin_backoff_ns))

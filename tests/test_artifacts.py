@@ -67,6 +67,8 @@ for name, batch, gemv in [("tiny-llama", 3, False), ("tiny-qwen3", 1, True), ("q
     ptx = out.asm["ptx"]
     assert "globaltimer" not in ptx
     assert "globaltimer" in compile_for_hopper(kernel, trace=2).asm["ptx"]
+    if name == "tiny-llama":
+        assert "nanosleep" in compile_for_hopper(kernel, backoff=128).asm["ptx"]
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
     print(name, batch, "sm_90 ok", len(out.asm["cubin"]))

@@ -61,6 +61,8 @@ def test_variant_labels():
     assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
     capped = parse_variant("64x64x4x132xpf256")
     assert capped.options(132)["prefetch_kb"] == 256 and parse_variant(capped.label) == capped
+    slow = parse_variant("64x64x4x132xbo128")
+    assert slow.options(132)["spin_backoff_ns"] == 128 and parse_variant(slow.label) == slow
     with pytest.raises(ValueError, match="unknown flag"):
         parse_variant("64x64x4x132xq")
 
