@@ -152,3 +152,42 @@ def test_bench_decode_times_the_kernels_of_a_folder(tmp_path, capsys):
     assert row["backend"] == "megakernel" and row["variant"].startswith("64x256x4x1x")
     assert main(args + ["--batch-sizes", "1"]) == 1
     assert "no kernel for batch 1" in capsys.readouterr().err
+
+
+class _Event:
+    """Stands in for a CUDA event of a step that has finished or not."""
+
+    def __init__(self, done: bool):
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def test_late_watchdog_errors_surface_from_later_calls_or_synchronize():
+    """The GPU path's bookkeeping, driven by stand-in events: a step that tripped is raised once
+    it has finished, or once more than MAX_UNCHECKED newer steps wait, or by synchronize()."""
+    from megakernel.runtime.megakernel import MAX_UNCHECKED, WatchdogError, megakernel_backend
+
+    model = load_model("tiny-llama", progress=False).model
+    cache = allocate_kv_cache(model.config, 1, 64, dtype=torch.float32, device="cpu")
+    step = megakernel_backend(model, cache)
+    fine = torch.zeros(4, dtype=torch.int32)
+    tripped = torch.tensor([1, 0, 7, 3], dtype=torch.int32)            # flag, task, counter, seen
+    step.unchecked = [(_Event(True), fine), (_Event(False), tripped)]
+    step.check()                                  # the tripped step is still running
+    assert len(step.unchecked) == 1
+    with pytest.raises(WatchdogError, match="counter 7"):
+        step.synchronize()
+    assert step.unchecked == [] and step.epoch == 0
+    step.unchecked = [(_Event(False), fine) for _ in range(MAX_UNCHECKED)]
+    step.unchecked.append((_Event(False), tripped))
+    step.check()                                  # too many waiting: the oldest is waited for
+    assert len(step.unchecked) == MAX_UNCHECKED
+    step.unchecked[-1][0].done = True
+    step.unchecked[0][0].done = True
+    with pytest.raises(WatchdogError):
+        step(torch.tensor([[3]]), torch.tensor([[5]]), cache)   # a later call reports it
