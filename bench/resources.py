@@ -17,9 +17,6 @@ from pathlib import Path
 
 import torch
 
-H200_SMEM = 233472           # bytes of shared memory per SM (per block: 1 KiB reserved)
-H200_REGS = 65536
-
 
 def cubin_usage(cubin: bytes) -> dict:
     import triton
@@ -34,17 +31,13 @@ def cubin_usage(cubin: bytes) -> dict:
     return {"regs": field("REG"), "stack": field("STACK")}
 
 
-def programs_per_sm(regs: int, smem: int, warps: int) -> int:
-    per_warp = -(-max(regs, 1) * 32 // 256) * 256
-    return min(H200_REGS // (per_warp * warps), H200_SMEM // (smem + 1024), 64 // warps)
-
-
 def main(argv: list[str] | None = None) -> None:
+    from megakernel.compiler.cost import TARGETS
     from megakernel.compiler.hopper import compile_for_hopper
     from megakernel.compiler.pipeline import CompileOptions, compile_model
     from megakernel.models import PRESETS
     from megakernel.models.weights import empty_model
-    from megakernel.runtime.megakernel import load_kernel
+    from megakernel.runtime.megakernel import load_kernel, programs_per_sm
     from megakernel.runtime.variant import parse_variant
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -53,11 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--variants", required=True)
     args = p.parse_args(argv)
-    model = empty_model(PRESETS[args.model]).to(torch.bfloat16)
+    model, sms = empty_model(PRESETS[args.model]).to(torch.bfloat16), TARGETS["h200"].sms
     for text in args.variants.split(","):
         v = parse_variant(text)
         opts = CompileOptions(args.batch_size, args.max_seq_len, target="h200",
-                              **v.options(132))
+                              **v.options(sms))
         c = compile_model(model, opts, args.model)
         kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
         built = compile_for_hopper(kernel, num_warps=v.num_warps, prefetch=v.prefetch,
@@ -65,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         use = cubin_usage(built.asm["cubin"])
         fit = programs_per_sm(use["regs"], built.metadata.shared, v.num_warps)
         print(f"{text:<28} regs {use['regs']:3d}  stack {use['stack']:4d}  smem "
-              f"{built.metadata.shared:6d}  programs/SM {fit}  needs {-(-v.workers // 132)}",
+              f"{built.metadata.shared:6d}  programs/SM {fit}  needs {-(-v.workers // sms)}",
               flush=True)
 
 

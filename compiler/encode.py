@@ -93,6 +93,7 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
     rows, waits, queues, marks = [], [], [], []
+    header_marks = [h == "prefetch_weight" for h in HEADER]     # words holding a weight id
     for queue in schedule.queues:
         queues.append((len(rows), len(queue)))
         for t in queue:
@@ -112,8 +113,7 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             spec = REGISTRY[task.kind]
             fields = [_word(f, task.args.get(f.name), mem, weight_id) for f in spec.words]
             rows.append(header + fields + [0] * (NUM_WORDS - HEADER_WORDS - len(fields)))
-            is_weight = [h == "prefetch_weight" for h in HEADER]
-            is_weight += [f.space == "weight" for f in spec.words]
+            is_weight = header_marks + [f.space == "weight" for f in spec.words]
             marks.append(is_weight + [False] * (NUM_WORDS - len(is_weight)))
     variants = tuple((op, key[0], dict(key[1])) for key, op in opcodes.items())
     as_i32 = lambda a, cols: np.asarray(a, dtype=np.int32).reshape(-1, cols)

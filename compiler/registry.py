@@ -12,10 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import triton
-
 from .ir import Dims, Task
-from .tile import TileConfig
+from .tile import TileConfig, p2 as next_pow2
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,7 @@ class OpSpec:
 
 
 def p2(n: int, floor: int = 16) -> int:
-    return max(floor, triton.next_power_of_2(n))
+    return max(floor, next_pow2(n))
 
 
 def rows(d: Dims, c: TileConfig) -> int:

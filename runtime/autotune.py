@@ -69,9 +69,8 @@ def schedule_class(v: Variant) -> tuple:
 
 def predict(ops, v: Variant, target: Target) -> float:
     """Estimated step time (us) of the variant's tasks under the cost model."""
-    cfg = TileConfig(block_n=v.block_n, kv_split=v.kv_split, qkv_parts=v.qkv_parts)
     per_sm = -(-v.workers // target.sms)
-    return op_waves_us(tile_tasks(ops, cfg, v.workers).tasks,
+    return op_waves_us(tile_tasks(ops, v.tile, v.workers).tasks,
                        replace(target, workers_per_sm=per_sm), v.workers)
 
 

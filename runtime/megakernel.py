@@ -108,6 +108,16 @@ def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:
     kernel.warmup(*args, grid=(1,), **kwargs)
 
 
+def programs_per_sm(regs: int, smem: int, num_warps: int, regs_per_sm: int = 65536,
+                    smem_per_sm: int = 233472, threads_per_sm: int = 2048) -> int:
+    """Programs of ``num_warps`` warps, ``regs`` registers per thread and ``smem`` bytes of shared
+    memory that fit on one SM at once (H200 figures by default): registers are allocated per warp
+    in units of 256, each block reserves 1 KiB of shared memory."""
+    regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    return min(regs_per_sm // (regs_per_warp * num_warps), smem_per_sm // (smem + 1024),
+               threads_per_sm // (32 * num_warps))
+
+
 def check_residency(built, workers: int, num_warps: int, device) -> None:
     """Every worker must be resident at once (they wait on each other): refuse a grid that the
     compiled kernel's registers and shared memory cannot fit on this GPU."""
@@ -116,12 +126,10 @@ def check_residency(built, workers: int, num_warps: int, device) -> None:
     except Exception as err:  # triton's OutOfResources: one program alone does not fit
         raise RuntimeError(f"the kernel does not fit on this GPU: {err}") from err
     props = torch.cuda.get_device_properties(device)
-    regs_per_warp = -(-max(built.n_regs, 1) * 32 // 256) * 256
-    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * num_warps)
-    smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
-    by_smem = smem // (built.metadata.shared + 1024)
-    by_warps = props.max_threads_per_multi_processor // (32 * num_warps)
-    per_sm = min(by_regs, by_smem, by_warps)
+    per_sm = programs_per_sm(built.n_regs, built.metadata.shared, num_warps,
+                             getattr(props, "regs_per_multiprocessor", 65536),
+                             getattr(props, "shared_memory_per_multiprocessor", 233472),
+                             props.max_threads_per_multi_processor)
     if workers > per_sm * props.multi_processor_count:
         raise RuntimeError(
             f"{workers} workers cannot all be resident: the kernel takes {built.n_regs} registers "

@@ -38,11 +38,14 @@ class Variant:
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
+    @property
+    def tile(self) -> TileConfig:
+        return TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
+                          stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts)
+
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
-        tile = TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
-                          stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts)
-        return dict(tile=tile, num_warps=self.num_warps, num_workers=self.workers,
+        return dict(tile=self.tile, num_warps=self.num_warps, num_workers=self.workers,
                     workers_per_sm=-(-self.workers // sms), prefetch=self.prefetch,
                     prefetch_kb=self.prefetch_kb, spin_backoff_ns=self.backoff_ns)
 
@@ -78,8 +81,7 @@ def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
     tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
     have a head norm). Equal results build equal kernels."""
-    cfg = TileConfig(block_n=v.block_n, kv_split=v.kv_split, qkv_parts=v.qkv_parts)
-    tiler = Tiler(ops, cfg, v.workers)
+    tiler = Tiler(ops, v.tile, v.workers)
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     return replace(v, kv_split=tiler.kv_span(), qkv_parts=tiler.qkv_pieces(head_norm))
 
