@@ -86,9 +86,11 @@ def prefetch_words(task, buffers, weight_id: dict) -> list[int]:
 
 
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
-           prefetch_bytes: int = 0) -> Encoded:
+           prefetch_bytes: int = 0, prefetch_ahead: int = 0) -> Encoded:
     """``prefetch_bytes``: at most this much of each task's weights is prefetched into L2 before
-    its waits (0: the whole region)."""
+    its waits (0: the whole region). ``prefetch_ahead``: the task that many places later in the
+    same queue is the one prefetched (0: the task itself; 1: the next, whose weights then stream
+    while this task waits and runs; the last tasks of a queue prefetch nothing)."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
@@ -96,12 +98,14 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
     header_marks = [h == "prefetch_weight" for h in HEADER]     # words holding a weight id
     for queue in schedule.queues:
         queues.append((len(rows), len(queue)))
-        for t in queue:
+        for j, t in enumerate(queue):
             task = graph.tasks[t]
             key = variant_key(task, graph.ops.dims, cfg)
             opcode = opcodes.setdefault(key, len(opcodes))
             mine = [(c, sync.counter_size[c]) for c in sync.waits[t]]
-            pf = prefetch_words(task, graph.ops.buffers, weight_id)
+            ahead = queue[j + prefetch_ahead] if j + prefetch_ahead < len(queue) else None
+            pf = ([0, 0, 0] if ahead is None else
+                  prefetch_words(graph.tasks[ahead], graph.ops.buffers, weight_id))
             if prefetch_bytes:
                 pf[2] = min(pf[2], prefetch_bytes // graph.ops.dims.itemsize)
             named = dict(op=opcode, first_wait=len(waits), num_waits=len(mine),

@@ -30,6 +30,7 @@ class CompileOptions:
     num_warps: int = 4                   # warps per worker program
     prefetch: bool = True                # L2-prefetch each task's weights before its waits (GPU)
     prefetch_kb: int = 0                 # at most this many KiB of them per task (0: all)
+    prefetch_ahead: int = 0              # prefetch the weights of the task this many places later
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
 
     def __post_init__(self) -> None:
@@ -63,7 +64,8 @@ def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
     sched = schedule(tasks, target, workers, options.scheduler)
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
-    enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024)
+    enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024,
+                 options.prefetch_ahead)
     return Compiled(name, options, ops, tasks, sched, sync, enc,
                     generate(enc, name, options.batch_size, len(tasks.tasks)))
 

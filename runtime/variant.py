@@ -5,7 +5,8 @@ Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64`
 ``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
 ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
 heads over the workers), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
-with it (the default), ``pfN`` with at most N KiB of them per task, ``boN`` N ns of sleep
+with it (the default), ``pfN`` with at most N KiB of them per task, ``paN`` prefetching the
+weights of the task N places later in the worker's queue instead of its own, ``boN`` N ns of sleep
 between polls of a counter not yet reached.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Variant:
     qkv_parts: int = TileConfig.qkv_parts
     prefetch_kb: int = 0
     backoff_ns: int = 0
+    prefetch_ahead: int = 0
 
     @property
     def label(self) -> str:
@@ -35,6 +37,7 @@ class Variant:
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * bool(self.prefetch_kb)
+        flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
@@ -47,7 +50,8 @@ class Variant:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
         return dict(tile=self.tile, num_warps=self.num_warps, num_workers=self.workers,
                     workers_per_sm=-(-self.workers // sms), prefetch=self.prefetch,
-                    prefetch_kb=self.prefetch_kb, spin_backoff_ns=self.backoff_ns)
+                    prefetch_kb=self.prefetch_kb, prefetch_ahead=self.prefetch_ahead,
+                    spin_backoff_ns=self.backoff_ns)
 
 
 def parse_variant(text: str) -> Variant:
@@ -64,6 +68,8 @@ def parse_variant(text: str) -> Variant:
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
             kw["prefetch"], kw["prefetch_kb"] = True, int(flag[2:])
+        elif flag.startswith("pa") and flag[2:].isdigit():
+            kw["prefetch"], kw["prefetch_ahead"] = True, int(flag[2:])
         elif flag.startswith("bo") and flag[2:].isdigit():
             kw["backoff_ns"] = int(flag[2:])
         elif flag.startswith("kv") and flag[2:].isdigit():
@@ -92,4 +98,5 @@ def variant_of(compiled) -> Variant:
     return effective(compiled.ops, Variant(t.block_n, t.block_k, o.num_warps,
                                            compiled.schedule.num_workers, t.gemv, t.stages,
                                            t.kv_split, o.prefetch, t.qkv_parts,
-                                           o.prefetch_kb, o.spin_backoff_ns))
+                                           o.prefetch_kb, o.spin_backoff_ns,
+                                           o.prefetch_ahead))

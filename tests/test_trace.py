@@ -61,6 +61,8 @@ def test_variant_labels():
     assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
     capped = parse_variant("64x64x4x132xpf256")
     assert capped.options(132)["prefetch_kb"] == 256 and parse_variant(capped.label) == capped
+    ahead = parse_variant("64x64x4x132xpa1")
+    assert ahead.options(132)["prefetch_ahead"] == 1 and parse_variant(ahead.label) == ahead
     slow = parse_variant("64x64x4x132xbo128")
     assert slow.options(132)["spin_backoff_ns"] == 128 and parse_variant(slow.label) == slow
     with pytest.raises(ValueError, match="unknown flag"):
@@ -78,3 +80,18 @@ def test_prefetch_cap_limits_every_task():
     per_elem = whole.ops.dims.itemsize
     assert whole.encoded.instructions[:, count].max() * per_elem > 1024
     assert capped.encoded.instructions[:, count].max() * per_elem == 1024
+
+
+def test_prefetch_ahead_names_the_next_tasks_weights():
+    import megakernel
+    from megakernel.compiler.registry import HEADER
+
+    model = load_model("tiny-llama", progress=False).model
+    words = [HEADER.index(h) for h in ("prefetch_weight", "prefetch_offset", "prefetch_count")]
+    own, ahead = (megakernel.compile(model, 1, 64, target="cpu", prefetch_ahead=a)[1].encoded
+                  for a in (0, 1))
+    for first, count in own.queues:
+        rows = slice(first, first + count)
+        mine, next_ = own.instructions[rows][:, words], ahead.instructions[rows][:, words]
+        assert (next_[:-1] == mine[1:]).all() and (next_[-1] == 0).all()
+    assert own.instructions[:, words[2]].any()
