@@ -5,14 +5,15 @@ Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64`
 ``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
 ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
 heads over the workers), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
-with it (the default), ``pfN`` with at most N KiB of them per task, ``paN`` prefetching the
-weights of the task N places later in the worker's queue instead of its own, ``boN`` N ns of sleep
-between polls of a counter not yet reached.
+with it (the default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all
+of them), ``paN`` prefetching the weights of the task N places later in the worker's queue
+instead of its own, ``boN`` N ns of sleep between polls of a counter not yet reached.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TileConfig, Tiler
 
 
@@ -27,7 +28,7 @@ class Variant:
     kv_split: int = TileConfig.kv_split
     prefetch: bool = True
     qkv_parts: int = TileConfig.qkv_parts
-    prefetch_kb: int = 0
+    prefetch_kb: int = CompileOptions.prefetch_kb
     backoff_ns: int = 0
     prefetch_ahead: int = 0
 
@@ -36,7 +37,7 @@ class Variant:
         flags = ["g"] * self.gemv + [f"s{self.stages}", f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["np"] * (not self.prefetch)
-        flags += [f"pf{self.prefetch_kb}"] * bool(self.prefetch_kb)
+        flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))

@@ -59,8 +59,10 @@ def test_variant_labels():
     assert opts["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
     assert parse_variant(v.label) == v and parse_variant("64x64x4x132").prefetch
     assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
-    capped = parse_variant("64x64x4x132xpf256")
-    assert capped.options(132)["prefetch_kb"] == 256 and parse_variant(capped.label) == capped
+    capped = parse_variant("64x64x4x132xpf128")
+    assert capped.options(132)["prefetch_kb"] == 128 and parse_variant(capped.label) == capped
+    whole = parse_variant("64x64x4x132xpf0")
+    assert whole.options(132)["prefetch_kb"] == 0 and parse_variant(whole.label) == whole
     ahead = parse_variant("64x64x4x132xpa1")
     assert ahead.options(132)["prefetch_ahead"] == 1 and parse_variant(ahead.label) == ahead
     slow = parse_variant("64x64x4x132xbo128")
