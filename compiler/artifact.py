@@ -73,6 +73,12 @@ def save(compiled: Compiled, model, folder: Path, key: str) -> Path:
     return folder
 
 
+def saved_key(folder: Path) -> str | None:
+    """The cache key of the artifact saved in ``folder`` (its manifest is written last)."""
+    path = Path(folder) / "manifest.json"
+    return json.loads(path.read_text()).get("cache_key") if path.is_file() else None
+
+
 def load(folder: Path) -> Compiled:
     with open(Path(folder) / "compiled.pkl", "rb") as f:
         return pickle.load(f)

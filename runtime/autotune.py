@@ -26,14 +26,15 @@ from pathlib import Path
 
 import torch
 
-from megakernel.compiler.artifact import cache_key, code_hash, compile_cached, model_hash, save
+from megakernel.compiler.artifact import (cache_key, code_hash, compile_cached, model_hash, save,
+                                          saved_key)
 from megakernel.compiler.capture import capture
 from megakernel.compiler.cost import TARGETS, Target, op_waves_us
 from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TileConfig, tile_tasks
 
-from .variant import Variant, effective
+from .variant import Variant, effective, parse_variant
 
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4)}
@@ -92,11 +93,13 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
 
 
 class Ledger:
-    """autotune.json: every measurement, keyed so that a rerun resumes."""
+    """autotune.json: every measurement, keyed so that a rerun resumes, and each batch size's
+    shortlist (``plans``), so that a rerun need not rate the candidates again."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.rows = json.loads(path.read_text())["runs"] if path.is_file() else []
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        self.rows, self.plans = data.get("runs", []), data.get("plans", {})
 
     def key(self, **fields) -> str:
         return json.dumps(fields, sort_keys=True)
@@ -106,9 +109,20 @@ class Ledger:
 
     def add(self, key: str, **row) -> dict:
         self.rows.append({"key": key, **row})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"runs": self.rows}, indent=1))
+        self.save()
         return self.rows[-1]
+
+    def add_plan(self, key: str, picks: list[tuple[Variant, float]]) -> None:
+        self.plans[key] = [[v.label, predicted] for v, predicted in picks]
+        self.save()
+
+    def plan(self, key: str) -> list[tuple[Variant, float]] | None:
+        picks = self.plans.get(key)
+        return None if picks is None else [(parse_variant(label), p) for label, p in picks]
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"runs": self.rows, "plans": self.plans}, indent=1))
 
 
 def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int,
@@ -166,6 +180,22 @@ def fan_out(fn, jobs: list, processes: int) -> list:
         return list(pool.map(fn, jobs))
 
 
+def _plans(ledger: Ledger, model, batch_sizes, max_seq_len, target, space, classes, processes,
+           base: dict) -> dict:
+    """Each batch size's shortlist: from the ledger, else rated (in worker processes) and kept."""
+    key = {b: ledger.key(batch=b, space=space, classes=classes, target=target.name, **base)
+           for b in batch_sizes}
+    plans = {b: ledger.plan(key[b]) for b in batch_sizes}
+    todo = [b for b in batch_sizes if plans[b] is None]
+    dtype = next(model.parameters()).dtype
+    rated = fan_out(_plan, [(model.config, dtype, b, max_seq_len, target.name, space, classes)
+                            for b in todo], processes)
+    for b, picks in zip(todo, rated):
+        ledger.add_plan(key[b], picks)
+        plans[b] = picks
+    return plans
+
+
 def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder: Path,
              space: dict = SPACE, classes: int = 2, iters: int = 20, progress: bool = True,
              cache_root: Path | None = None, processes: int = 1) -> list[Winner]:
@@ -182,9 +212,8 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     ledger, root = Ledger(folder / "autotune.json"), cache_root or cache_dir() / "artifacts"
     base = dict(model=model_hash(model), seq=max_seq_len, device=gpu, code=code_hash())
     dtype = next(model.parameters()).dtype
-    plans = dict(zip(batch_sizes, fan_out(
-        _plan, [(model.config, dtype, b, max_seq_len, target.name, space, classes)
-                for b in batch_sizes], processes)))
+    plans = _plans(ledger, model, batch_sizes, max_seq_len, target, space, classes, processes,
+                   base)
     opts = {(b, v): CompileOptions(b, max_seq_len, target=target.name, **v.options(target.sms))
             for b, picks in plans.items() for v, _ in picks}
     key = {(b, v): ledger.key(batch=b, variant=v.label, **base) for b, v in opts}
@@ -224,6 +253,8 @@ def _keep_winner(model, name, batch, max_seq_len, target, rows, folder, root) ->
                            f"{rows[0][1]['error']}")
     ms, label, v, row = min(ok)
     opts = CompileOptions(batch, max_seq_len, target=target.name, **v.options(target.sms))
-    compiled, _ = compile_cached(model, opts, name, root)
-    save(compiled, model, folder / f"b{batch}", cache_key(model, opts))
+    key = cache_key(model, opts)
+    if saved_key(folder / f"b{batch}") != key:            # a warm rerun keeps what is there
+        compiled, _ = compile_cached(model, opts, name, root)
+        save(compiled, model, folder / f"b{batch}", key)
     return Winner(batch, label, ms, row["predicted_us"], len(ok), len(rows) - len(ok))

@@ -35,8 +35,14 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     def no_timing(*args, **kwargs):
         raise AssertionError("a rerun must not time what autotune.json already holds")
 
+    def no_rating(*args, **kwargs):
+        raise AssertionError("a rerun reads each batch size's shortlist from autotune.json")
+
     monkeypatch.setattr(tuning, "time_variant", no_timing)
-    assert run(1) == winners
+    monkeypatch.setattr(tuning, "_plan", no_rating)
+    with monkeypatch.context() as patch:  # the kept winners are not compiled or loaded again
+        patch.setattr(tuning, "compile_cached", no_compiling)
+        assert run(1) == winners
 
     library = KernelLibrary(folder, model)
     assert library.batch_sizes == [1, 2]
