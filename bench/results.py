@@ -36,8 +36,8 @@ def plot_results(report: dict, path: Path) -> None:
             ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=backend)
         ax.set_title(f"{model}, context {rows[0]['context']}")
         ax.set_xlabel("batch size")
-        ax.set_ylabel("ms / token")
-        ax.set_ylim(bottom=0)
+        ax.set_ylabel("ms / token (log scale)")
+        ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(f"decode latency on {report.get('gpu', '?')} ({report.get('date', '')}); "
