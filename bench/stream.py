@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.compiler import ops
+from megakernel.compiler import kernel_loop, ops
 
 
 @triton.jit
@@ -27,7 +27,7 @@ def stream_kernel(x_ptr, w_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N
         n0 = tile * BLOCK_N
         if PREFETCH:                                   # the next tile of this program
             nxt = tl.minimum(tile + grid, N // BLOCK_N - 1)
-            ops.prefetch_l2(w_ptr + nxt.to(tl.int64) * BLOCK_N * K, BLOCK_N * K)
+            kernel_loop.prefetch_l2(w_ptr + nxt.to(tl.int64) * BLOCK_N * K, BLOCK_N * K)
         if NORM:                                       # the RMSNorm prologue of a projection
             rstd = ops.row_rstd(x_ptr, 1e-5, 1, K, 1, K)
         ns = n0 + tl.arange(0, BLOCK_N)

@@ -56,12 +56,14 @@ def task_us(task: Task, target: Target, workers: int) -> float:
 
 def op_waves_us(tasks, target: Target, workers: int) -> float:
     """A quick makespan estimate without dependencies, for ranking many variants: ops run one
-    after another (in decode each op reads whole rows of an earlier one), each in waves of
-    ``workers`` tasks but no faster than HBM streams its bytes, plus one synchronisation per op."""
-    per_op: dict[str, list[float]] = {}
-    op_bytes: dict[str, int] = {}
+    after another (in decode each op reads whole rows of an earlier one), and so do the phases
+    of an op (tasks of one kind: attention partials, then their combines), each in waves of
+    ``workers`` tasks but no faster than HBM streams its bytes, plus one synchronisation each."""
+    per_op: dict[tuple, list[float]] = {}
+    op_bytes: dict[tuple, int] = {}
     for task in tasks:
-        per_op.setdefault(task.op, []).append(task_us(task, target, workers))
-        op_bytes[task.op] = op_bytes.get(task.op, 0) + task.bytes
+        phase = (task.op, task.kind)
+        per_op.setdefault(phase, []).append(task_us(task, target, workers))
+        op_bytes[phase] = op_bytes.get(phase, 0) + task.bytes
     return sum(max(-(-len(c) // workers) * max(c), op_bytes[op] / target.hbm_bytes_per_us)
                + target.sync_us for op, c in per_op.items())

@@ -186,27 +186,70 @@ def cache_slots(row, pos, bt_ptr, layer, kv, head, B: tl.constexpr, HKV: tl.cons
 
 
 @triton.jit
-def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr,
-                kind, head, layer, d0, eps: tl.constexpr, qk_eps: tl.constexpr, B: tl.constexpr,
-                K: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                S: tl.constexpr, BS: tl.constexpr, HAS_HEAD_NORM: tl.constexpr,
-                BLOCK_B: tl.constexpr, PART: tl.constexpr, HALF: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr,
-                STAGES: tl.constexpr):
+def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr,
+                kind, head, layer, d0, col, eps: tl.constexpr, qk_eps: tl.constexpr,
+                B: tl.constexpr, K: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr,
+                HKV: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
+                HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, PART: tl.constexpr,
+                HALF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                GEMV: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
+                OUT_COLS: tl.constexpr):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
-    head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to q [B, HQ * D], K and
-    V into the cache."""
-    DT: tl.constexpr = q_ptr.dtype.element_ty
+    head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to out [B, OUT_COLS]
+    from column ``col``, K and V into the cache. RAW: the projection alone goes to out (a
+    head_norm_rope task finishes the head)."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
-    n0 = head * D + d0
     end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
     js = tl.arange(0, 2 * HALF)                   # rows of both halves in one pipeline
-    ns = n0 + js % HALF + (js // HALF) * D2
+    ns = head * D + d0 + js % HALF + (js // HALF) * D2
     both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, js % HALF < end, B, K, True,
                               BLOCK_B, 2 * HALF, BLOCK_K, DT, GEMV, STAGES), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
+    if RAW:
+        rows = tl.arange(0, BLOCK_B)
+        ds = tl.arange(0, HALF)
+        offs = rows[:, None] * OUT_COLS + col + d0 + ds[None, :]
+        mask = (rows[:, None] < B) & (ds[None, :] < end)
+        tl.store(out_ptr + offs, lo.to(DT), mask=mask)
+        tl.store(out_ptr + offs + D2, hi.to(DT), mask=mask)
+    else:
+        norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr, kind, head,
+                        layer, col, d0, end, qk_eps, B, D, HQ, HKV, S, BS, HAS_HEAD_NORM, BLOCK_B,
+                        HALF, OUT_COLS)
+
+
+@triton.jit
+def head_norm_rope_op(raw_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, head,
+                      layer, col, qk_eps: tl.constexpr, B: tl.constexpr, D: tl.constexpr,
+                      HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
+                      RAW_COLS: tl.constexpr, BLOCK_B: tl.constexpr, HALF: tl.constexpr):
+    """One whole Q (kind 0) or K (1) head from its raw projection raw[:, col:col + D]: head
+    RMSNorm, RoPE, then into q [B, HQ * D] or the cache, as qkv_rope_op does for a whole head."""
+    D2: tl.constexpr = D // 2
+    rows = tl.arange(0, BLOCK_B)
+    ds = tl.arange(0, HALF)
+    mask = (rows[:, None] < B) & (ds[None, :] < D2)
+    offs = rows[:, None] * RAW_COLS + col + ds[None, :]
+    lo = tl.load(raw_ptr + offs, mask=mask, other=0.0).to(tl.float32)            # [BB, HALF]
+    hi = tl.load(raw_ptr + offs + D2, mask=mask, other=0.0).to(tl.float32)
+    norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, head, layer,
+                    head * D, 0, D2, qk_eps, B, D, HQ, HKV, S, BS, True, BLOCK_B, HALF, HQ * D)
+
+
+@triton.jit
+def norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, head,
+                    layer, col, d0, end, qk_eps: tl.constexpr, B: tl.constexpr, D: tl.constexpr,
+                    HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
+                    HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, HALF: tl.constexpr,
+                    Q_COLS: tl.constexpr):
+    """Dims [d0, d0 + end) of each half of a head ([BB, HALF] each, fp32 holding DT values): for
+    Q and K the head RMSNorm (whole heads) and RoPE; Q into q [B, Q_COLS] from column col + d0,
+    K and V into the cache."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    D2: tl.constexpr = D // 2
     rows = tl.arange(0, BLOCK_B)
     ds = tl.arange(0, HALF)
     pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)
@@ -225,7 +268,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, c
         lo = new_lo
     mask = (rows[:, None] < B) & (ds[None, :] < end)
     if kind == 0:
-        q_offs = rows[:, None] * (HQ * D) + n0 + ds[None, :]
+        q_offs = rows[:, None] * Q_COLS + col + d0 + ds[None, :]
         tl.store(q_ptr + q_offs, lo.to(DT), mask=mask)
         tl.store(q_ptr + q_offs + D2, hi.to(DT), mask=mask)
     else:
@@ -321,74 +364,3 @@ def attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, HQ: tl.constexpr, D:
     omask = (gs[:, None] < G) & (ds[None, :] < D)
     tl.store(out_ptr + row * (HQ * D) + (kv_head * G + gs)[:, None] * D + ds[None, :],
              out.to(DT), mask=omask)
-
-
-@triton.jit
-def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
-                  task, BACKOFF: tl.constexpr = 0):
-    """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
-    (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
-    elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
-    returns False. BACKOFF > 0 (GPU only): sleep that many ns between polls, so that the
-    producers' increments do not queue behind every consumer's atomic reads of one counter."""
-    ok = True
-    j = 0
-    while j < count:
-        c = c0
-        need = size0 * epoch
-        if j > 0:
-            c = tl.load(waits_ptr + 2 * (first + j))
-            need = tl.load(waits_ptr + 2 * (first + j) + 1) * epoch
-        seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
-        spins = 0
-        while (seen < need) & (spins < spin_limit):
-            if BACKOFF > 0:
-                tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
-                                          [spins * 0 + BACKOFF], dtype=tl.int32, is_pure=False,
-                                          pack=1)
-            seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
-            spins += 1
-            if spins % 1024 == 0:
-                if tl.atomic_add(error_ptr, 0, sem="relaxed") != 0:
-                    spins = spin_limit
-        if seen < need:
-            if tl.atomic_cas(error_ptr, 0, 1) == 0:
-                tl.store(error_ptr + 1, task)
-                tl.store(error_ptr + 2, c)
-                tl.store(error_ptr + 3, seen)
-            ok = False
-            j = count
-        j += 1
-    return ok
-
-
-@triton.jit
-def signal_counter(counters_ptr, c):
-    """Release: every thread's stores of the task happen before the counter moves."""
-    tl.debug_barrier()
-    if c >= 0:
-        tl.atomic_add(counters_ptr + c, 1, sem="release")
-
-
-@triton.jit
-def prefetch_l2(ptr, count, LINES: tl.constexpr = 256):
-    """Ask L2 for ``count`` elements from ``ptr``, one 128-byte line per lane (GPU only)."""
-    STRIDE: tl.constexpr = 64                      # bf16/fp16 elements per 128-byte line
-    n_lines = (count + STRIDE - 1) // STRIDE
-    i = 0
-    while i < n_lines:
-        line = tl.minimum(i + tl.arange(0, LINES), n_lines - 1).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                  [ptr + line * STRIDE], dtype=tl.int32, is_pure=False, pack=1)
-        i += LINES
-
-
-@triton.jit
-def clock(tick_ptr, CLOCK: tl.constexpr):
-    """A trace stamp: %globaltimer in ns on the GPU (CLOCK 2), or the next value of a global
-    tick counter (CLOCK 1), which orders events where no timer exists (the interpreter)."""
-    if CLOCK == 2:
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                         is_pure=False, pack=1)
-    else:
-        return tl.atomic_add(tick_ptr, 1).to(tl.int64)

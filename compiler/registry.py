@@ -71,8 +71,14 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
                 HQ=d.heads, HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=rows(d, c),
                 PART=t.args["part"], HALF=p2(t.args["part"]), BLOCK_K=t.args["bk"],
-                BLOCK_R=rstd_block(d.hidden, d, c),
-                GEMV=c.gemv, STAGES=c.stages)
+                BLOCK_R=rstd_block(d.hidden, d, c), GEMV=c.gemv, STAGES=c.stages,
+                RAW=t.args["raw"], OUT_COLS=t.args["out_cols"])
+
+
+def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:
+    return dict(qk_eps=t.args["qk_eps"], B=d.batch, D=d.head_dim, HQ=d.heads, HKV=d.kv_heads,
+                S=d.max_seq_len, BS=c.kv_block, RAW_COLS=(d.heads + d.kv_heads) * d.head_dim,
+                BLOCK_B=p2(d.batch, 1), HALF=p2(d.head_dim // 2, 1))
 
 
 def _splits(t: Task, d: Dims) -> int:
@@ -114,7 +120,11 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("qkv_rope", "qkv_rope_op",
            _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
                    "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "
-                   "kind:int head:int layer:int d0:int"), _qkv),
+                   "kind:int head:int layer:int d0:int col:int"), _qkv),
+    OpSpec("head_norm_rope", "head_norm_rope_op",
+           _fields("raw:act head_norm:weight inv_freq:f32 positions_ptr:kernel "
+                   "block_table_ptr:kernel out:act cache_ptr:kernel kind:int head:int layer:int "
+                   "col:int"), _head_norm_rope),
     OpSpec("attn_partial", "attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 row:int kv_head:int split:int layer:int"), _attn_partial),

@@ -4,7 +4,8 @@ dependencies are derived from region overlap (read-after-write), never wired by 
 Tilings (``TileConfig`` sets the sizes):
     embed      one task per ``block_n`` columns of the hidden size
     qkv_rope   one task per head (or per ``qkv_parts`` piece of one): each q head, each k head,
-               each v head (k/v write the cache)
+               each v head (k/v write the cache); with ``split_head_norm``, pieces of heads with
+               a head norm write the raw projection and head_norm_rope finishes each head
     attention  attn_partial per (row, kv head, KV split) into fp32 partials, then attn_combine per
                (row, kv head); a partial waits only for its q heads and its k/v head
     linear     one task per output columns [n0, n1) (norm, residual fused in)
@@ -39,6 +40,8 @@ class TileConfig:
     qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
                                # norm); 0: doubled while the tasks fit in one wave
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
+    split_head_norm: bool = False  # heads with a head norm also split into pieces, which write
+                                   # the raw projection; a head_norm_rope task per head finishes
 
     def __post_init__(self) -> None:
         if self.kv_split % self.kv_block:
@@ -116,9 +119,10 @@ class Tiler:
         return span
 
     def qkv_pieces(self, head_norm: bool) -> int:
-        """Tasks per q/k/v head: one where a head RMSNorm needs the whole head, else qkv_parts,
-        or (qkv_parts=0) doubled while all pieces still run in one wave over the workers."""
-        if head_norm:
+        """Tasks per q/k/v head: one where a head RMSNorm needs the whole head (unless
+        split_head_norm), else qkv_parts, or (qkv_parts=0) doubled while all pieces still run in
+        one wave over the workers."""
+        if head_norm and not self.cfg.split_head_norm:
             return 1
         if self.cfg.qkv_parts:
             return self.cfg.qkv_parts
@@ -175,7 +179,22 @@ def tile_gate_up(t: Tiler, op) -> None:
               reads, [cols(out, lo, hi)], nbytes, 4 * d.batch * (hi - lo) * k)
 
 
+def qkv_writes(t: Tiler, q: Buffer, kind: str, h: int, layer: int, spans) -> list[Region]:
+    """Where a q/k/v piece's columns ``spans`` (of the head's weight rows) end up: q columns, or
+    the head's dims in the cache plane of this layer."""
+    d = t.graph.dims
+    if kind == "q":
+        return [cols(q, lo, hi) for lo, hi in spans]
+    plane = ((layer, layer + 1), (int(kind == "v"), int(kind == "v") + 1), (0, d.batch), (h, h + 1),
+             (0, d.max_seq_len))
+    return [Region("kv_cache", plane + ((lo - h * d.head_dim, hi - h * d.head_dim),))
+            for lo, hi in spans]
+
+
 def tile_qkv_rope(t: Tiler, op) -> None:
+    """Pieces of each head; where a head norm needs the whole head and its pieces are split,
+    they write the raw projection into ``{op}.raw`` [B, (HQ + HKV) * D] and one head_norm_rope
+    task per q/k head normalises, rotates and stores it."""
     p, d = op.params, t.graph.dims
     x, q = t.b(p["x"]), t.b(op.outputs[0])
     hd, layer = d.head_dim, p["layer"]
@@ -183,30 +202,40 @@ def tile_qkv_rope(t: Tiler, op) -> None:
     heads += [(kind, h, p[f"w{kind}"], p["k_norm"] if kind == "k" else None)
               for h in range(d.kv_heads) for kind in ("k", "v")]
     half = hd // 2
+    raw = Buffer(f"{op.name}.raw", "act", (d.batch, (d.heads + d.kv_heads) * hd))
     for kind, h, w, head_norm in heads:
         # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2)
-        part = -(-half // t.qkv_pieces(head_norm is not None))
+        pieces = t.qkv_pieces(head_norm is not None)
+        part, split = -(-half // pieces), head_norm is not None and pieces > 1
+        col = (h + d.heads * (kind == "k")) * hd if split else h * hd      # out column of dim 0
         for d0 in range(0, half, part):
             n = min(part, half - d0)
             spans = ((h * hd + d0, h * hd + d0 + n), (h * hd + half + d0, h * hd + half + d0 + n))
             reads = [Region(x.name, full(x)), Region(p["norm"], ((0, d.hidden),)),
                      *(rows(t.b(w), lo, hi) for lo, hi in spans),
                      Region("positions", ((0, d.batch),)), Region(p["inv_freq"], ((d0, d0 + n),))]
-            reads += [Region(head_norm, ((0, hd),))] if head_norm else []
-            if kind == "q":
-                writes = [cols(q, lo, hi) for lo, hi in spans]
-            else:
-                plane = ((layer, layer + 1), (int(kind == "v"), int(kind == "v") + 1),
-                         (0, d.batch), (h, h + 1), (0, d.max_seq_len))
-                writes = [Region("kv_cache", plane + ((lo - h * hd, hi - h * hd),))
-                          for lo, hi in spans]
+            reads += [Region(head_norm, ((0, hd),))] if head_norm and not split else []
+            writes = [cols(raw, lo - h * hd + col, hi - h * hd + col) for lo, hi in spans] \
+                if split else qkv_writes(t, q, kind, h, layer, spans)
             nbytes = (2 * n * d.hidden + d.batch * d.hidden + 2 * d.batch * n) * d.itemsize
-            t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w, head_norm=head_norm,
-                                       inv_freq=p["inv_freq"], out=q.name, kind="qkv".index(kind),
-                                       head=h, layer=layer, d0=d0, part=part, eps=p["eps"],
-                                       qk_eps=p["qk_eps"],
+            t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w,
+                                       head_norm=None if split else head_norm,
+                                       inv_freq=p["inv_freq"], out=raw.name if split else q.name,
+                                       kind="qkv".index(kind), head=h, layer=layer, d0=d0,
+                                       col=col, part=part, eps=p["eps"], qk_eps=p["qk_eps"],
+                                       raw=split, out_cols=(raw if split else q).shape[1],
                                        bk=t.depth(d.hidden, 2 * max(p2(part), 16))),
                   reads, writes, nbytes, 4 * d.batch * n * d.hidden)
+        if split:
+            t.buffers[raw.name] = raw
+            spans = ((h * hd, h * hd + half), (h * hd + half, (h + 1) * hd))
+            t.add(op, "head_norm_rope", dict(raw=raw.name, head_norm=head_norm,
+                                             inv_freq=p["inv_freq"], out=q.name,
+                                             kind="qkv".index(kind), head=h, layer=layer,
+                                             col=col, qk_eps=p["qk_eps"]),
+                  [cols(raw, col, col + hd), Region(head_norm, ((0, hd),)),
+                   Region("positions", ((0, d.batch),)), Region(p["inv_freq"], ((0, half),))],
+                  qkv_writes(t, q, kind, h, layer, spans), 4 * d.batch * hd * d.itemsize, 0)
 
 
 def tile_attention(t: Tiler, op) -> None:

@@ -64,12 +64,25 @@ class VM:
         self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)
 
     def qkv_rope(self, a):
-        d, dt, h, kind = self.d, self.dt, a["head"], a["kind"]
+        d, dt, h = self.d, self.dt, a["head"]
         half, d0 = d.head_dim // 2, a["d0"]
         n = min(a["part"], half - d0)
         local = torch.cat([torch.arange(d0, d0 + n), torch.arange(half + d0, half + d0 + n)])
         x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], dt)
         y = mm(x, self.buf[a["weight"]][h * d.head_dim + local], dt)       # [B, 2n]: lo, hi
+        if a["raw"]:                                 # head_norm_rope finishes the head
+            self.buf[a["out"]][:, a["col"] + local] = y
+        else:
+            self.norm_rope_store(y, a, d0, n, local)
+
+    def head_norm_rope(self, a):
+        hd = self.d.head_dim
+        y = self.buf[a["raw"]][:, a["col"]:a["col"] + hd]                  # [B, D]
+        self.norm_rope_store(y, a, 0, hd // 2, torch.arange(hd))
+
+    def norm_rope_store(self, y, a, d0, n, local):
+        """y [B, 2n]: dims local = [d0, d0 + n) of each half of a head."""
+        d, dt, h, kind = self.d, self.dt, a["head"], a["kind"]
         pos = self.buf["positions"]
         if kind < 2:
             if a["head_norm"] is not None:                                 # whole heads only

@@ -4,13 +4,13 @@ best on the device, keep the fastest.
     autotune(model, name, batch_sizes, max_seq_len, folder) -> list[Winner]
 
 Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
-per SM, keys per attention task, tasks per q/k/v head. Variants whose pipeline stages cannot fit
-in shared memory are dropped. The knobs that shape the task graph (``schedule_class``) are rated
-by the cost model's wave estimate of their tasks (tiling only, no code generated); the
-``classes`` best, crossed with every code-level knob (block_k, stages, warps), and the default
-are compiled and built side by side (``processes`` at once, as is the rating of each batch size:
-Triton builds one kernel per process), then timed one after another (a decode step at position
-``max_seq_len - 1``, median of ``iters``).
+per SM, keys per attention task, tasks per q/k/v head, split head-norm heads. Variants whose
+pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
+(``schedule_class``) are rated by the cost model's wave estimate of their tasks (tiling only, no
+code generated); the ``classes`` best, crossed with every code-level knob (block_k, stages,
+warps), and the default are compiled and built side by side (``processes`` at once, as is the
+rating of each batch size: Triton builds one kernel per process), then timed one after another
+(a decode step at position ``max_seq_len - 1``, median of ``iters``).
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant), so a rerun times only what is missing, and each batch size's
 winner as a compiled artifact in ``folder/b{B}`` (the layout ``megakernel compile`` writes, which
@@ -37,7 +37,8 @@ from megakernel.compiler.tile import TileConfig, tile_tasks
 from .variant import Variant, effective, parse_variant
 
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
-         "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4)}
+         "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
+         "split_head_norm": (False, True)}
 
 
 @dataclass(frozen=True)
@@ -52,20 +53,21 @@ class Winner:
 
 def candidates(target: Target, space: dict) -> list[Variant]:
     out = []
-    for bn, bk, st, warps, per_sm, kv, qp in itertools.product(*(space[k] for k in SPACE)):
+    knobs = [space.get(k, (False,)) if k == "split_head_norm" else space[k] for k in SPACE]
+    for bn, bk, st, warps, per_sm, kv, qp, hn in itertools.product(*knobs):
         smem = max(st, 1) * bn * bk * 2 * 2            # stages of gate and up chunks, 2 bytes
         # a register file holds 8 warps of 255 registers (what these kernels take on sm_90)
         if smem * per_sm > target.smem_bytes or (target.name == "cpu" and per_sm > 1) \
                 or per_sm * warps > 8:
             continue
         out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, kv_split=kv,
-                           qkv_parts=qp))
+                           qkv_parts=qp, split_head_norm=hn))
     return out
 
 
 def schedule_class(v: Variant) -> tuple:
     """The knobs that change the task graph and its schedule (the rest change only the code)."""
-    return (v.block_n, v.workers, v.kv_split, v.qkv_parts)
+    return (v.block_n, v.workers, v.kv_split, v.qkv_parts, v.split_head_norm)
 
 
 def predict(ops, v: Variant, target: Target) -> float:

@@ -4,7 +4,8 @@ sweep, the trace command and the autotuner.
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``:
 ``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
 ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
-heads over the workers), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
+heads over the workers), ``hn`` heads with a head norm split into pieces too (then normalised
+and rotated by one task per head), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
 with it (the default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all
 of them), ``paN`` prefetching the weights of the task N places later in the worker's queue
 instead of its own, ``boN`` N ns of sleep between polls of a counter not yet reached.
@@ -31,11 +32,13 @@ class Variant:
     prefetch_kb: int = CompileOptions.prefetch_kb
     backoff_ns: int = 0
     prefetch_ahead: int = 0
+    split_head_norm: bool = False
 
     @property
     def label(self) -> str:
         flags = ["g"] * self.gemv + [f"s{self.stages}", f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
+        flags += ["hn"] * self.split_head_norm
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
@@ -45,7 +48,8 @@ class Variant:
     @property
     def tile(self) -> TileConfig:
         return TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
-                          stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts)
+                          stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts,
+                          split_head_norm=self.split_head_norm)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
@@ -65,6 +69,8 @@ def parse_variant(text: str) -> Variant:
     for flag in parts[4:]:
         if flag == "g":
             kw["gemv"] = True
+        elif flag == "hn":
+            kw["split_head_norm"] = True
         elif flag in ("np", "pf"):
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
@@ -87,10 +93,13 @@ def parse_variant(text: str) -> Variant:
 def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
     tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
-    have a head norm). Equal results build equal kernels."""
+    have a head norm, unless ``hn``; ``hn`` only where it splits such heads). Equal results build
+    equal kernels."""
     tiler = Tiler(ops, v.tile, v.workers)
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
-    return replace(v, kv_split=tiler.kv_span(), qkv_parts=tiler.qkv_pieces(head_norm))
+    pieces = tiler.qkv_pieces(head_norm)
+    return replace(v, kv_split=tiler.kv_span(), qkv_parts=pieces,
+                   split_head_norm=v.split_head_norm and head_norm and pieces > 1)
 
 
 def variant_of(compiled) -> Variant:
@@ -100,4 +109,4 @@ def variant_of(compiled) -> Variant:
                                            compiled.schedule.num_workers, t.gemv, t.stages,
                                            t.kv_split, o.prefetch, t.qkv_parts,
                                            o.prefetch_kb, o.spin_backoff_ns,
-                                           o.prefetch_ahead))
+                                           o.prefetch_ahead, t.split_head_norm))

@@ -35,7 +35,8 @@ def small_models(draw):
     tiles = TileConfig(block_n=draw(st.sampled_from([16, 32, 64])), kv_block=16,
                        kv_split=16 * draw(st.integers(1, 4)),
                        min_block_n=draw(st.sampled_from([4, 16])),
-                       qkv_parts=draw(st.sampled_from([1, 2, 3, 8])))
+                       qkv_parts=draw(st.sampled_from([1, 2, 3, 8])),
+                       split_head_norm=draw(st.booleans()))
     spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
     return cfg, batch, seq, tiles, spread
 

@@ -25,7 +25,7 @@ def inputs(model):
 @pytest.mark.parametrize("tiles", [TileConfig(), TileConfig(gemv=True, block_n=16),
                                    TileConfig(block_k=32, stages=2),
                                    TileConfig(qkv_parts=3, stages=0, kv_split=16,
-                                              attn_tasks_per_worker=0)])
+                                              attn_tasks_per_worker=0, split_head_norm=True)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load_model(name, progress=False).model
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
@@ -49,11 +49,12 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
 
 
 @pytest.mark.parametrize("name,workers,parts", [("tiny-qwen3", 2, 1), ("tiny-qwen3", 7, 1),
-                                                ("tiny-qwen3", 32, 1), ("tiny-llama", 32, 3)])
+                                                ("tiny-qwen3", 32, 1), ("tiny-llama", 32, 3),
+                                                ("tiny-qwen3", 32, 4)])
 def test_vm_on_many_workers_matches_eager(name, workers, parts):
     model = load_model(name, progress=False).model
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
-                          tile=TileConfig(qkv_parts=parts))
+                          tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1))
     compiled = compile_model(model, opts, name)
     tokens, positions, cache = inputs(model)
     cache_ref = cache.clone()

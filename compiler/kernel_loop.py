@@ -1,0 +1,76 @@
+"""Primitives of the persistent loop (``templates/megakernel.py.jinja``), apart from the op
+bodies of ``ops``: acquire-waits on the per-tile counters with a bounded spin and an error word,
+the release signal, the L2 prefetch of a task's weights, and trace stamps."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
+                  task, BACKOFF: tl.constexpr = 0):
+    """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
+    (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
+    elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
+    returns False. BACKOFF > 0 (GPU only): sleep that many ns between polls, so that the
+    producers' increments do not queue behind every consumer's atomic reads of one counter."""
+    ok = True
+    j = 0
+    while j < count:
+        c = c0
+        need = size0 * epoch
+        if j > 0:
+            c = tl.load(waits_ptr + 2 * (first + j))
+            need = tl.load(waits_ptr + 2 * (first + j) + 1) * epoch
+        seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
+        spins = 0
+        while (seen < need) & (spins < spin_limit):
+            if BACKOFF > 0:
+                tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
+                                          [spins * 0 + BACKOFF], dtype=tl.int32, is_pure=False,
+                                          pack=1)
+            seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
+            spins += 1
+            if spins % 1024 == 0:
+                if tl.atomic_add(error_ptr, 0, sem="relaxed") != 0:
+                    spins = spin_limit
+        if seen < need:
+            if tl.atomic_cas(error_ptr, 0, 1) == 0:
+                tl.store(error_ptr + 1, task)
+                tl.store(error_ptr + 2, c)
+                tl.store(error_ptr + 3, seen)
+            ok = False
+            j = count
+        j += 1
+    return ok
+
+
+@triton.jit
+def signal_counter(counters_ptr, c):
+    """Release: every thread's stores of the task happen before the counter moves."""
+    tl.debug_barrier()
+    if c >= 0:
+        tl.atomic_add(counters_ptr + c, 1, sem="release")
+
+
+@triton.jit
+def prefetch_l2(ptr, count, LINES: tl.constexpr = 256):
+    """Ask L2 for ``count`` elements from ``ptr``, one 128-byte line per lane (GPU only)."""
+    STRIDE: tl.constexpr = 64                      # bf16/fp16 elements per 128-byte line
+    n_lines = (count + STRIDE - 1) // STRIDE
+    i = 0
+    while i < n_lines:
+        line = tl.minimum(i + tl.arange(0, LINES), n_lines - 1).to(tl.int64)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                  [ptr + line * STRIDE], dtype=tl.int32, is_pure=False, pack=1)
+        i += LINES
+
+
+@triton.jit
+def clock(tick_ptr, CLOCK: tl.constexpr):
+    """A trace stamp: %globaltimer in ns on the GPU (CLOCK 2), or the next value of a global
+    tick counter (CLOCK 1), which orders events where no timer exists (the interpreter)."""
+    if CLOCK == 2:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return tl.atomic_add(tick_ptr, 1).to(tl.int64)
