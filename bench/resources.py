@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
                               **v.options(sms))
         c = compile_model(model, opts, args.model)
         kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
-        built = compile_for_hopper(kernel, num_warps=v.num_warps, prefetch=v.prefetch,
+        built = compile_for_hopper(kernel, num_warps=v.num_warps, prefetch=opts.prefetch_mode,
                                    backoff=v.backoff_ns)
         use = cubin_usage(built.asm["cubin"])
         fit = programs_per_sm(use["regs"], built.metadata.shared, v.num_warps)

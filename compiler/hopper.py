@@ -21,14 +21,14 @@ POINTERS = {
 
 
 def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3,
-                       trace: int = 0, prefetch: bool = True, backoff: int = 0):
+                       trace: int = 0, prefetch: int = 1, backoff: int = 0):
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
     signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
     # as the launcher specialises them at run time: every pointer 16-byte aligned
     aligned = {(kernel.arg_names.index(k),): [["tt.divisibility", 16]]
                for k, v in signature.items() if v.startswith("*")}
-    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": prefetch,
+    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": int(prefetch),
                                                       "TRACE": trace, "BACKOFF": backoff},
                     attrs=aligned)
     compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),

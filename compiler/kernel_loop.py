@@ -66,6 +66,13 @@ def prefetch_l2(ptr, count, LINES: tl.constexpr = 256):
 
 
 @triton.jit
+def prefetch_line(ptr):
+    """Ask L2 for the 128-byte line holding ``ptr`` (GPU only)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptr],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def clock(tick_ptr, CLOCK: tl.constexpr):
     """A trace stamp: %globaltimer in ns on the GPU (CLOCK 2), or the next value of a global
     tick counter (CLOCK 1), which orders events where no timer exists (the interpreter)."""

@@ -31,7 +31,13 @@ class CompileOptions:
     prefetch: bool = True                # L2-prefetch each task's weights before its waits (GPU)
     prefetch_kb: int = 256               # at most this many KiB of them per task (0: all)
     prefetch_ahead: int = 0              # prefetch the weights of the task this many places later
+    prefetch_next: bool = False          # L2-prefetch the next instruction's words (GPU)
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
+
+    @property
+    def prefetch_mode(self) -> int:
+        """The kernel's PREFETCH bits: 1 each task's weights, 2 the next instruction's words."""
+        return int(self.prefetch) | 2 * self.prefetch_next
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:

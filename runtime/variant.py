@@ -5,10 +5,11 @@ Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64`
 ``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
 ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
 heads over the workers), ``hn`` heads with a head norm split into pieces too (then normalised
-and rotated by one task per head), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
-with it (the default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all
-of them), ``paN`` prefetching the weights of the task N places later in the worker's queue
-instead of its own, ``boN`` N ns of sleep between polls of a counter not yet reached.
+and rotated by one task per head), ``np`` no L2 prefetch of each task's weights before its
+waits, ``pf`` with it (the default), ``pfN`` with at most N KiB of them per task (default 256;
+``pf0`` all of them), ``paN`` prefetching the weights of the task N places later in the
+worker's queue instead of its own, ``pn`` the next instruction's words prefetched into L2,
+``boN`` N ns of sleep between polls of a counter not yet reached.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class Variant:
     backoff_ns: int = 0
     prefetch_ahead: int = 0
     split_head_norm: bool = False
+    prefetch_next: bool = False
 
     @property
     def label(self) -> str:
@@ -42,6 +44,7 @@ class Variant:
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
+        flags += ["pn"] * self.prefetch_next
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
@@ -56,7 +59,7 @@ class Variant:
         return dict(tile=self.tile, num_warps=self.num_warps, num_workers=self.workers,
                     workers_per_sm=-(-self.workers // sms), prefetch=self.prefetch,
                     prefetch_kb=self.prefetch_kb, prefetch_ahead=self.prefetch_ahead,
-                    spin_backoff_ns=self.backoff_ns)
+                    prefetch_next=self.prefetch_next, spin_backoff_ns=self.backoff_ns)
 
 
 def parse_variant(text: str) -> Variant:
@@ -71,6 +74,8 @@ def parse_variant(text: str) -> Variant:
             kw["gemv"] = True
         elif flag == "hn":
             kw["split_head_norm"] = True
+        elif flag == "pn":
+            kw["prefetch_next"] = True
         elif flag in ("np", "pf"):
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
@@ -109,4 +114,5 @@ def variant_of(compiled) -> Variant:
                                            compiled.schedule.num_workers, t.gemv, t.stages,
                                            t.kv_split, o.prefetch, t.qkv_parts,
                                            o.prefetch_kb, o.spin_backoff_ns,
-                                           o.prefetch_ahead, t.split_head_norm))
+                                           o.prefetch_ahead, t.split_head_norm,
+                                           o.prefetch_next))

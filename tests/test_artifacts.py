@@ -56,9 +56,11 @@ from megakernel.models.weights import empty_model
 from megakernel.runtime.megakernel import load_kernel
 import torch
 from megakernel.compiler.tile import TileConfig
-for name, batch, gemv in [("tiny-llama", 3, False), ("tiny-qwen3", 1, True), ("qwen3-0.6b", 8, False)]:
+for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3", 1, True, False),
+                                 ("qwen3-0.6b", 8, False, True)]:
     model = empty_model(PRESETS[name]).to(torch.bfloat16)
-    opts = CompileOptions(batch, 64, target="h200", tile=TileConfig(gemv=gemv))
+    opts = CompileOptions(batch, 64, target="h200",
+                          tile=TileConfig(gemv=gemv, split_head_norm=split))
     c = compile_model(model, opts, name)
     kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
     # values that change every launch must not select another build
@@ -69,6 +71,8 @@ for name, batch, gemv in [("tiny-llama", 3, False), ("tiny-qwen3", 1, True), ("q
     assert "globaltimer" in compile_for_hopper(kernel, trace=2).asm["ptx"]
     if name == "tiny-llama":
         assert "nanosleep" in compile_for_hopper(kernel, backoff=128).asm["ptx"]
+        ahead = compile_for_hopper(kernel, prefetch=3).asm["ptx"]   # + the next instruction
+        assert ahead.count("prefetch.global.L2") > ptx.count("prefetch.global.L2")
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
     print(name, batch, "sm_90 ok", len(out.asm["cubin"]))
