@@ -3,7 +3,7 @@
 programs, and reports TB/s beside ``torch.mv`` on the same matrix. Separates the body's
 bytes in flight from the megakernel's synchronisation.
 
-    python -m megakernel.bench.stream --variants 64x64x4x1xs0,64x256x4x1xs3  # BNxBKxwarpsxCTAs/SMxsSTAGES[xg: GEMV][xp: L2 prefetch][xn: norm]
+    python -m megakernel.bench.stream --variants 64x64x4x1xs0,64x256x4x1xs3  # BNxBKxwarpsxCTAs/SMxsSTAGES[xg: GEMV form][xp: L2 prefetch][xn: norm]
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from megakernel.compiler import kernel_loop, ops
 
 @triton.jit
 def stream_kernel(x_ptr, w_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr,
+                  BLOCK_K: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
                   PREFETCH: tl.constexpr, NORM: tl.constexpr):
     pid, grid = tl.program_id(0), tl.num_programs(0)
     rstd = tl.zeros([1], tl.float32)
@@ -32,7 +32,7 @@ def stream_kernel(x_ptr, w_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N
             rstd = ops.row_rstd(x_ptr, 1e-5, 1, K, 1, K)
         ns = n0 + tl.arange(0, BLOCK_N)
         acc = ops.matmul_tile(x_ptr, x_ptr, rstd, w_ptr, ns, ns < N, 1, K, NORM, 1, BLOCK_N,
-                              BLOCK_K, tl.bfloat16, GEMV, STAGES)
+                              BLOCK_K, tl.bfloat16, FORM, STAGES)
         ops.store_rows(y_ptr, acc.to(tl.bfloat16), n0, N, 1, N, 1, BLOCK_N)
         tile += grid
 
@@ -67,7 +67,7 @@ def main(argv=None) -> None:
         bn, bk, warps, per_sm = (int(v) for v in parts[:4])
         stages = next((int(f[1:]) for f in parts[4:] if f.startswith("s")), 0)
         run = lambda: stream_kernel[(sms * per_sm,)](
-            x, w, y, args.n, args.k, bn, bk, "g" in parts[4:], stages, "p" in parts[4:],
+            x, w, y, args.n, args.k, bn, bk, int("g" in parts[4:]), stages, "p" in parts[4:],
             "n" in parts[4:],
             num_warps=warps)
         try:

@@ -20,13 +20,35 @@ def _dot(a, b, acc, DT: tl.constexpr):
 
 
 @triton.jit
-def _mac(a, w, acc, GEMV: tl.constexpr, DT: tl.constexpr):
-    """acc + a @ w^T for a [BB, BK], w [BN, BK]: tensor cores (rows padded to 16), or for small
-    batches a plain multiply-and-sum that keeps fewer registers per weight byte."""
-    if GEMV:
+def _mac(a, w, acc, FORM: tl.constexpr, DT: tl.constexpr):
+    """acc + a @ w^T for a [BB, BK], w [BN, BK], as the projection FORM computes it:
+    0 tensor cores, batch rows as the dot's M (padded to 16); 1 a plain multiply-and-sum that
+    keeps fewer registers per weight byte (small batches); 2 tensor cores with weight rows as M
+    (acc held transposed, [BN, BB]: M of 64 and more can use Hopper's warpgroup MMA)."""
+    if FORM == 1:
         return acc + tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    elif FORM == 2:
+        return _dot(w, tl.trans(a), acc, DT)
     else:
         return _dot(a, tl.trans(w), acc, DT)
+
+
+@triton.jit
+def _acc0(BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, FORM: tl.constexpr):
+    """A zero accumulator in the FORM's orientation."""
+    if FORM == 2:
+        return tl.zeros([BLOCK_N, BLOCK_B], tl.float32)
+    else:
+        return tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+
+
+@triton.jit
+def _result(acc, FORM: tl.constexpr):
+    """An accumulator as [BLOCK_B, BLOCK_N]."""
+    if FORM == 2:
+        return tl.trans(acc)
+    else:
+        return acc
 
 
 @triton.jit
@@ -76,25 +98,25 @@ def load_w(w_ptr, ns, nmask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
 @triton.jit
 def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, nmask, B: tl.constexpr, K: tl.constexpr,
                 HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DT: tl.constexpr, GEMV: tl.constexpr,
+                BLOCK_K: tl.constexpr, DT: tl.constexpr, FORM: tl.constexpr,
                 STAGES: tl.constexpr):
     """[norm(x)] @ W[ns]^T for W [N, K] row-major and row indices ns [BLOCK_N] (rows outside
-    ``nmask`` read as 0) -> [BLOCK_B, BLOCK_N] fp32.
+    ``nmask`` read as 0) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
     STAGES 0: the next weight chunk is requested (into registers) before the current one is
     used; STAGES > 0: Triton's software pipeliner stages that many chunks through shared memory."""
-    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    acc = _acc0(BLOCK_B, BLOCK_N, FORM)
     if STAGES == 0:
         w = load_w(w_ptr, ns, nmask, 0, K, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
             w_next = load_w(w_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
             a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
-            acc = _mac(a, w.to(DT), acc, GEMV, DT)
+            acc = _mac(a, w.to(DT), acc, FORM, DT)
             w = w_next
     else:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
-            acc = _mac(a, load_w(w_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), acc, GEMV, DT)
-    return acc
+            acc = _mac(a, load_w(w_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), acc, FORM, DT)
+    return _result(acc, FORM)
 
 
 @triton.jit
@@ -122,7 +144,7 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, n0, B: tl.constexpr, H: tl.constexp
 def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
               B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
               HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GEMV: tl.constexpr,
+              BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
               STAGES: tl.constexpr):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
@@ -136,7 +158,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
     if HAS_NORM:
         rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
     y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, ns < n1, B, K, HAS_NORM, BLOCK_B,
-                           BLOCK_N, BLOCK_K, DT, GEMV, STAGES), DT)
+                           BLOCK_N, BLOCK_K, DT, FORM, STAGES), DT)
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
@@ -146,14 +168,14 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
 def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr,
                B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-               GEMV: tl.constexpr, STAGES: tl.constexpr):
+               FORM: tl.constexpr, STAGES: tl.constexpr):
     """out[:, n0:n1] = SiLU(norm(x) @ Wg[n0:n1]^T) * (norm(x) @ Wu[n0:n1]^T)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R)
     ns = n0 + tl.arange(0, BLOCK_N)
     nmask = ns < n1
-    g = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    u = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    g = _acc0(BLOCK_B, BLOCK_N, FORM)
+    u = _acc0(BLOCK_B, BLOCK_N, FORM)
     if STAGES == 0:                              # as in matmul_tile
         wg = load_w(wg_ptr, ns, nmask, 0, K, BLOCK_K)
         wu = load_w(wu_ptr, ns, nmask, 0, K, BLOCK_K)
@@ -161,17 +183,18 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr
             wg_next = load_w(wg_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
             wu_next = load_w(wu_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
             a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
-            g = _mac(a, wg.to(DT), g, GEMV, DT)
-            u = _mac(a, wu.to(DT), u, GEMV, DT)
+            g = _mac(a, wg.to(DT), g, FORM, DT)
+            u = _mac(a, wu.to(DT), u, FORM, DT)
             wg, wu = wg_next, wu_next
     else:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
-            g = _mac(a, load_w(wg_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), g, GEMV, DT)
-            u = _mac(a, load_w(wu_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), u, GEMV, DT)
-    g = _round(g, DT)
+            g = _mac(a, load_w(wg_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), g, FORM, DT)
+            u = _mac(a, load_w(wu_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), u, FORM, DT)
+    g = _round(_result(g, FORM), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
-    store_rows(out_ptr, (act * _round(u, DT)).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
+    store_rows(out_ptr, (act * _round(_result(u, FORM), DT)).to(DT), n0, n1, B, N, BLOCK_B,
+               BLOCK_N)
 
 
 @triton.jit
@@ -192,7 +215,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
                 HKV: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
                 HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, PART: tl.constexpr,
                 HALF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                GEMV: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
+                FORM: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
                 OUT_COLS: tl.constexpr):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
@@ -206,7 +229,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     js = tl.arange(0, 2 * HALF)                   # rows of both halves in one pipeline
     ns = head * D + d0 + js % HALF + (js // HALF) * D2
     both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, js % HALF < end, B, K, True,
-                              BLOCK_B, 2 * HALF, BLOCK_K, DT, GEMV, STAGES), DT)
+                              BLOCK_B, 2 * HALF, BLOCK_K, DT, FORM, STAGES), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     if RAW:
         rows = tl.arange(0, BLOCK_B)

@@ -36,12 +36,18 @@ class TileConfig:
     attn_tasks_per_worker: int = 2  # kv_split doubles while attention has more tasks than this
                                     # per worker (beyond one per row and kv head); 0: never
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
+    swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
     stages: int = 3            # projection loop: 0 next chunk in registers, n > 0 n-stage pipeline
     qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
                                # norm); 0: doubled while the tasks fit in one wave
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
     split_head_norm: bool = False  # heads with a head norm also split into pieces, which write
                                    # the raw projection; a head_norm_rope task per head finishes
+
+    @property
+    def form(self) -> int:
+        """The op bodies' FORM constexpr: 0 dot, 1 multiply-and-sum, 2 dot with weight rows as M."""
+        return 1 if self.gemv else 2 if self.swap_ab else 0
 
     def __post_init__(self) -> None:
         if self.kv_split % self.kv_block:

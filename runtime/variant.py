@@ -2,14 +2,15 @@
 sweep, the trace command and the autotuner.
 
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``:
-``g`` GEMV projections, ``sN`` an N-stage projection pipeline (s0: next chunk in registers),
-``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
-heads over the workers), ``hn`` heads with a head norm split into pieces too (then normalised
-and rotated by one task per head), ``np`` no L2 prefetch of each task's weights before its
-waits, ``pf`` with it (the default), ``pfN`` with at most N KiB of them per task (default 256;
-``pf0`` all of them), ``paN`` prefetching the weights of the task N places later in the
-worker's queue instead of its own, ``pn`` the next instruction's words prefetched into L2,
-``boN`` N ns of sleep between polls of a counter not yet reached.
+``g`` GEMV projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN``
+an N-stage projection pipeline (s0: next chunk in registers), ``kvN`` N keys per attention
+task, ``qN`` N tasks per q/k/v head (none: as many as spread the heads over the workers),
+``hn`` heads with a head norm split into pieces too (then normalised and rotated by one task
+per head), ``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it (the
+default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them),
+``paN`` prefetching the weights of the task N places later in the worker's queue instead of its
+own, ``pn`` the next instruction's words prefetched into L2, ``boN`` N ns of sleep between polls
+of a counter not yet reached.
 """
 from __future__ import annotations
 
@@ -35,10 +36,12 @@ class Variant:
     prefetch_ahead: int = 0
     split_head_norm: bool = False
     prefetch_next: bool = False
+    swap_ab: bool = False
 
     @property
     def label(self) -> str:
-        flags = ["g"] * self.gemv + [f"s{self.stages}", f"kv{self.kv_split}"]
+        flags = ["g"] * self.gemv + ["t"] * self.swap_ab
+        flags += [f"s{self.stages}", f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["hn"] * self.split_head_norm
         flags += ["np"] * (not self.prefetch)
@@ -52,7 +55,7 @@ class Variant:
     def tile(self) -> TileConfig:
         return TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
                           stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts,
-                          split_head_norm=self.split_head_norm)
+                          split_head_norm=self.split_head_norm, swap_ab=self.swap_ab)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
@@ -72,6 +75,8 @@ def parse_variant(text: str) -> Variant:
     for flag in parts[4:]:
         if flag == "g":
             kw["gemv"] = True
+        elif flag == "t":
+            kw["swap_ab"] = True
         elif flag == "hn":
             kw["split_head_norm"] = True
         elif flag == "pn":
@@ -115,4 +120,4 @@ def variant_of(compiled) -> Variant:
                                            t.kv_split, o.prefetch, t.qkv_parts,
                                            o.prefetch_kb, o.spin_backoff_ns,
                                            o.prefetch_ahead, t.split_head_norm,
-                                           o.prefetch_next))
+                                           o.prefetch_next, t.swap_ab))

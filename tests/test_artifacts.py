@@ -60,7 +60,7 @@ for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3",
                                  ("qwen3-0.6b", 8, False, True)]:
     model = empty_model(PRESETS[name]).to(torch.bfloat16)
     opts = CompileOptions(batch, 64, target="h200",
-                          tile=TileConfig(gemv=gemv, split_head_norm=split))
+                          tile=TileConfig(gemv=gemv, split_head_norm=split, swap_ab=split))
     c = compile_model(model, opts, name)
     kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
     # values that change every launch must not select another build
@@ -75,6 +75,8 @@ for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3",
         assert ahead.count("prefetch.global.L2") > ptx.count("prefetch.global.L2")
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
+    # weight rows as the dot's M (64 and more): Hopper's warpgroup MMA
+    assert ("wgmma.mma_async" in ptx) == split, name
     print(name, batch, "sm_90 ok", len(out.asm["cubin"]))
 # the largest batch of the batch-size range: one program's shared memory fits an H200 SM
 model = empty_model(PRESETS["llama-3.2-1b"]).to(torch.bfloat16)
