@@ -53,13 +53,14 @@ def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
     n, k = t.args["n"], t.args["k"]
     return dict(eps=t.args["eps"], B=d.batch, K=k, N=n, HAS_NORM=t.args["norm"] is not None,
                 HAS_RES=t.args["residual"] is not None, BLOCK_B=rows(d, c), BLOCK_N=t.args["bn"],
-                BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(k, d, c), FORM=c.form, STAGES=c.stages)
+                BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(k, d, c), FORM=c.form, STAGES=c.stages,
+                RMS_UNROLL=c.rms_unroll)
 
 
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], B=d.batch, K=d.hidden, N=d.intermediate, BLOCK_B=rows(d, c),
                 BLOCK_N=t.args["bn"], BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(d.hidden, d, c),
-                FORM=c.form, STAGES=c.stages)
+                FORM=c.form, STAGES=c.stages, RMS_UNROLL=c.rms_unroll)
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -72,7 +73,7 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=rows(d, c),
                 PART=t.args["part"], HALF=p2(t.args["part"]), BLOCK_K=t.args["bk"],
                 BLOCK_R=rstd_block(d.hidden, d, c), FORM=c.form, STAGES=c.stages,
-                RAW=t.args["raw"], OUT_COLS=t.args["out_cols"])
+                RAW=t.args["raw"], OUT_COLS=t.args["out_cols"], RMS_UNROLL=c.rms_unroll)
 
 
 def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -37,6 +37,8 @@ class TileConfig:
                                     # per worker (beyond one per row and kv head); 0: never
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
     swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
+    rms_unroll: int = 16384    # a row RMS issues all its loads at once up to this many elements
+                               # of the batch's rows (0: one load and reduction per step)
     stages: int = 3            # projection loop: 0 next chunk in registers, n > 0 n-stage pipeline
     qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
                                # norm); 0: doubled while the tasks fit in one wave

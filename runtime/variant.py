@@ -6,11 +6,12 @@ Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64`
 an N-stage projection pipeline (s0: next chunk in registers), ``kvN`` N keys per attention
 task, ``qN`` N tasks per q/k/v head (none: as many as spread the heads over the workers),
 ``hn`` heads with a head norm split into pieces too (then normalised and rotated by one task
-per head), ``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it (the
-default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them),
-``paN`` prefetching the weights of the task N places later in the worker's queue instead of its
-own, ``pn`` the next instruction's words prefetched into L2, ``boN`` N ns of sleep between polls
-of a counter not yet reached.
+per head), ``ruN`` a row RMS loads up to N elements at once (default 16384; ru0: a load and a
+reduction per step), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
+with it (the default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all
+of them), ``paN`` prefetching the weights of the task N places later in the worker's queue
+instead of its own, ``pn`` the next instruction's words prefetched into L2, ``boN`` N ns of
+sleep between polls of a counter not yet reached.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class Variant:
     split_head_norm: bool = False
     prefetch_next: bool = False
     swap_ab: bool = False
+    rms_unroll: int = TileConfig.rms_unroll
 
     @property
     def label(self) -> str:
@@ -44,6 +46,7 @@ class Variant:
         flags += [f"s{self.stages}", f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["hn"] * self.split_head_norm
+        flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
@@ -55,7 +58,8 @@ class Variant:
     def tile(self) -> TileConfig:
         return TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
                           stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts,
-                          split_head_norm=self.split_head_norm, swap_ab=self.swap_ab)
+                          split_head_norm=self.split_head_norm, swap_ab=self.swap_ab,
+                          rms_unroll=self.rms_unroll)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
@@ -85,6 +89,8 @@ def parse_variant(text: str) -> Variant:
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
             kw["prefetch"], kw["prefetch_kb"] = True, int(flag[2:])
+        elif flag.startswith("ru") and flag[2:].isdigit():
+            kw["rms_unroll"] = int(flag[2:])
         elif flag.startswith("pa") and flag[2:].isdigit():
             kw["prefetch"], kw["prefetch_ahead"] = True, int(flag[2:])
         elif flag.startswith("bo") and flag[2:].isdigit():
@@ -120,4 +126,4 @@ def variant_of(compiled) -> Variant:
                                            t.kv_split, o.prefetch, t.qkv_parts,
                                            o.prefetch_kb, o.spin_backoff_ns,
                                            o.prefetch_ahead, t.split_head_norm,
-                                           o.prefetch_next, t.swap_ab))
+                                           o.prefetch_next, t.swap_ab, t.rms_unroll))

@@ -65,7 +65,8 @@ def test_variant_labels():
     assert whole.options(132)["prefetch_kb"] == 0 and parse_variant(whole.label) == whole
     ahead = parse_variant("64x64x4x132xpa1")
     assert ahead.options(132)["prefetch_ahead"] == 1 and parse_variant(ahead.label) == ahead
-    nxt = parse_variant("64x64x4x132xpnxhnxt")
+    nxt = parse_variant("64x64x4x132xpnxhnxtxru0")
+    assert nxt.options(132)["tile"].rms_unroll == 0
     assert nxt.options(132)["prefetch_next"] and parse_variant(nxt.label) == nxt
     assert nxt.options(132)["tile"].split_head_norm and nxt.options(132)["tile"].form == 2
     slow = parse_variant("64x64x4x132xbo128")
