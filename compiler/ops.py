@@ -334,14 +334,15 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
 
 
 @triton.jit
-def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_head, split,
-                    layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row, kv_head,
+                    split, layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                     NSPLIT: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                    STAGES: tl.constexpr):
+                    STAGES: tl.constexpr, DIRECT: tl.constexpr):
     """Attention of row ``row``'s G query heads of one kv head over keys
-    [split * KV_SPLIT, min(+KV_SPLIT, len)) -> unnormalised acc [G, D] and (max, sum) in fp32."""
+    [split * KV_SPLIT, min(+KV_SPLIT, len)) -> unnormalised acc [G, D] and (max, sum) in fp32;
+    DIRECT (one split holds every key): the normalised output into out [B, HQ * D]."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     seq_len = tl.load(pos_ptr + row) + 1
     lo = split * KV_SPLIT
@@ -373,10 +374,14 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_
         acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
         m = m_new
     heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ]
-    part = heads * NSPLIT + split
-    tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
-    tl.store(ml_ptr + part * 2, m, mask=gs < G)
-    tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+    if DIRECT:
+        out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+        tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
+    else:
+        part = heads * NSPLIT + split
+        tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
+        tl.store(ml_ptr + part * 2, m, mask=gs < G)
+        tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
 
 
 @triton.jit

@@ -97,7 +97,8 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, D=d.head_dim, G=g, NSPLIT=_splits(t, d),
                 KV_SPLIT=t.args["kv_split"], BS=c.kv_block, CHUNK=kv_chunk(t, d),
-                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=max(2, c.stages))
+                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=max(2, c.stages),
+                DIRECT=_splits(t, d) == 1)
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -128,7 +129,7 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "col:int"), _head_norm_rope),
     OpSpec("attn_partial", "attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 row:int kv_head:int split:int layer:int"), _attn_partial),
+                   "ml:f32 out:act row:int kv_head:int split:int layer:int"), _attn_partial),
     OpSpec("attn_combine", "attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int"), _attn_combine),
 ]}

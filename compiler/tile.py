@@ -7,7 +7,8 @@ Tilings (``TileConfig`` sets the sizes):
                each v head (k/v write the cache); with ``split_head_norm``, pieces of heads with
                a head norm write the raw projection and head_norm_rope finishes each head
     attention  attn_partial per (row, kv head, KV split) into fp32 partials, then attn_combine per
-               (row, kv head); a partial waits only for its q heads and its k/v head
+               (row, kv head); a partial waits only for its q heads and its k/v head; a single
+               split writes the output itself
     linear     one task per output columns [n0, n1) (norm, residual fused in)
     gate_up    one task per columns [n0, n1) of the intermediate size
 A projection's columns split evenly over the workers in as few waves as keep tasks within
@@ -247,34 +248,42 @@ def tile_qkv_rope(t: Tiler, op) -> None:
 
 
 def tile_attention(t: Tiler, op) -> None:
+    """Where one task covers all keys (a single split), it writes the output itself and no
+    combine follows."""
     d = t.graph.dims
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
     group, hd, span = d.heads // d.kv_heads, d.head_dim, t.kv_span()
     splits = -(-d.max_seq_len // span)
     acc = Buffer(f"{op.name}.acc", "f32", (d.batch, d.heads, splits, hd))
     ml = Buffer(f"{op.name}.ml", "f32", (d.batch, d.heads, splits, 2))
-    t.buffers.update({acc.name: acc, ml.name: ml})
+    if splits > 1:
+        t.buffers.update({acc.name: acc, ml.name: ml})
     for b in range(d.batch):
         for g in range(d.kv_heads):
             heads = (g * group, (g + 1) * group)
+            out_region = Region(out.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))
             q_region = Region(q.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))
             for s in range(splits):
                 lo, hi = s * span, min(d.max_seq_len, (s + 1) * span)
                 kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 1),
                                          (lo, hi), (0, hd)))
                 part = ((b, b + 1), heads, (s, s + 1))
-                t.add(op, "attn_partial", dict(q=q.name, acc=acc.name, ml=ml.name, row=b,
+                writes = [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))]
+                t.add(op, "attn_partial", dict(q=q.name, acc=acc.name if splits > 1 else None,
+                                               ml=ml.name if splits > 1 else None,
+                                               out=None if splits > 1 else out.name, row=b,
                                                kv_head=g, split=s, layer=layer, kv_split=span),
                       [q_region, kv, Region("positions", ((0, d.batch),))],
-                      [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))],
+                      writes if splits > 1 else [out_region],
                       (2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4,
                       4 * group * (hi - lo) * hd)
+            if splits == 1:
+                continue
             part = ((b, b + 1), heads, (0, splits))
             t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=b,
                                            kv_head=g, kv_split=span),
                   [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))],
-                  [Region(out.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))],
-                  group * splits * (hd + 2) * 4 + group * hd * d.itemsize, 0)
+                  [out_region], group * splits * (hd + 2) * 4 + group * hd * d.itemsize, 0)
 
 
 TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,

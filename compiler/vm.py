@@ -105,7 +105,11 @@ class VM:
         lo, hi = s * split, min((s + 1) * split, n)
         q = self.buf[a["q"]][b].view(d.heads, hd)[g * group:(g + 1) * group].float()
         heads = slice(g * group, (g + 1) * group)
-        acc, ml = self.buf[a["acc"]][b, heads, s], self.buf[a["ml"]][b, heads, s]
+        if a["out"] is not None:                     # one split: the output itself
+            dev = self.buf["kv_cache"].device
+            acc, ml = torch.empty(group, hd, device=dev), torch.empty(group, 2, device=dev)
+        else:
+            acc, ml = self.buf[a["acc"]][b, heads, s], self.buf[a["ml"]][b, heads, s]
         if lo >= hi:
             acc.zero_()
             ml[:, 0], ml[:, 1] = float("-inf"), 0.0
@@ -117,6 +121,9 @@ class VM:
         p = torch.exp(scores - m[:, None])
         acc.copy_(p.to(self.dt).float() @ v)
         ml[:, 0], ml[:, 1] = m, p.sum(-1)
+        if a["out"] is not None:
+            out = acc / ml[:, 1:]
+            self.buf[a["out"]][b, g * group * hd:(g + 1) * group * hd] = out.flatten().to(self.dt)
 
     def attn_combine(self, a):
         d, b, g = self.d, a["row"], a["kv_head"]
