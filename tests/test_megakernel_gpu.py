@@ -91,8 +91,10 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
                          + [("llama-3.2-1b", batch, None) for batch in (2, 17, 64)]
-                         + [("qwen3-0.6b", 1, TileConfig(split_head_norm=True)),
-                            ("llama-3.2-1b", 8, TileConfig(swap_ab=True))])
+                         + [pytest.param("qwen3-0.6b", 1, TileConfig(split_head_norm=True),
+                                         id="qwen3-0.6b-1-hn"),
+                            pytest.param("llama-3.2-1b", 8, TileConfig(swap_ab=True),
+                                         id="llama-3.2-1b-8-t")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, tiles):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
