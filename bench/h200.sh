@@ -6,7 +6,7 @@
 #   $OUT/h200.json (a copy of bench/results/h200.json) with a plot $OUT/h200.png.
 # Usage: bash bench/h200.sh [MODEL [BATCH_SIZES [BACKENDS]]]
 # SWEEP=VARIANTS (comma-separated labels) also times those variants at batch 1 beside
-# torch-compile, after the bench ($OUT/sweep.json).
+# torch-compile, after the bench ($OUT/sweep.json); CHECKS=0 skips the tests and memcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-llama-3.2-1b}
@@ -34,7 +34,9 @@ report_checks() {
 }
 tests_rc=0
 gpus=$(nvidia-smi -L | wc -l)
-if [ "$gpus" -ge 2 ]; then
+if [ "${CHECKS:-1}" = 0 ]; then
+  gpus=1                                     # timings only: no tests, nothing to wait for
+elif [ "$gpus" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=$((gpus - 1)); checks) & checks_pid=$!
   export CUDA_VISIBLE_DEVICES=0
 else
