@@ -25,7 +25,7 @@ class Field:
 @dataclass(frozen=True)
 class OpSpec:
     kind: str
-    body: str
+    body: str        # the op body, as module.function under megakernel.compiler
     fields: tuple[Field, ...]
     constexprs: Callable[[Task, Dims, TileConfig], dict]
 
@@ -113,24 +113,24 @@ def _fields(spec: str) -> tuple[Field, ...]:
 
 
 REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
-    OpSpec("embed", "embed_op", _fields("tokens_ptr:kernel table:weight out:act n0:int"), _embed),
-    OpSpec("linear", "linear_op",
+    OpSpec("embed", "ops.embed_op", _fields("tokens_ptr:kernel table:weight out:act n0:int"), _embed),
+    OpSpec("linear", "ops.linear_op",
            _fields("x:act weight:weight norm:weight residual:act out:act n0:int n1:int"),
            _linear),
-    OpSpec("gate_up", "gate_up_op",
+    OpSpec("gate_up", "ops.gate_up_op",
            _fields("x:act norm:weight gate:weight up:weight out:act n0:int n1:int"), _gate_up),
-    OpSpec("qkv_rope", "qkv_rope_op",
+    OpSpec("qkv_rope", "ops.qkv_rope_op",
            _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
                    "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "
                    "kind:int head:int layer:int d0:int col:int"), _qkv),
-    OpSpec("head_norm_rope", "head_norm_rope_op",
+    OpSpec("head_norm_rope", "ops.head_norm_rope_op",
            _fields("raw:act head_norm:weight inv_freq:f32 positions_ptr:kernel "
                    "block_table_ptr:kernel out:act cache_ptr:kernel kind:int head:int layer:int "
                    "col:int"), _head_norm_rope),
-    OpSpec("attn_partial", "attn_partial_op",
+    OpSpec("attn_partial", "attention_ops.attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act row:int kv_head:int split:int layer:int"), _attn_partial),
-    OpSpec("attn_combine", "attn_combine_op",
+    OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int"), _attn_combine),
 ]}
 

@@ -1,0 +1,102 @@
+"""Attention op bodies of the megakernel (``@triton.jit``, one tile task each): a partial over
+one KV split of one row's query heads of a kv head, and the combine of those partials.
+
+The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``ops.cache_slots``;
+partials are fp32 acc [B * HQ, NSPLIT, D] and (max, sum) [B * HQ, NSPLIT, 2].
+"""
+import triton
+import triton.language as tl
+
+from .ops import _dot, cache_slots
+
+
+@triton.jit
+def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, HKV: tl.constexpr,
+            S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+            BLOCK_D: tl.constexpr):
+    """Keys and values [CHUNK, BLOCK_D] at positions [start, start + CHUNK), each through the
+    block table (one gather, one memory latency); positions >= hi are not read."""
+    ss = start + tl.arange(0, CHUNK)
+    ds = tl.arange(0, BLOCK_D)
+    key = cache_slots(row, tl.minimum(ss, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
+    offs = key[:, None] + ds[None, :]                                   # [CHUNK, BLOCK_D]
+    mask = (ss < hi)[:, None] & (ds[None, :] < D)
+    v_shift = B * HKV * S * D                     # from the K plane to the V plane
+    return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
+            tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
+
+
+@triton.jit
+def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row, kv_head,
+                    split, layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                    NSPLIT: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                    CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                    STAGES: tl.constexpr, DIRECT: tl.constexpr):
+    """Attention of row ``row``'s G query heads of one kv head over keys
+    [split * KV_SPLIT, min(+KV_SPLIT, len)) -> unnormalised acc [G, D] and (max, sum) in fp32;
+    DIRECT (one split holds every key): the normalised output into out [B, HQ * D]."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    seq_len = tl.load(pos_ptr + row) + 1
+    lo = split * KV_SPLIT
+    hi = tl.minimum(lo + KV_SPLIT, seq_len)
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, CHUNK)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    q = tl.load(q_ptr + row * (HQ * D) + (kv_head * G + gs)[:, None] * D + ds[None, :],
+                mask=qmask, other=0.0).to(DT)
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    NCHUNK: tl.constexpr = (KV_SPLIT + CHUNK - 1) // CHUNK
+    # a fixed count of CHUNK-key steps (keys >= hi are masked, never read), so that the
+    # pipeliner streams the next chunk while this one is used
+    for c in tl.range(0, NCHUNK, num_stages=STAGES):
+        start = lo + c * CHUNK
+        k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
+                       CHUNK, BLOCK_D)
+        valid = (start + ss) < hi
+        scores = _dot(q, tl.trans(k.to(DT)), tl.zeros([BLOCK_G, CHUNK], tl.float32), DT) * scale
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # no key yet: adds nothing
+        alpha = tl.exp(m - m_ref)
+        p = tl.exp(scores - m_ref[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
+        m = m_new
+    heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ]
+    if DIRECT:
+        out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+        tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
+    else:
+        part = heads * NSPLIT + split
+        tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
+        tl.store(ml_ptr + part * 2, m, mask=gs < G)
+        tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+
+
+@triton.jit
+def attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, HQ: tl.constexpr, D: tl.constexpr,
+                    G: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_G: tl.constexpr,
+                    BLOCK_SPLIT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the KV splits of row ``row``'s G heads: out = sum_s w_s acc_s / sum_s w_s l_s."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    gs = tl.arange(0, BLOCK_G)
+    ss = tl.arange(0, BLOCK_SPLIT)
+    ds = tl.arange(0, BLOCK_D)
+    part = (row * HQ + kv_head * G + gs)[:, None] * NSPLIT + ss[None, :]      # [BG, BSPLIT]
+    pmask = (gs[:, None] < G) & (ss[None, :] < NSPLIT)
+    m = tl.load(ml_ptr + part * 2, mask=pmask, other=float("-inf"))
+    l = tl.load(ml_ptr + part * 2 + 1, mask=pmask, other=0.0)
+    m_max = tl.max(m, axis=1)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)                      # padded heads
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max[:, None]))         # [BG, BSPLIT]
+    acc = tl.load(acc_ptr + part[:, :, None] * D + ds[None, None, :],
+                  mask=pmask[:, :, None] & (ds[None, None, :] < D), other=0.0)
+    den = tl.sum(w * l, axis=1)
+    out = tl.sum(w[:, :, None] * acc, axis=1) / tl.where(den == 0.0, 1.0, den)[:, None]
+    omask = (gs[:, None] < G) & (ds[None, :] < D)
+    tl.store(out_ptr + row * (HQ * D) + (kv_head * G + gs)[:, None] * D + ds[None, :],
+             out.to(DT), mask=omask)
