@@ -250,9 +250,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
         rows = tl.arange(0, BLOCK_B)
         ds = tl.arange(0, HALF)
         offs = rows[:, None] * OUT_COLS + col + d0 + ds[None, :]
-        mask = (rows[:, None] < B) & (ds[None, :] < end)
-        tl.store(out_ptr + offs, lo.to(DT), mask=mask)
-        tl.store(out_ptr + offs + D2, hi.to(DT), mask=mask)
+        _store_halves(out_ptr, offs, lo, hi, (rows[:, None] < B) & (ds[None, :] < end), D2)
     else:
         norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr, kind, head,
                         layer, col, d0, end, qk_eps, B, D, HQ, HKV, S, BS, HAS_HEAD_NORM, BLOCK_B,
@@ -306,12 +304,16 @@ def norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, 
         lo = new_lo
     mask = (rows[:, None] < B) & (ds[None, :] < end)
     if kind == 0:
-        q_offs = rows[:, None] * Q_COLS + col + d0 + ds[None, :]
-        tl.store(q_ptr + q_offs, lo.to(DT), mask=mask)
-        tl.store(q_ptr + q_offs + D2, hi.to(DT), mask=mask)
+        _store_halves(q_ptr, rows[:, None] * Q_COLS + col + d0 + ds[None, :], lo, hi, mask, D2)
     else:
         safe_rows = tl.minimum(rows, B - 1)
         slot = cache_slots(safe_rows, pos, bt_ptr, layer, kind - 1, head, B, HKV, S, D, BS)
-        c_offs = slot[:, None] + d0 + ds[None, :]
-        tl.store(cache_ptr + c_offs, lo.to(DT), mask=mask)
-        tl.store(cache_ptr + c_offs + D2, hi.to(DT), mask=mask)
+        _store_halves(cache_ptr, slot[:, None] + d0 + ds[None, :], lo, hi, mask, D2)
+
+
+@triton.jit
+def _store_halves(ptr, offs, lo, hi, mask, D2: tl.constexpr):
+    """A head's dims in two RoPE halves: lo [BB, HALF] at ``offs``, hi D/2 further."""
+    DT: tl.constexpr = ptr.dtype.element_ty
+    tl.store(ptr + offs, lo.to(DT), mask=mask)
+    tl.store(ptr + offs + D2, hi.to(DT), mask=mask)

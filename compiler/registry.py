@@ -73,7 +73,8 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=rows(d, c),
                 PART=t.args["part"], HALF=p2(t.args["part"]), BLOCK_K=t.args["bk"],
                 BLOCK_R=rstd_block(d.hidden, d, c), FORM=c.form, STAGES=c.stages,
-                RAW=t.args["raw"], OUT_COLS=t.args["out_cols"], RMS_UNROLL=c.rms_unroll)
+                RAW=t.args["raw"], OUT_COLS=(d.heads + d.kv_heads * t.args["raw"]) * d.head_dim,
+                RMS_UNROLL=c.rms_unroll)
 
 
 def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -232,7 +232,7 @@ def tile_qkv_rope(t: Tiler, op) -> None:
                                        inv_freq=p["inv_freq"], out=raw.name if split else q.name,
                                        kind="qkv".index(kind), head=h, layer=layer, d0=d0,
                                        col=col, part=part, eps=p["eps"], qk_eps=p["qk_eps"],
-                                       raw=split, out_cols=(raw if split else q).shape[1],
+                                       raw=split,
                                        bk=t.depth(d.hidden, 2 * max(p2(part), 16))),
                   reads, writes, nbytes, 4 * d.batch * n * d.hidden)
         if split:
@@ -254,10 +254,13 @@ def tile_attention(t: Tiler, op) -> None:
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
     group, hd, span = d.heads // d.kv_heads, d.head_dim, t.kv_span()
     splits = -(-d.max_seq_len // span)
+    direct = splits == 1
     acc = Buffer(f"{op.name}.acc", "f32", (d.batch, d.heads, splits, hd))
     ml = Buffer(f"{op.name}.ml", "f32", (d.batch, d.heads, splits, 2))
-    if splits > 1:
+    if not direct:
         t.buffers.update({acc.name: acc, ml.name: ml})
+    into = (dict(out=out.name, acc=None, ml=None) if direct         # where partials go
+            else dict(out=None, acc=acc.name, ml=ml.name))
     for b in range(d.batch):
         for g in range(d.kv_heads):
             heads = (g * group, (g + 1) * group)
@@ -268,16 +271,14 @@ def tile_attention(t: Tiler, op) -> None:
                 kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 1),
                                          (lo, hi), (0, hd)))
                 part = ((b, b + 1), heads, (s, s + 1))
-                writes = [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))]
-                t.add(op, "attn_partial", dict(q=q.name, acc=acc.name if splits > 1 else None,
-                                               ml=ml.name if splits > 1 else None,
-                                               out=None if splits > 1 else out.name, row=b,
-                                               kv_head=g, split=s, layer=layer, kv_split=span),
-                      [q_region, kv, Region("positions", ((0, d.batch),))],
-                      writes if splits > 1 else [out_region],
+                writes = [out_region] if direct else [Region(acc.name, part + ((0, hd),)),
+                                                      Region(ml.name, part + ((0, 2),))]
+                t.add(op, "attn_partial", dict(q=q.name, row=b, kv_head=g, split=s, layer=layer,
+                                               kv_split=span, **into),
+                      [q_region, kv, Region("positions", ((0, d.batch),))], writes,
                       (2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4,
                       4 * group * (hi - lo) * hd)
-            if splits == 1:
+            if direct:
                 continue
             part = ((b, b + 1), heads, (0, splits))
             t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=b,

@@ -121,9 +121,10 @@ def effective(ops, v: Variant) -> Variant:
 def variant_of(compiled) -> Variant:
     """The variant a compiled kernel was built with, as built (see ``effective``)."""
     o, t = compiled.options, compiled.options.tile
-    return effective(compiled.ops, Variant(t.block_n, t.block_k, o.num_warps,
-                                           compiled.schedule.num_workers, t.gemv, t.stages,
-                                           t.kv_split, o.prefetch, t.qkv_parts,
-                                           o.prefetch_kb, o.spin_backoff_ns,
-                                           o.prefetch_ahead, t.split_head_norm,
-                                           o.prefetch_next, t.swap_ab, t.rms_unroll))
+    built = Variant(t.block_n, t.block_k, o.num_warps, compiled.schedule.num_workers,
+                    gemv=t.gemv, stages=t.stages, kv_split=t.kv_split, prefetch=o.prefetch,
+                    qkv_parts=t.qkv_parts, prefetch_kb=o.prefetch_kb,
+                    backoff_ns=o.spin_backoff_ns, prefetch_ahead=o.prefetch_ahead,
+                    split_head_norm=t.split_head_norm, prefetch_next=o.prefetch_next,
+                    swap_ab=t.swap_ab, rms_unroll=t.rms_unroll)
+    return effective(compiled.ops, built)
