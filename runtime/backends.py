@@ -27,11 +27,12 @@ def torch_compile_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
     return torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
 
-def megakernel_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
-    """One persistent kernel per decode step (``megakernel.compiler``)."""
+def megakernel_backend(model: CausalLM, kv_cache: torch.Tensor, **options) -> Step:
+    """One persistent kernel per decode step (``megakernel.compiler``); ``options`` are
+    ``CompileOptions`` fields (none: the autotuned kernel, if any)."""
     from .megakernel import megakernel_backend as build
 
-    return build(model, kv_cache)
+    return build(model, kv_cache, **options)
 
 
 BACKENDS: dict[str, BackendFactory] = {
