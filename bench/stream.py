@@ -3,7 +3,10 @@
 programs, and reports TB/s beside ``torch.mv`` on the same matrix. Separates the body's
 bytes in flight from the megakernel's synchronisation.
 
-    python -m megakernel.bench.stream --variants 64x64x4x1xs0,64x256x4x1xs3  # BNxBKxwarpsxCTAs/SMxsSTAGES[xg: GEMV form][xp: L2 prefetch][xn: norm]
+    python -m megakernel.bench.stream --variants 64x256x4x1xs3,16x1024x4x1xs3xf16
+
+Variant: BNxBKxWARPSxCTAS_PER_SMxsSTAGES, then flags: g GEMV form, fN N column slices folded into
+the dot, p L2 prefetch of the next tile, n the RMSNorm prologue.
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ from megakernel.compiler import kernel_loop, ops
 @triton.jit
 def stream_kernel(x_ptr, w_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
-                  PREFETCH: tl.constexpr, NORM: tl.constexpr):
+                  PREFETCH: tl.constexpr, NORM: tl.constexpr, BLOCK_B: tl.constexpr,
+                  FOLD: tl.constexpr):
     pid, grid = tl.program_id(0), tl.num_programs(0)
-    rstd = tl.zeros([1], tl.float32)
+    rstd = tl.zeros([BLOCK_B], tl.float32)
     tile = pid
     while tile < N // BLOCK_N:
         n0 = tile * BLOCK_N
@@ -29,11 +33,10 @@ def stream_kernel(x_ptr, w_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N
             nxt = tl.minimum(tile + grid, N // BLOCK_N - 1)
             kernel_loop.prefetch_l2(w_ptr + nxt.to(tl.int64) * BLOCK_N * K, BLOCK_N * K)
         if NORM:                                       # the RMSNorm prologue of a projection
-            rstd = ops.row_rstd(x_ptr, 1e-5, 1, K, 1, K)
-        ns = n0 + tl.arange(0, BLOCK_N)
-        acc = ops.matmul_tile(x_ptr, x_ptr, rstd, w_ptr, ns, ns < N, 1, K, NORM, 1, BLOCK_N,
-                              BLOCK_K, tl.bfloat16, FORM, STAGES)
-        ops.store_rows(y_ptr, acc.to(tl.bfloat16), n0, N, 1, N, 1, BLOCK_N)
+            rstd = ops.row_rstd(x_ptr, 1e-5, 1, K, BLOCK_B, K)
+        acc = ops.matmul_tile(x_ptr, x_ptr, rstd, w_ptr, n0, BLOCK_N, 0, 1, K, NORM, BLOCK_B,
+                              BLOCK_N, BLOCK_N, BLOCK_K, tl.bfloat16, FORM, STAGES, FOLD)
+        ops.store_rows(y_ptr, acc.to(tl.bfloat16), n0, N, 1, N, BLOCK_B, BLOCK_N)
         tile += grid
 
 
@@ -53,7 +56,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--n", type=int, default=65536)
     p.add_argument("--k", type=int, default=4096)
-    p.add_argument("--variants", default="64x64x4x1xs0")
+    p.add_argument("--variants", default="64x256x4x1xs3")
     args = p.parse_args(argv)
     w = torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(1, args.k, device="cuda", dtype=torch.bfloat16)
@@ -65,11 +68,11 @@ def main(argv=None) -> None:
     for text in args.variants.split(","):
         parts = text.split("x")
         bn, bk, warps, per_sm = (int(v) for v in parts[:4])
-        stages = next((int(f[1:]) for f in parts[4:] if f.startswith("s")), 0)
+        flag = lambda c, default: next((int(f[1:]) for f in parts[4:] if f[0] == c), default)
+        stages, fold, gemv = flag("s", 1), flag("f", 1), "g" in parts[4:]
         run = lambda: stream_kernel[(sms * per_sm,)](
-            x, w, y, args.n, args.k, bn, bk, int("g" in parts[4:]), stages, "p" in parts[4:],
-            "n" in parts[4:],
-            num_warps=warps)
+            x, w, y, args.n, args.k, bn, bk, int(gemv), stages, "p" in parts[4:],
+            "n" in parts[4:], 1 if gemv else 16 // fold, fold, num_warps=warps)
         try:
             ms = time_ms(run)
         except Exception as err:  # a variant that does not build or launch: report, go on

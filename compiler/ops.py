@@ -88,50 +88,97 @@ def _squares(x_ptr, rows, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.cons
 
 @triton.jit
 def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
-                BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr):
-    """Columns [k0, k0 + BLOCK_K) of RMSNorm(x) * w (or of x) -> [BLOCK_B, BLOCK_K] in DT."""
-    rows = tl.arange(0, BLOCK_B)
-    ks = k0 + tl.arange(0, BLOCK_K)
-    x = tl.load(x_ptr + rows[:, None] * K + ks[None, :],
-                mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
+                BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
+                FOLD: tl.constexpr = 1):
+    """Columns [k0, k0 + BLOCK_K) of RMSNorm(x) * w (or of x) -> [BLOCK_B, BLOCK_K] in DT.
+    FOLD > 1: folded, [FOLD * BLOCK_B, BLOCK_K / FOLD], row q * BLOCK_B + b holding row b's
+    q-th slice of the columns; ``rstd`` then has a value per folded row."""
+    if FOLD == 1:
+        rows = tl.arange(0, BLOCK_B)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :],
+                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
+        if HAS_NORM:
+            w = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
+    else:
+        KQ: tl.constexpr = BLOCK_K // FOLD
+        r = tl.arange(0, FOLD * BLOCK_B)
+        rows = r % BLOCK_B
+        ks = k0 + (r // BLOCK_B)[:, None] * KQ + tl.arange(0, KQ)[None, :]    # [FOLD * BB, KQ]
+        x = tl.load(x_ptr + rows[:, None] * K + ks, mask=(rows[:, None] < B) & (ks < K),
+                    other=0.0)
+        if HAS_NORM:
+            w = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
     if HAS_NORM:
-        w = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
         xn = _round(x.to(tl.float32) * rstd[:, None], DT)
-        x = (w[None, :] * xn).to(DT)
+        x = (w * xn).to(DT)
     return x.to(DT)
 
 
 @triton.jit
-def load_w(w_ptr, ns, nmask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Rows ``ns`` (where ``nmask``), columns [k0, k0 + BLOCK_K) of W [N, K]; past K nothing is
-    read."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(w_ptr + ns[:, None] * K + ks[None, :],
-                   mask=nmask[:, None] & (ks[None, :] < K), other=0.0)
+def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N: tl.constexpr,
+           HALF: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1):
+    """Weight rows base + j % HALF + (j // HALF) * STRIDE for j < BLOCK_N (rows with
+    j % HALF >= end read as 0), columns [k0, k0 + BLOCK_K) of W [N, K] -> [BLOCK_N, BLOCK_K];
+    past K nothing is read. FOLD > 1: [FOLD * BLOCK_N, BLOCK_K / FOLD], row q * BLOCK_N + j
+    holding row j's q-th slice of the columns."""
+    if FOLD == 1:
+        j = tl.arange(0, BLOCK_N)
+        ks = k0 + tl.arange(0, BLOCK_K)[None, :]                               # [1, BLOCK_K]
+    else:
+        KQ: tl.constexpr = BLOCK_K // FOLD
+        v = tl.arange(0, FOLD * BLOCK_N)
+        j = v % BLOCK_N
+        ks = k0 + (v // BLOCK_N)[:, None] * KQ + tl.arange(0, KQ)[None, :]    # [FOLD * BN, KQ]
+    if HALF == BLOCK_N:
+        ns, nmask = base + j, j < end
+    else:
+        ns, nmask = base + j % HALF + (j // HALF) * STRIDE, j % HALF < end
+    return tl.load(w_ptr + ns[:, None] * K + ks, mask=nmask[:, None] & (ks < K), other=0.0)
 
 
 @triton.jit
-def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, nmask, B: tl.constexpr, K: tl.constexpr,
-                HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DT: tl.constexpr, FORM: tl.constexpr,
-                STAGES: tl.constexpr):
-    """[norm(x)] @ W[ns]^T for W [N, K] row-major and row indices ns [BLOCK_N] (rows outside
-    ``nmask`` read as 0) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
-    STAGES 0: the next weight chunk is requested (into registers) before the current one is
-    used; STAGES > 0: Triton's software pipeliner stages that many chunks through shared memory."""
-    acc = _acc0(BLOCK_B, BLOCK_N, FORM)
-    if STAGES == 0:
-        w = load_w(w_ptr, ns, nmask, 0, K, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            w_next = load_w(w_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
-            a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
-            acc = _mac(a, w.to(DT), acc, FORM, DT)
-            w = w_next
+def fold_rows(vals, FOLD: tl.constexpr, BLOCK_B: tl.constexpr):
+    """[BLOCK_B] -> [FOLD * BLOCK_B], value b at every folded row q * BLOCK_B + b."""
+    if FOLD == 1:
+        return vals
     else:
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT)
-            acc = _mac(a, load_w(w_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), acc, FORM, DT)
-    return _result(acc, FORM)
+        return tl.reshape(tl.broadcast_to(vals[None, :], [FOLD, BLOCK_B]), [FOLD * BLOCK_B])
+
+
+@triton.jit
+def unfold(acc, FORM: tl.constexpr, FOLD: tl.constexpr, BLOCK_B: tl.constexpr,
+           BLOCK_N: tl.constexpr):
+    """An accumulator as [BLOCK_B, BLOCK_N]. Folded, [FOLD * BLOCK_B, FOLD * BLOCK_N]: the sum
+    over q of the blocks where row slice q met column slice q (the others mixed slices)."""
+    if FOLD == 1:
+        return _result(acc, FORM)
+    else:
+        a4 = tl.reshape(acc, [FOLD, BLOCK_B, FOLD, BLOCK_N])
+        same = tl.arange(0, FOLD)[:, None, None, None] == tl.arange(0, FOLD)[None, None, :, None]
+        return tl.sum(tl.sum(tl.where(same, a4, 0.0), axis=2), axis=0)
+
+
+@triton.jit
+def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: tl.constexpr,
+                K: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
+                BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
+                DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
+                FOLD: tl.constexpr = 1):
+    """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
+    STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
+    Triton's software pipeliner stages STAGES chunks through shared memory.
+    FOLD > 1 (FORM 0): each step's columns cut into FOLD slices, stacked as rows of x and of W,
+    so that a narrow task's dot is [FOLD * BLOCK_B, BLOCK_K / FOLD] @ [.., FOLD * BLOCK_N]: the
+    same bytes, no batch rows padded to 16 when FOLD * BLOCK_B >= 16, and no warp re-reading
+    the whole x step from shared memory for a few columns each."""
+    rs = fold_rows(rstd, FOLD, BLOCK_B)
+    acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD)
+        w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD)
+        acc = _mac(a, w.to(DT), acc, FORM, DT)
+    return unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
@@ -160,7 +207,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
               B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
               HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
-              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr):
+              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
@@ -172,8 +219,8 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
     rstd = tl.zeros([BLOCK_B], tl.float32)
     if HAS_NORM:
         rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
-    y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, ns < n1, B, K, HAS_NORM, BLOCK_B,
-                           BLOCK_N, BLOCK_K, DT, FORM, STAGES), DT)
+    y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, HAS_NORM, BLOCK_B,
+                           BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
@@ -183,33 +230,26 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
 def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr,
                B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-               FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr):
-    """out[:, n0:n1] = SiLU(norm(x) @ Wg[n0:n1]^T) * (norm(x) @ Wu[n0:n1]^T)."""
+               FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
+               FOLD: tl.constexpr):
+    """out[:, n0:n1] = SiLU(norm(x) @ Wg[n0:n1]^T) * (norm(x) @ Wu[n0:n1]^T), both projections
+    from one pipeline as matmul_tile runs it."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
-    ns = n0 + tl.arange(0, BLOCK_N)
-    nmask = ns < n1
-    g = _acc0(BLOCK_B, BLOCK_N, FORM)
-    u = _acc0(BLOCK_B, BLOCK_N, FORM)
-    if STAGES == 0:                              # as in matmul_tile
-        wg = load_w(wg_ptr, ns, nmask, 0, K, BLOCK_K)
-        wu = load_w(wu_ptr, ns, nmask, 0, K, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            wg_next = load_w(wg_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
-            wu_next = load_w(wu_ptr, ns, nmask, k0 + BLOCK_K, K, BLOCK_K)
-            a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
-            g = _mac(a, wg.to(DT), g, FORM, DT)
-            u = _mac(a, wu.to(DT), u, FORM, DT)
-            wg, wu = wg_next, wu_next
-    else:
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, True, BLOCK_B, BLOCK_K, DT)
-            g = _mac(a, load_w(wg_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), g, FORM, DT)
-            u = _mac(a, load_w(wu_ptr, ns, nmask, k0, K, BLOCK_K).to(DT), u, FORM, DT)
-    g = _round(_result(g, FORM), DT)
+    rs = fold_rows(row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL), FOLD, BLOCK_B)
+    g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
+    u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, True, BLOCK_B, BLOCK_K, DT, FOLD)
+        # each weight's chunk loaded just before its use (both loads first: batch-32 stack 352
+        # bytes instead of 136 on sm_90)
+        wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
+        g = _mac(a, wg.to(DT), g, FORM, DT)
+        wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
+        u = _mac(a, wu.to(DT), u, FORM, DT)
+    g = _round(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
-    store_rows(out_ptr, (act * _round(_result(u, FORM), DT)).to(DT), n0, n1, B, N, BLOCK_B,
-               BLOCK_N)
+    store_rows(out_ptr, (act * _round(unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N), DT)).to(DT), n0,
+               n1, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
@@ -231,7 +271,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
                 HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, PART: tl.constexpr,
                 HALF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                 FORM: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
-                OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr):
+                OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
     head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to out [B, OUT_COLS]
@@ -241,10 +281,9 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     D2: tl.constexpr = D // 2
     rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
     end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
-    js = tl.arange(0, 2 * HALF)                   # rows of both halves in one pipeline
-    ns = head * D + d0 + js % HALF + (js // HALF) * D2
-    both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, ns, js % HALF < end, B, K, True,
-                              BLOCK_B, 2 * HALF, BLOCK_K, DT, FORM, STAGES), DT)
+    # rows of both halves in one pipeline
+    both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K, True,
+                              BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     if RAW:
         rows = tl.arange(0, BLOCK_B)

@@ -38,29 +38,47 @@ def p2(n: int, floor: int = 16) -> int:
     return max(floor, next_pow2(n))
 
 
-def rows(d: Dims, c: TileConfig) -> int:
-    """Batch rows per tile: padded to 16 for tensor cores, to a power of two for the GEMV form."""
-    return p2(d.batch, 1 if c.gemv else 16)
+def fold(bn: int, bk: int, d: Dims, c: TileConfig) -> int:
+    """Column slices of a projection step folded into its dot (``ops.matmul_tile``): doubled,
+    up to ``c.fold``, while the slices' batch rows fill at most the 16 rows of a tensor-core
+    tile, the dot stays within 256 columns and each slice keeps 16 reduction columns. Tensor-core
+    form only."""
+    f = 1
+    while c.form == 0 and 2 * f <= c.fold and 2 * f * next_pow2(d.batch) <= 16 \
+            and 2 * f * bn <= 256 and bk // (2 * f) >= 16:
+        f *= 2
+    return f
 
 
-def rstd_block(k: int, d: Dims, c: TileConfig) -> int:
+def rows(d: Dims, c: TileConfig, folds: int = 1) -> int:
+    """Batch rows per tile: padded to 16 for tensor cores (16 over the folds of a folded dot),
+    to a power of two for the GEMV form."""
+    return p2(d.batch, 1 if c.gemv else 16 // folds)
+
+
+def rstd_block(k: int, rows: int, c: TileConfig) -> int:
     """Columns per step of a row's RMS: whole rows of up to 8K elements in one load, since each
     step of that loop costs a full memory latency."""
-    return max(min(c.block_k, p2(k)), min(p2(k), 8192 // rows(d, c)))
+    return max(min(c.block_k, p2(k)), min(p2(k), 8192 // rows))
+
+
+def _projection(k: int, bn: int, bk: int, d: Dims, c: TileConfig) -> dict:
+    """The constexprs every projection body takes for a step of bn x bk weights over K = k."""
+    f = fold(bn, bk, d, c)
+    r = rows(d, c, f)
+    return dict(B=d.batch, K=k, BLOCK_B=r, BLOCK_K=bk, BLOCK_R=rstd_block(k, r, c), FORM=c.form,
+                STAGES=c.stages, RMS_UNROLL=c.rms_unroll, FOLD=f)
 
 
 def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
-    n, k = t.args["n"], t.args["k"]
-    return dict(eps=t.args["eps"], B=d.batch, K=k, N=n, HAS_NORM=t.args["norm"] is not None,
-                HAS_RES=t.args["residual"] is not None, BLOCK_B=rows(d, c), BLOCK_N=t.args["bn"],
-                BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(k, d, c), FORM=c.form, STAGES=c.stages,
-                RMS_UNROLL=c.rms_unroll)
+    return dict(eps=t.args["eps"], N=t.args["n"], HAS_NORM=t.args["norm"] is not None,
+                HAS_RES=t.args["residual"] is not None, BLOCK_N=t.args["bn"],
+                **_projection(t.args["k"], t.args["bn"], t.args["bk"], d, c))
 
 
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
-    return dict(eps=t.args["eps"], B=d.batch, K=d.hidden, N=d.intermediate, BLOCK_B=rows(d, c),
-                BLOCK_N=t.args["bn"], BLOCK_K=t.args["bk"], BLOCK_R=rstd_block(d.hidden, d, c),
-                FORM=c.form, STAGES=c.stages, RMS_UNROLL=c.rms_unroll)
+    return dict(eps=t.args["eps"], N=d.intermediate, BLOCK_N=t.args["bn"],
+                **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c))
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -68,13 +86,12 @@ def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
 
 
 def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
-    return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], B=d.batch, K=d.hidden, D=d.head_dim,
-                HQ=d.heads, HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
-                HAS_HEAD_NORM=t.args["head_norm"] is not None, BLOCK_B=rows(d, c),
-                PART=t.args["part"], HALF=p2(t.args["part"]), BLOCK_K=t.args["bk"],
-                BLOCK_R=rstd_block(d.hidden, d, c), FORM=c.form, STAGES=c.stages,
+    half = p2(t.args["part"])
+    return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], D=d.head_dim, HQ=d.heads,
+                HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
+                HAS_HEAD_NORM=t.args["head_norm"] is not None, PART=t.args["part"], HALF=half,
                 RAW=t.args["raw"], OUT_COLS=(d.heads + d.kv_heads * t.args["raw"]) * d.head_dim,
-                RMS_UNROLL=c.rms_unroll)
+                **_projection(d.hidden, 2 * half, t.args["bk"], d, c))
 
 
 def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:

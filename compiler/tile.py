@@ -40,7 +40,9 @@ class TileConfig:
     swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
     rms_unroll: int = 16384    # a row RMS issues all its loads at once up to this many elements
                                # of the batch's rows (0: one load and reduction per step)
-    stages: int = 3            # projection loop: 0 next chunk in registers, n > 0 n-stage pipeline
+    stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
+    fold: int = 16             # at most this many column slices of a narrow projection step
+                               # folded into its dot's rows and columns (1: none)
     qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
                                # norm); 0: doubled while the tasks fit in one wave
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
@@ -53,6 +55,10 @@ class TileConfig:
         return 1 if self.gemv else 2 if self.swap_ab else 0
 
     def __post_init__(self) -> None:
+        if self.stages < 1:
+            raise ValueError(f"stages={self.stages}: a projection pipeline needs at least 1")
+        if self.fold < 1 or self.fold & (self.fold - 1):
+            raise ValueError(f"fold={self.fold} is not a power of two")
         if self.kv_split % self.kv_block:
             raise ValueError(f"kv_split={self.kv_split} is not a multiple of kv_block={self.kv_block}")
 

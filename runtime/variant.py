@@ -39,6 +39,7 @@ class Variant:
     prefetch_next: bool = False
     swap_ab: bool = False
     rms_unroll: int = TileConfig.rms_unroll
+    fold: int = TileConfig.fold
 
     @property
     def label(self) -> str:
@@ -47,6 +48,7 @@ class Variant:
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["hn"] * self.split_head_norm
         flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
+        flags += [f"fo{self.fold}"] * (self.fold != TileConfig.fold)
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
@@ -59,7 +61,7 @@ class Variant:
         return TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
                           stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts,
                           split_head_norm=self.split_head_norm, swap_ab=self.swap_ab,
-                          rms_unroll=self.rms_unroll)
+                          rms_unroll=self.rms_unroll, fold=self.fold)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
@@ -89,6 +91,8 @@ def parse_variant(text: str) -> Variant:
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
             kw["prefetch"], kw["prefetch_kb"] = True, int(flag[2:])
+        elif flag.startswith("fo") and flag[2:].isdigit():
+            kw["fold"] = int(flag[2:])
         elif flag.startswith("ru") and flag[2:].isdigit():
             kw["rms_unroll"] = int(flag[2:])
         elif flag.startswith("pa") and flag[2:].isdigit():
@@ -126,5 +130,5 @@ def variant_of(compiled) -> Variant:
                     qkv_parts=t.qkv_parts, prefetch_kb=o.prefetch_kb,
                     backoff_ns=o.spin_backoff_ns, prefetch_ahead=o.prefetch_ahead,
                     split_head_norm=t.split_head_norm, prefetch_next=o.prefetch_next,
-                    swap_ab=t.swap_ab, rms_unroll=t.rms_unroll)
+                    swap_ab=t.swap_ab, rms_unroll=t.rms_unroll, fold=t.fold)
     return effective(compiled.ops, built)

@@ -9,7 +9,7 @@ from megakernel.runtime import allocate_kv_cache, autotune as tuning
 from megakernel.runtime.megakernel import KernelLibrary, megakernel_backend
 from megakernel.runtime.variant import variant_of
 
-SPACE = {"block_n": (16, 32), "block_k": (32,), "stages": (0, 2), "num_warps": (4,),
+SPACE = {"block_n": (16, 32), "block_k": (32,), "stages": (1, 2), "num_warps": (4,),
          "workers_per_sm": (1,), "kv_split": (16, 32), "qkv_parts": (1, 2)}
 
 

@@ -42,7 +42,7 @@ def test_trace_cli_draws_a_timeline(tmp_path, capsys):
     png, stamps = tmp_path / "timeline.png", tmp_path / "trace.json"
     assert main(["trace", "--model", "tiny-llama", "--batch-size", "2", "--context", "64",
                  "--device", "cpu", "--steps", "1", "-o", str(png), "--json", str(stamps),
-                 "--variant", "32x64x4x1xgxs0xkv32"]) == 0
+                 "--variant", "32x64x4x1xgxs1xkv32"]) == 0
     out = capsys.readouterr().out
     assert "qkv_rope" in out and "attn_partial" in out
     assert png.stat().st_size > 5000
