@@ -44,7 +44,7 @@ else
   report_checks
 fi
 python3 -m megakernel trace --model "$model" --batch-size 1 -o "$out/timeline.png" \
-  > "$out/trace.txt" 2>&1 || echo "trace FAILED"
+  --json "$out/trace.json" > "$out/trace.txt" 2>&1 || echo "trace FAILED"
 tail -12 "$out/trace.txt"
 cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
 python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
