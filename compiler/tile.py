@@ -43,6 +43,7 @@ class TileConfig:
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
     fold: int = 16             # at most this many column slices of a narrow projection step
                                # folded into its dot's rows and columns (1: none)
+    fold_rows: int = 16        # ... while the slices' batch rows stay within this many dot rows
     qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
                                # norm); 0: doubled while the tasks fit in one wave
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes

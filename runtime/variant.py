@@ -40,6 +40,7 @@ class Variant:
     swap_ab: bool = False
     rms_unroll: int = TileConfig.rms_unroll
     fold: int = TileConfig.fold
+    fold_rows: int = TileConfig.fold_rows
 
     @property
     def label(self) -> str:
@@ -49,6 +50,7 @@ class Variant:
         flags += ["hn"] * self.split_head_norm
         flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
         flags += [f"fo{self.fold}"] * (self.fold != TileConfig.fold)
+        flags += [f"fr{self.fold_rows}"] * (self.fold_rows != TileConfig.fold_rows)
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
@@ -61,7 +63,8 @@ class Variant:
         return TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
                           stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts,
                           split_head_norm=self.split_head_norm, swap_ab=self.swap_ab,
-                          rms_unroll=self.rms_unroll, fold=self.fold)
+                          rms_unroll=self.rms_unroll, fold=self.fold,
+                          fold_rows=self.fold_rows)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
@@ -91,6 +94,8 @@ def parse_variant(text: str) -> Variant:
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
             kw["prefetch"], kw["prefetch_kb"] = True, int(flag[2:])
+        elif flag.startswith("fr") and flag[2:].isdigit():
+            kw["fold_rows"] = int(flag[2:])
         elif flag.startswith("fo") and flag[2:].isdigit():
             kw["fold"] = int(flag[2:])
         elif flag.startswith("ru") and flag[2:].isdigit():
@@ -130,5 +135,6 @@ def variant_of(compiled) -> Variant:
                     qkv_parts=t.qkv_parts, prefetch_kb=o.prefetch_kb,
                     backoff_ns=o.spin_backoff_ns, prefetch_ahead=o.prefetch_ahead,
                     split_head_norm=t.split_head_norm, prefetch_next=o.prefetch_next,
-                    swap_ab=t.swap_ab, rms_unroll=t.rms_unroll, fold=t.fold)
+                    swap_ab=t.swap_ab, rms_unroll=t.rms_unroll, fold=t.fold,
+                    fold_rows=t.fold_rows)
     return effective(compiled.ops, built)
