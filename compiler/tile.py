@@ -47,8 +47,9 @@ class TileConfig:
     qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
                                # norm); 0: doubled while the tasks fit in one wave
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
-    split_head_norm: bool = False  # heads with a head norm also split into pieces, which write
+    split_head_norm: bool = True   # heads with a head norm also split into pieces, which write
                                    # the raw projection; a head_norm_rope task per head finishes
+                                   # (qwen3-8b at batch 1 on the H200: 4.515 ms against 4.713)
 
     @property
     def form(self) -> int:

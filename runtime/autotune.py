@@ -53,7 +53,8 @@ class Winner:
 
 def candidates(target: Target, space: dict) -> list[Variant]:
     out = []
-    knobs = [space.get(k, (False,)) if k == "split_head_norm" else space[k] for k in SPACE]
+    knobs = [space.get(k, (TileConfig.split_head_norm,)) if k == "split_head_norm" else space[k]
+             for k in SPACE]
     for bn, bk, st, warps, per_sm, kv, qp, hn in itertools.product(*knobs):
         smem = max(st, 1) * bn * bk * 2 * 2            # stages of gate and up chunks, 2 bytes
         # a register file holds 8 warps of 255 registers (what these kernels take on sm_90)

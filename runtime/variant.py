@@ -3,10 +3,10 @@ sweep, the trace command and the autotuner.
 
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``:
 ``g`` GEMV projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN``
-an N-stage projection pipeline (s0: next chunk in registers), ``kvN`` N keys per attention
-task, ``qN`` N tasks per q/k/v head (none: as many as spread the heads over the workers),
-``hn`` heads with a head norm split into pieces too (then normalised and rotated by one task
-per head), ``ruN`` a row RMS loads up to N elements at once (default 16384; ru0: a load and a
+an N-stage projection pipeline (s1: none), ``kvN`` N keys per attention task, ``qN`` N tasks
+per q/k/v head (none: as many as spread the heads over the workers), ``hn0`` heads with a head
+norm kept whole (by default they split into pieces too, then one task per head normalises and
+rotates it), ``ruN`` a row RMS loads up to N elements at once (default 16384; ru0: a load and a
 reduction per step), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
 with it (the default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all
 of them), ``paN`` prefetching the weights of the task N places later in the worker's queue
@@ -35,7 +35,7 @@ class Variant:
     prefetch_kb: int = CompileOptions.prefetch_kb
     backoff_ns: int = 0
     prefetch_ahead: int = 0
-    split_head_norm: bool = False
+    split_head_norm: bool = TileConfig.split_head_norm
     prefetch_next: bool = False
     swap_ab: bool = False
     rms_unroll: int = TileConfig.rms_unroll
@@ -47,7 +47,7 @@ class Variant:
         flags = ["g"] * self.gemv + ["t"] * self.swap_ab
         flags += [f"s{self.stages}", f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
-        flags += ["hn"] * self.split_head_norm
+        flags += ["hn0"] * (not self.split_head_norm)
         flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
         flags += [f"fo{self.fold}"] * (self.fold != TileConfig.fold)
         flags += [f"fr{self.fold_rows}"] * (self.fold_rows != TileConfig.fold_rows)
@@ -86,8 +86,8 @@ def parse_variant(text: str) -> Variant:
             kw["gemv"] = True
         elif flag == "t":
             kw["swap_ab"] = True
-        elif flag == "hn":
-            kw["split_head_norm"] = True
+        elif flag in ("hn", "hn0"):
+            kw["split_head_norm"] = flag == "hn"
         elif flag == "pn":
             kw["prefetch_next"] = True
         elif flag in ("np", "pf"):
@@ -118,13 +118,14 @@ def parse_variant(text: str) -> Variant:
 def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
     tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
-    have a head norm, unless ``hn``; ``hn`` only where it splits such heads). Equal results build
-    equal kernels."""
+    have a head norm, unless split; split only where that makes pieces; models without a head
+    norm keep the default). Equal results build equal kernels."""
     tiler = Tiler(ops, v.tile, v.workers)
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     pieces = tiler.qkv_pieces(head_norm)
     return replace(v, kv_split=tiler.kv_span(), qkv_parts=pieces,
-                   split_head_norm=v.split_head_norm and head_norm and pieces > 1)
+                   split_head_norm=v.split_head_norm and pieces > 1 if head_norm
+                   else TileConfig.split_head_norm)
 
 
 def variant_of(compiled) -> Variant:

@@ -77,10 +77,11 @@ def test_variants_are_rated_as_they_will_be_built():
     from megakernel.runtime.variant import Variant
 
     v = Variant(32, 64, 4, 132, kv_split=16, qkv_parts=4)
-    for name, parts in [("tiny-llama", 4), ("tiny-qwen3", 1)]:        # qwen3 has head norms
+    for name, hn, parts in [("tiny-llama", False, 4), ("tiny-qwen3", False, 1),  # head norms
+                            ("tiny-qwen3", True, 4)]:
         model = load_model(name, progress=False).model
         ops = lower(capture(model, 3, 64), 4)
-        built = tuning.effective(ops, v)
-        assert built.qkv_parts == parts
+        built = tuning.effective(ops, replace(v, split_head_norm=hn))
+        assert built.qkv_parts == parts and built.split_head_norm == (hn or name == "tiny-llama")
         assert built.kv_split >= 16 and 64 % built.kv_split == 0
     assert tuning.effective(ops, replace(v, workers=1)).kv_split == 64   # one worker: one split
