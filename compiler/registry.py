@@ -104,18 +104,18 @@ def _splits(t: Task, d: Dims) -> int:
     return -(-d.max_seq_len // t.args["kv_split"])
 
 
-def kv_chunk(t: Task, d: Dims) -> int:
-    """Keys per step of an attention task: its whole span, up to 4K key elements per step."""
+def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
+    """Keys per step of an attention task: its whole span, up to c.kv_step key elements."""
     span = 1 << (t.args["kv_split"].bit_length() - 1)
-    return max(16, min(span, 4096 // p2(d.head_dim)))
+    return max(16, min(span, c.kv_step // p2(d.head_dim)))
 
 
 def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, D=d.head_dim, G=g, NSPLIT=_splits(t, d),
-                KV_SPLIT=t.args["kv_split"], BS=c.kv_block, CHUNK=kv_chunk(t, d),
-                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=max(2, c.stages),
+                KV_SPLIT=t.args["kv_split"], BS=c.kv_block, CHUNK=kv_chunk(t, d, c),
+                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=c.attn_stages or max(2, c.stages),
                 DIRECT=_splits(t, d) == 1)
 
 

@@ -11,7 +11,10 @@ reduction per step), ``np`` no L2 prefetch of each task's weights before its wai
 with it (the default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all
 of them), ``paN`` prefetching the weights of the task N places later in the worker's queue
 instead of its own, ``pn`` the next instruction's words prefetched into L2, ``boN`` N ns of
-sleep between polls of a counter not yet reached.
+sleep between polls of a counter not yet reached, ``foN`` at most N column slices of a narrow
+projection step folded into its dot (default 16; fo1: none), ``frN`` while their batch rows stay
+within N dot rows (default 16), ``ksN`` N key elements per attention step (default 8192),
+``asN`` an N-stage attention pipeline (default 6; as0: the projections', at least 2).
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ class Variant:
     rms_unroll: int = TileConfig.rms_unroll
     fold: int = TileConfig.fold
     fold_rows: int = TileConfig.fold_rows
+    kv_step: int = TileConfig.kv_step
+    attn_stages: int = TileConfig.attn_stages
 
     @property
     def label(self) -> str:
@@ -51,6 +56,8 @@ class Variant:
         flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
         flags += [f"fo{self.fold}"] * (self.fold != TileConfig.fold)
         flags += [f"fr{self.fold_rows}"] * (self.fold_rows != TileConfig.fold_rows)
+        flags += [f"ks{self.kv_step}"] * (self.kv_step != TileConfig.kv_step)
+        flags += [f"as{self.attn_stages}"] * (self.attn_stages != TileConfig.attn_stages)
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
@@ -64,7 +71,8 @@ class Variant:
                           stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts,
                           split_head_norm=self.split_head_norm, swap_ab=self.swap_ab,
                           rms_unroll=self.rms_unroll, fold=self.fold,
-                          fold_rows=self.fold_rows)
+                          fold_rows=self.fold_rows, kv_step=self.kv_step,
+                          attn_stages=self.attn_stages)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
@@ -94,6 +102,10 @@ def parse_variant(text: str) -> Variant:
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
             kw["prefetch"], kw["prefetch_kb"] = True, int(flag[2:])
+        elif flag.startswith("ks") and flag[2:].isdigit():
+            kw["kv_step"] = int(flag[2:])
+        elif flag.startswith("as") and flag[2:].isdigit():
+            kw["attn_stages"] = int(flag[2:])
         elif flag.startswith("fr") and flag[2:].isdigit():
             kw["fold_rows"] = int(flag[2:])
         elif flag.startswith("fo") and flag[2:].isdigit():
@@ -137,5 +149,5 @@ def variant_of(compiled) -> Variant:
                     backoff_ns=o.spin_backoff_ns, prefetch_ahead=o.prefetch_ahead,
                     split_head_norm=t.split_head_norm, prefetch_next=o.prefetch_next,
                     swap_ab=t.swap_ab, rms_unroll=t.rms_unroll, fold=t.fold,
-                    fold_rows=t.fold_rows)
+                    fold_rows=t.fold_rows, kv_step=t.kv_step, attn_stages=t.attn_stages)
     return effective(compiled.ops, built)
