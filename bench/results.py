@@ -28,12 +28,15 @@ def plot_results(report: dict, path: Path) -> None:
 
     rows = report["results"]
     models = sorted({r["model"] for r in rows})
+    backends = sorted({r["backend"] for r in rows})       # one colour per backend in every panel
+    colour = {b: plt.get_cmap("tab10")(i) for i, b in enumerate(backends)}
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
     for ax, model in zip(axes[0], models):
         for backend in sorted({r["backend"] for r in rows if r["model"] == model}):
             pts = sorted((r["batch_size"], r["ms_per_token"]) for r in rows
                          if r["model"] == model and r["backend"] == backend)
-            ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=backend)
+            ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=backend,
+                    color=colour[backend])
         ax.set_title(f"{model}, context {rows[0]['context']}")
         ax.set_xlabel("batch size")
         ax.set_ylabel("ms / token (log scale)")
