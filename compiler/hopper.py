@@ -17,20 +17,23 @@ POINTERS = {
     "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i32", "positions_ptr": "*i32",
     "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "trace_ptr": "*i64",
     "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr", "BACKOFF": "constexpr",
+    "POLL": "constexpr",
 }
+DEFAULT_SWITCHES = {"PREFETCH": 1, "BACKOFF": 0, "POLL": 0}   # as CompileOptions().switches()
 
 
 def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3,
-                       trace: int = 0, prefetch: int = 1, backoff: int = 0):
+                       trace: int = 0, switches: dict | None = None):
+    """The sm_90 build of a generated kernel; ``switches``: its GPU-only constexprs
+    (``CompileOptions.switches``), by default those of the default options."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
     signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
     # as the launcher specialises them at run time: every pointer 16-byte aligned
     aligned = {(kernel.arg_names.index(k),): [["tt.divisibility", 16]]
                for k, v in signature.items() if v.startswith("*")}
-    src = ASTSource(kernel, signature, constexprs={"NWORDS": NUM_WORDS, "PREFETCH": int(prefetch),
-                                                      "TRACE": trace, "BACKOFF": backoff},
-                    attrs=aligned)
+    constexprs = {"NWORDS": NUM_WORDS, "TRACE": trace, **DEFAULT_SWITCHES, **(switches or {})}
+    src = ASTSource(kernel, signature, constexprs=constexprs, attrs=aligned)
     compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
     return compiled

@@ -8,12 +8,13 @@ import triton.language as tl
 
 @triton.jit
 def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
-                  task, BACKOFF: tl.constexpr = 0):
+                  task, BACKOFF: tl.constexpr = 0, POLL: tl.constexpr = 0):
     """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
     (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
     elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
     returns False. BACKOFF > 0 (GPU only): sleep that many ns between polls, so that the
-    producers' increments do not queue behind every consumer's atomic reads of one counter."""
+    producers' increments do not queue behind every consumer's atomic reads of one counter;
+    POLL 1 (GPU only): read the counter with acquire loads instead (see ``poll``)."""
     ok = True
     j = 0
     while j < count:
@@ -22,14 +23,14 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
         if j > 0:
             c = tl.load(waits_ptr + 2 * (first + j))
             need = tl.load(waits_ptr + 2 * (first + j) + 1) * epoch
-        seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
+        seen = poll(counters_ptr + c, POLL)
         spins = 0
         while (seen < need) & (spins < spin_limit):
             if BACKOFF > 0:
                 tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
                                           [spins * 0 + BACKOFF], dtype=tl.int32, is_pure=False,
                                           pack=1)
-            seen = tl.atomic_add(counters_ptr + c, 0, sem="acquire")
+            seen = poll(counters_ptr + c, POLL)
             spins += 1
             if spins % 1024 == 0:
                 if tl.atomic_add(error_ptr, 0, sem="relaxed") != 0:
@@ -43,6 +44,18 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
             j = count
         j += 1
     return ok
+
+
+@triton.jit
+def poll(ptr, POLL: tl.constexpr):
+    """A counter's value with acquire semantics: an atomic read (POLL 0), or (POLL 1, GPU only)
+    an ``ld.acquire.gpu`` by every thread, which does not take a turn in L2's atomic unit, where
+    the producers' increments of that counter wait behind the consumers' atomic reads."""
+    if POLL == 1:
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        return tl.atomic_add(ptr, 0, sem="acquire")
 
 
 @triton.jit

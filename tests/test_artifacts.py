@@ -70,8 +70,9 @@ for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3",
     assert "globaltimer" not in ptx
     assert "globaltimer" in compile_for_hopper(kernel, trace=2).asm["ptx"]
     if name == "tiny-llama":
-        assert "nanosleep" in compile_for_hopper(kernel, backoff=128).asm["ptx"]
-        ahead = compile_for_hopper(kernel, prefetch=3).asm["ptx"]   # + the next instruction
+        assert "nanosleep" in compile_for_hopper(kernel, switches={"BACKOFF": 128}).asm["ptx"]
+        assert "ld.acquire.gpu" in compile_for_hopper(kernel, switches={"POLL": 1}).asm["ptx"]
+        ahead = compile_for_hopper(kernel, switches={"PREFETCH": 3}).asm["ptx"]   # + next words
         assert ahead.count("prefetch.global.L2") > ptx.count("prefetch.global.L2")
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
