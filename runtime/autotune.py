@@ -38,7 +38,9 @@ from .variant import Variant, effective, parse_variant
 
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
-         "split_head_norm": (False, True)}
+         "split_head_norm": (False, True), "attn_tasks_per_worker": (2, 4)}
+OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
+            "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker}
 
 
 @dataclass(frozen=True)
@@ -53,22 +55,22 @@ class Winner:
 
 def candidates(target: Target, space: dict) -> list[Variant]:
     out = []
-    knobs = [space.get(k, (TileConfig.split_head_norm,)) if k == "split_head_norm" else space[k]
-             for k in SPACE]
-    for bn, bk, st, warps, per_sm, kv, qp, hn in itertools.product(*knobs):
+    knobs = [space[k] if k in space else (OPTIONAL[k],) for k in SPACE]
+    for bn, bk, st, warps, per_sm, kv, qp, hn, at in itertools.product(*knobs):
         smem = max(st, 1) * bn * bk * 2 * 2            # stages of gate and up chunks, 2 bytes
         # a register file holds 8 warps of 255 registers (what these kernels take on sm_90)
         if smem * per_sm > target.smem_bytes or (target.name == "cpu" and per_sm > 1) \
                 or per_sm * warps > 8:
             continue
         out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, kv_split=kv,
-                           qkv_parts=qp, split_head_norm=hn))
+                           qkv_parts=qp, split_head_norm=hn, attn_tasks_per_worker=at))
     return out
 
 
 def schedule_class(v: Variant) -> tuple:
     """The knobs that change the task graph and its schedule (the rest change only the code)."""
-    return (v.block_n, v.workers, v.kv_split, v.qkv_parts, v.split_head_norm)
+    return (v.block_n, v.workers, v.kv_split, v.qkv_parts, v.split_head_norm,
+            v.attn_tasks_per_worker)
 
 
 def predict(ops, v: Variant, target: Target) -> float:

@@ -14,7 +14,9 @@ instead of its own, ``pn`` the next instruction's words prefetched into L2, ``bo
 sleep between polls of a counter not yet reached, ``foN`` at most N column slices of a narrow
 projection step folded into its dot (default 16; fo1: none), ``frN`` while their batch rows stay
 within N dot rows (default 16), ``ksN`` N key elements per attention step (default 8192),
-``asN`` an N-stage attention pipeline (default 6; as0: the projections', at least 2).
+``asN`` an N-stage attention pipeline (default 6; as0: the projections', at least 2), ``atN``
+keys per attention task doubled while there are more than N tasks per worker (default 2; at0
+never), ``pl`` counters polled with acquire loads instead of atomics.
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ class Variant:
     fold_rows: int = TileConfig.fold_rows
     kv_step: int = TileConfig.kv_step
     attn_stages: int = TileConfig.attn_stages
+    attn_tasks_per_worker: int = TileConfig.attn_tasks_per_worker
+    poll_load: bool = False
 
     @property
     def label(self) -> str:
@@ -58,10 +62,13 @@ class Variant:
         flags += [f"fr{self.fold_rows}"] * (self.fold_rows != TileConfig.fold_rows)
         flags += [f"ks{self.kv_step}"] * (self.kv_step != TileConfig.kv_step)
         flags += [f"as{self.attn_stages}"] * (self.attn_stages != TileConfig.attn_stages)
+        flags += [f"at{self.attn_tasks_per_worker}"] * (
+            self.attn_tasks_per_worker != TileConfig.attn_tasks_per_worker)
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
         flags += ["pn"] * self.prefetch_next
+        flags += ["pl"] * self.poll_load
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
@@ -72,14 +79,16 @@ class Variant:
                           split_head_norm=self.split_head_norm, swap_ab=self.swap_ab,
                           rms_unroll=self.rms_unroll, fold=self.fold,
                           fold_rows=self.fold_rows, kv_step=self.kv_step,
-                          attn_stages=self.attn_stages)
+                          attn_stages=self.attn_stages,
+                          attn_tasks_per_worker=self.attn_tasks_per_worker)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
         return dict(tile=self.tile, num_warps=self.num_warps, num_workers=self.workers,
                     workers_per_sm=-(-self.workers // sms), prefetch=self.prefetch,
                     prefetch_kb=self.prefetch_kb, prefetch_ahead=self.prefetch_ahead,
-                    prefetch_next=self.prefetch_next, spin_backoff_ns=self.backoff_ns)
+                    prefetch_next=self.prefetch_next, spin_backoff_ns=self.backoff_ns,
+                    poll_load=self.poll_load)
 
 
 def parse_variant(text: str) -> Variant:
@@ -98,12 +107,16 @@ def parse_variant(text: str) -> Variant:
             kw["split_head_norm"] = flag == "hn"
         elif flag == "pn":
             kw["prefetch_next"] = True
+        elif flag == "pl":
+            kw["poll_load"] = True
         elif flag in ("np", "pf"):
             kw["prefetch"] = flag == "pf"
         elif flag.startswith("pf") and flag[2:].isdigit():
             kw["prefetch"], kw["prefetch_kb"] = True, int(flag[2:])
         elif flag.startswith("ks") and flag[2:].isdigit():
             kw["kv_step"] = int(flag[2:])
+        elif flag.startswith("at") and flag[2:].isdigit():
+            kw["attn_tasks_per_worker"] = int(flag[2:])
         elif flag.startswith("as") and flag[2:].isdigit():
             kw["attn_stages"] = int(flag[2:])
         elif flag.startswith("fr") and flag[2:].isdigit():
@@ -131,11 +144,15 @@ def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
     tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
     have a head norm, unless split; split only where that makes pieces; models without a head
-    norm keep the default). Equal results build equal kernels."""
+    norm keep the default), the attention task limit only where it changed the keys per task.
+    Equal results build equal kernels."""
     tiler = Tiler(ops, v.tile, v.workers)
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
-    pieces = tiler.qkv_pieces(head_norm)
-    return replace(v, kv_split=tiler.kv_span(), qkv_parts=pieces,
+    pieces, span = tiler.qkv_pieces(head_norm), tiler.kv_span()
+    plain = replace(v.tile, attn_tasks_per_worker=TileConfig.attn_tasks_per_worker)
+    at = v.attn_tasks_per_worker if Tiler(ops, plain, v.workers).kv_span() != span \
+        else TileConfig.attn_tasks_per_worker
+    return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at,
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                    else TileConfig.split_head_norm)
 
@@ -149,5 +166,6 @@ def variant_of(compiled) -> Variant:
                     backoff_ns=o.spin_backoff_ns, prefetch_ahead=o.prefetch_ahead,
                     split_head_norm=t.split_head_norm, prefetch_next=o.prefetch_next,
                     swap_ab=t.swap_ab, rms_unroll=t.rms_unroll, fold=t.fold,
-                    fold_rows=t.fold_rows, kv_step=t.kv_step, attn_stages=t.attn_stages)
+                    fold_rows=t.fold_rows, kv_step=t.kv_step, attn_stages=t.attn_stages,
+                    attn_tasks_per_worker=t.attn_tasks_per_worker, poll_load=o.poll_load)
     return effective(compiled.ops, built)

@@ -85,3 +85,9 @@ def test_variants_are_rated_as_they_will_be_built():
         assert built.qkv_parts == parts and built.split_head_norm == (hn or name == "tiny-llama")
         assert built.kv_split >= 16 and 64 % built.kv_split == 0
     assert tuning.effective(ops, replace(v, workers=1)).kv_split == 64   # one worker: one split
+    # a higher attention task limit: more splits where the limit raised the span, else the
+    # same kernel as the default limit
+    few, more = (tuning.effective(ops, replace(v, workers=4, attn_tasks_per_worker=a))
+                 for a in (2, 8))
+    assert more.kv_split < few.kv_split and more.attn_tasks_per_worker == 8
+    assert tuning.effective(ops, replace(v, attn_tasks_per_worker=8)) == tuning.effective(ops, v)

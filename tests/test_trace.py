@@ -69,10 +69,12 @@ def test_variant_labels():
     assert nxt.options(132)["tile"].rms_unroll == 0
     assert nxt.options(132)["prefetch_next"] and parse_variant(nxt.label) == nxt
     assert nxt.options(132)["tile"].split_head_norm and nxt.options(132)["tile"].form == 2
-    knobs = parse_variant("64x64x4x132xfo4xfr32xks4096xas3xhn0")
+    knobs = parse_variant("64x64x4x132xfo4xfr32xks4096xas3xat4xhn0xpl")
     tile = knobs.options(132)["tile"]
-    assert (tile.fold, tile.fold_rows, tile.kv_step, tile.attn_stages) == (4, 32, 4096, 3)
-    assert not tile.split_head_norm and parse_variant(knobs.label) == knobs
+    assert (tile.fold, tile.fold_rows, tile.kv_step, tile.attn_stages,
+            tile.attn_tasks_per_worker) == (4, 32, 4096, 3, 4)
+    assert not tile.split_head_norm and knobs.options(132)["poll_load"]
+    assert parse_variant(knobs.label) == knobs
     slow = parse_variant("64x64x4x132xbo128")
     assert slow.options(132)["spin_backoff_ns"] == 128 and parse_variant(slow.label) == slow
     with pytest.raises(ValueError, match="unknown flag"):
