@@ -91,6 +91,19 @@ class Variant:
                     poll_load=self.poll_load)
 
 
+# label flags: fixed settings, and prefixes of a number (-> Variant fields)
+SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
+            "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
+            "pl": {"poll_load": True}, "np": {"prefetch": False}, "pf": {"prefetch": True}}
+NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
+           "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
+           "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
+           "ks": lambda n: {"kv_step": n}, "as": lambda n: {"attn_stages": n},
+           "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
+           "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
+           "pa": lambda n: {"prefetch": True, "prefetch_ahead": n}}
+
+
 def parse_variant(text: str) -> Variant:
     parts = text.split("x")
     try:
@@ -99,42 +112,11 @@ def parse_variant(text: str) -> Variant:
         raise ValueError(f"variant {text!r}: expected BNxBKxWARPSxWORKERS[xflags]") from None
     kw: dict = {}
     for flag in parts[4:]:
-        if flag == "g":
-            kw["gemv"] = True
-        elif flag == "t":
-            kw["swap_ab"] = True
-        elif flag in ("hn", "hn0"):
-            kw["split_head_norm"] = flag == "hn"
-        elif flag == "pn":
-            kw["prefetch_next"] = True
-        elif flag == "pl":
-            kw["poll_load"] = True
-        elif flag in ("np", "pf"):
-            kw["prefetch"] = flag == "pf"
-        elif flag.startswith("pf") and flag[2:].isdigit():
-            kw["prefetch"], kw["prefetch_kb"] = True, int(flag[2:])
-        elif flag.startswith("ks") and flag[2:].isdigit():
-            kw["kv_step"] = int(flag[2:])
-        elif flag.startswith("at") and flag[2:].isdigit():
-            kw["attn_tasks_per_worker"] = int(flag[2:])
-        elif flag.startswith("as") and flag[2:].isdigit():
-            kw["attn_stages"] = int(flag[2:])
-        elif flag.startswith("fr") and flag[2:].isdigit():
-            kw["fold_rows"] = int(flag[2:])
-        elif flag.startswith("fo") and flag[2:].isdigit():
-            kw["fold"] = int(flag[2:])
-        elif flag.startswith("ru") and flag[2:].isdigit():
-            kw["rms_unroll"] = int(flag[2:])
-        elif flag.startswith("pa") and flag[2:].isdigit():
-            kw["prefetch"], kw["prefetch_ahead"] = True, int(flag[2:])
-        elif flag.startswith("bo") and flag[2:].isdigit():
-            kw["backoff_ns"] = int(flag[2:])
-        elif flag.startswith("kv") and flag[2:].isdigit():
-            kw["kv_split"] = int(flag[2:])
-        elif flag.startswith("s") and flag[1:].isdigit():
-            kw["stages"] = int(flag[1:])
-        elif flag.startswith("q") and flag[1:].isdigit():
-            kw["qkv_parts"] = int(flag[1:])
+        prefix = flag.rstrip("0123456789")
+        if flag in SWITCHES:
+            kw.update(SWITCHES[flag])
+        elif prefix in NUMBERS and flag != prefix:
+            kw.update(NUMBERS[prefix](int(flag[len(prefix):])))
         else:
             raise ValueError(f"variant {text!r}: unknown flag {flag!r}")
     return Variant(bn, bk, warps, workers, **kw)
