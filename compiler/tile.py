@@ -31,6 +31,8 @@ class TileConfig:
     block_n: int = 64          # columns per embed task; projections: block_n x block_k weights
                                # per inner step, tasks of at most 4 x block_n columns
     min_block_n: int = 16      # narrowest projection task when spreading an op over workers
+    balance: bool = False      # projection tasks in near-equal spans that fill whole waves of
+                               # the workers (at least 8 columns each), not width() each
     block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
     kv_block: int = 16         # cache block (tokens): the block table's unit
     kv_split: int = 64         # keys per attn_partial task (a multiple of kv_block), at least
@@ -159,6 +161,17 @@ class Tiler:
         for lo in range(0, n, bn):
             yield lo, min(n, lo + bn)
 
+    def spans(self, n: int) -> tuple[list[tuple[int, int]], int]:
+        """A projection's task columns [(n0, n1)] and its op body's block (a power of two):
+        width() each, or (``balance``) as many near-equal spans as fill the waves that width()
+        takes, e.g. 2048 columns on 132 workers in 132 tasks of 15-16 instead of 128 of 16."""
+        bn = self.width(n)
+        if not self.cfg.balance:
+            return list(self.col_tiles(n, bn)), p2(bn)
+        tasks = -(-n // bn)
+        tasks = max(tasks, min(-(-tasks // self.workers) * self.workers, n // 8))
+        return [(i * n // tasks, (i + 1) * n // tasks) for i in range(tasks)], p2(-(-n // tasks))
+
 
 def tile_embed(t: Tiler, op) -> None:
     table, out = t.b(op.inputs[0]), t.b(op.outputs[0])
@@ -173,9 +186,8 @@ def tile_linear(t: Tiler, op) -> None:
     p, d = op.params, t.graph.dims
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
     n, k = w.shape
-    bn = t.width(n)
-    block = p2(bn)
-    for lo, hi in t.col_tiles(n, bn):
+    spans, block = t.spans(n)
+    for lo, hi in spans:
         reads = [Region(x.name, full(x)), rows(w, lo, hi)]
         reads += [Region(p["norm"], ((0, k),))] if p["norm"] else []
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
@@ -189,9 +201,9 @@ def tile_linear(t: Tiler, op) -> None:
 def tile_gate_up(t: Tiler, op) -> None:
     p, d = op.params, t.graph.dims
     x, out = t.b(p["x"]), t.b(op.outputs[0])
-    k, bn = d.hidden, t.width(d.intermediate)
-    block = p2(bn)
-    for lo, hi in t.col_tiles(d.intermediate, bn):
+    k = d.hidden
+    spans, block = t.spans(d.intermediate)
+    for lo, hi in spans:
         reads = [Region(x.name, full(x)), Region(p["norm"], ((0, k),)),
                  rows(t.b(p["gate"]), lo, hi), rows(t.b(p["up"]), lo, hi)]
         nbytes = (2 * (hi - lo) * k + d.batch * k + d.batch * (hi - lo)) * d.itemsize

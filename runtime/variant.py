@@ -16,7 +16,8 @@ projection step folded into its dot (default 16; fo1: none), ``frN`` while their
 within N dot rows (default 16), ``ksN`` N key elements per attention step (default 8192),
 ``asN`` an N-stage attention pipeline (default 6; as0: the projections', at least 2), ``atN``
 keys per attention task doubled while there are more than N tasks per worker (default 2; at0
-never), ``pl`` counters polled with acquire loads instead of atomics.
+never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
+in near-equal spans filling whole waves.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class Variant:
     attn_stages: int = TileConfig.attn_stages
     attn_tasks_per_worker: int = TileConfig.attn_tasks_per_worker
     poll_load: bool = False
+    balance: bool = TileConfig.balance
 
     @property
     def label(self) -> str:
@@ -69,6 +71,7 @@ class Variant:
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
         flags += ["pn"] * self.prefetch_next
         flags += ["pl"] * self.poll_load
+        flags += ["bal"] * self.balance
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
@@ -80,7 +83,7 @@ class Variant:
                           rms_unroll=self.rms_unroll, fold=self.fold,
                           fold_rows=self.fold_rows, kv_step=self.kv_step,
                           attn_stages=self.attn_stages,
-                          attn_tasks_per_worker=self.attn_tasks_per_worker)
+                          attn_tasks_per_worker=self.attn_tasks_per_worker, balance=self.balance)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
@@ -94,7 +97,7 @@ class Variant:
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
 SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
-            "pl": {"poll_load": True}, "np": {"prefetch": False}, "pf": {"prefetch": True}}
+            "pl": {"poll_load": True}, "bal": {"balance": True}, "np": {"prefetch": False}, "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
@@ -149,5 +152,6 @@ def variant_of(compiled) -> Variant:
                     split_head_norm=t.split_head_norm, prefetch_next=o.prefetch_next,
                     swap_ab=t.swap_ab, rms_unroll=t.rms_unroll, fold=t.fold,
                     fold_rows=t.fold_rows, kv_step=t.kv_step, attn_stages=t.attn_stages,
-                    attn_tasks_per_worker=t.attn_tasks_per_worker, poll_load=o.poll_load)
+                    attn_tasks_per_worker=t.attn_tasks_per_worker, poll_load=o.poll_load,
+                    balance=t.balance)
     return effective(compiled.ops, built)
