@@ -5,8 +5,9 @@
 #   time every backend side by side and merge the rows into
 #   $OUT/h200.json (a copy of bench/results/h200.json) with a plot $OUT/h200.png.
 # Usage: bash bench/h200.sh [MODEL [BATCH_SIZES [BACKENDS]]]
-# SWEEP=VARIANTS (comma-separated labels) also times those variants at batch 1 beside
-# torch-compile, after the bench ($OUT/sweep.json); CHECKS=0 skips the tests and memcheck.
+# SWEEP=VARIANTS (comma-separated labels) also times those variants beside torch-compile and
+# checks each against eager, after the bench, at batch 1 or at SWEEP_BATCHES (e.g. 1,17,64)
+# ($OUT/sweep.json); CHECKS=0 skips the tests and memcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-llama-3.2-1b}
@@ -50,7 +51,7 @@ cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
 python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
   --backends "$backends" --json "$out/h200.json" --plot "$out/h200.png"
 if [ -n "${SWEEP:-}" ]; then
-  python3 -m megakernel.bench.sweep --model "$model" --batch-size 1 --variants "$SWEEP" \
+  python3 -m megakernel.bench.sweep --model "$model" --batch-sizes "${SWEEP_BATCHES:-1}" --variants "$SWEEP" \
     --json "$out/sweep.json" 2>&1 | grep -E " ms |failed" || echo "sweep FAILED"
 fi
 if [ "$gpus" -ge 2 ]; then wait "$checks_pid" || tests_rc=$?; report_checks; fi

@@ -1,8 +1,13 @@
-"""Time megakernel variants (tile sizes, warps, workers) side by side with torch.compile.
+"""Time megakernel variants (tile sizes, warps, workers, flags) side by side with torch.compile,
+and check each against the eager model on the same step.
 
-    python -m megakernel.bench.sweep --model llama-3.2-1b --batch-size 1 \\
-        --variants 64x64x4x132,32x512x4x132xgxs3  # block_n x block_k x warps x workers [x flags]
-Prints one row per variant (ms/token, TB/s, ratio to torch-compile) and writes --json FILE.
+    python -m megakernel.bench.sweep --model llama-3.2-1b --batch-sizes 1,17 \\
+        --variants 64x256x4x132xs3,64x256x4x132xs3xpl   # see megakernel.runtime.variant
+
+Per batch size, one decode state (position context - 1): the baseline's median step, then per
+variant its median step and the relative norm of its logits' difference from eager's on that
+step (a variant beyond ``--max-rel-err`` is reported as wrong; a bf16 step differs by ~1e-2).
+Prints one row per variant and writes them all to --json FILE.
 """
 from __future__ import annotations
 
@@ -24,41 +29,70 @@ def parse_variant(text: str) -> dict:
     return variant.parse_variant(text).options(H200.sms)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.float(), ref.float()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def sweep_batch(model, batch: int, context: int, variants: list[str], baseline: str,
+                iters: int) -> list[dict]:
+    """Rows of one batch size: each variant's ms/token, TB/s, ratio to the baseline, and its
+    logits' distance from eager's on the same step (or the error that stopped it)."""
+    tokens, positions, cache = decode_state(model, batch, context)
+    nbytes, dev = step_bytes(model, batch, context), cache.device
+    ref_step = get_backend(baseline)(model, cache)
+    base = median_step_ms(lambda: ref_step(tokens, positions, cache), dev, 10, iters)
+    rows = []
+    for text in variants:
+        row = {"batch": batch, "variant": text, "baseline": baseline, "baseline_ms": base}
+        try:
+            step = megakernel_backend(model, cache, **parse_variant(text))
+            ms = median_step_ms(lambda: step(tokens, positions, cache), dev, 5, iters)
+            expected = model(tokens, positions, cache)    # same step, same cache slot written
+            row |= {"ms_per_token": ms, "TBps": nbytes / ms / 1e9, "speedup": base / ms,
+                    "rel_err": rel_err(step(tokens, positions, cache), expected)}
+        except (RuntimeError, ValueError) as err:  # does not fit, or a watchdog: go on
+            row["error"] = str(err)[:300]
+        rows.append(row)
+    return rows
+
+
+def describe(model_name: str, row: dict, baseline: str, max_rel_err: float) -> str:
+    head = f"{model_name} B={row['batch']} {row['variant']:<18}"
+    if "error" in row:
+        return f"{head} failed: {row['error'][:200]}"
+    verdict = "" if row["rel_err"] <= max_rel_err else "  WRONG"
+    return (f"{head} {row['ms_per_token']:7.3f} ms  {row['TBps']:5.2f} TB/s  x{row['speedup']:.2f} "
+            f"vs {baseline} {row['baseline_ms']:.3f} ms  rel err {row['rel_err']:.1e}{verdict}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="llama-3.2-1b")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batch-sizes", "--batch-size", default="1", help="e.g. 1,8,17")
     p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--variants", default="64x64x4x132")
+    p.add_argument("--variants", default="64x256x4x132xs3")
     p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    p.add_argument("--baseline", default="torch-compile", help="backend timed beside")
+    p.add_argument("--max-rel-err", type=float, default=0.1)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
-    b, ctx = args.batch_size, args.context
-    tokens, positions, cache = decode_state(model, b, ctx)
-    nbytes = step_bytes(model, b, ctx)
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    model = load_model(args.model, device=args.device, dtype=dtype, progress=False).model
     rows = []
-    ref = get_backend("torch-compile")(model, cache)
     with torch.inference_mode():
-        base = median_step_ms(lambda: ref(tokens, positions, cache), cache.device, 10, args.iters)
-        for text in args.variants.split(","):
-            try:
-                step = megakernel_backend(model, cache, **parse_variant(text))
-                ms = median_step_ms(lambda: step(tokens, positions, cache), cache.device, 5,
-                                    args.iters)
-                step.synchronize()
-            except (RuntimeError, ValueError) as err:  # does not fit, or a watchdog: go on
-                print(f"{args.model} B={b} {text:<18} failed: {str(err)[:200]}", flush=True)
-                rows.append({"variant": text, "error": str(err)[:300]})
-                continue
-            rows.append({"variant": text, "ms_per_token": ms, "TBps": nbytes / ms / 1e9,
-                         "torch_compile_ms": base, "speedup": base / ms})
-            print(f"{args.model} B={b} {text:<18} {ms:7.3f} ms  {nbytes / ms / 1e9:5.2f} TB/s  "
-                  f"x{base / ms:.2f} vs torch-compile {base:.3f} ms", flush=True)
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            for row in sweep_batch(model, batch, args.context, args.variants.split(","),
+                                   args.baseline, args.iters):
+                print(describe(args.model, row, args.baseline, args.max_rel_err), flush=True)
+                rows.append(row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    wrong = [r for r in rows if r.get("rel_err", 0.0) > args.max_rel_err]
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
