@@ -19,28 +19,29 @@ class Target:
     hbm_bytes_per_us: float   # achievable streaming bandwidth, whole chip
     flops_per_us: float       # achievable bf16 tensor-core rate, whole chip
     sync_us: float            # one cross-worker dependency (release, then acquire elsewhere)
-    task_overhead_us: float   # fixed cost of any task: instruction, wait, epilogue, signal
-    pipeline_fill_us: float   # more for a task that streams weights through the pipeline
+    task_overhead_us: float   # fixed cost of any task: instruction, wait, pipeline fill, signal
     smem_bytes: int           # shared memory per SM (pipeline stages of resident programs)
     sm_bytes_per_us: float    # what one SM streams at most, shared by its programs
+    attn_bytes_per_us: float  # what one SM streams as attention partials (keys through the
+                              # block table: two dependent loads per step)
 
     @property
     def max_workers(self) -> int:
         return self.sms * self.workers_per_sm
 
 
-# Fitted to the traced llama-3.2-1b batch-1 step (one program per SM, one wave per op): a
-# projection task takes ~6.5 us plus its bytes at ~43 GB/s (qkv 128 KB 9.4 us, gate_up 512 KB
-# 18.3 us, o/down/lm_head within 3%), an attention task ~2.8 us plus its bytes.
+# Fitted to traced llama-3.2-1b steps with folded projections (2026-11-30, one program per SM,
+# one wave per op): a task takes ~2 us plus its bytes, projections at ~43 GB/s per SM (batch 1:
+# o 64 KB 3.3 us, down 256 KB 8.2, qkv 128 KB 5.5; gate_up and lm_head at the chip's HBM rate),
+# attention partials at ~15 GB/s (batch 1: 16 KB 3.1 us; batch 17: 256 KB ~19 us).
 H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=4.0e6, flops_per_us=7.0e8,
-              sync_us=1.0, task_overhead_us=2.5, pipeline_fill_us=4.0, smem_bytes=228 * 1024,
-              sm_bytes_per_us=4.3e4)
+              sync_us=1.0, task_overhead_us=2.0, smem_bytes=228 * 1024, sm_bytes_per_us=4.3e4,
+              attn_bytes_per_us=1.5e4)
 # The Triton interpreter runs programs one after another: one worker, a topological queue.
 CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0,
-                         pipeline_fill_us=0.0, smem_bytes=1 << 30, sm_bytes_per_us=1.0e4)
+                         smem_bytes=1 << 30, sm_bytes_per_us=1.0e4, attn_bytes_per_us=1.0e4)
 TARGETS = {"h200": H200, "cpu": CPU_INTERPRETER}
-PIPELINED = {"linear", "gate_up", "qkv_rope"}     # kinds that stream weights through a pipeline
 
 
 def task_us(task: Task, target: Target, workers: int) -> float:
@@ -49,9 +50,8 @@ def task_us(task: Task, target: Target, workers: int) -> float:
     is ``op_waves_us``'s), or its flops at its share of the tensor cores if that is longer."""
     per_sm = max(1, -(-min(workers, target.max_workers) // target.sms))
     per_worker_flops = target.flops_per_us / max(1, min(workers, target.sms))
-    fixed = target.task_overhead_us + target.pipeline_fill_us * (task.kind in PIPELINED)
-    return fixed + max(task.bytes * per_sm / target.sm_bytes_per_us,
-                       task.flops / per_worker_flops)
+    rate = target.attn_bytes_per_us if task.kind == "attn_partial" else target.sm_bytes_per_us
+    return target.task_overhead_us + max(task.bytes * per_sm / rate, task.flops / per_worker_flops)
 
 
 def op_waves_us(tasks, target: Target, workers: int) -> float:
