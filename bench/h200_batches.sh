@@ -6,7 +6,8 @@
 #   bash bench/h200_batches.sh bench [BATCH_SIZES]   eager, torch-compile and the tuned kernels
 #                                                    side by side into $OUT/h200.json (merged into
 #                                                    a copy of bench/results/h200.json) + h200.png
-# MODEL (default llama-3.2-1b) and JOBS (build processes, default 12) come from the environment.
+# MODEL (default llama-3.2-1b), JOBS (build processes, default 12) and CLASSES (schedule classes
+# timed besides the default, default 2) come from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?tune or bench}
@@ -21,7 +22,7 @@ case "$stage" in
   tune)
     start=$(date +%s)
     python3 -m megakernel autotune "$model" --batch-sizes "$batches" --max-seq-len 1024 \
-      --classes 1 --jobs "${JOBS:-12}" -o "$tuned"
+      --classes "${CLASSES:-2}" --jobs "${JOBS:-12}" -o "$tuned"
     echo "autotune: $(( $(date +%s) - start )) s for batch sizes $batches"
     cp "$tuned/autotune.json" "$out/autotune.json" ;;
   bench)

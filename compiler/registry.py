@@ -41,8 +41,8 @@ def p2(n: int, floor: int = 16) -> int:
 def fold(bn: int, bk: int, d: Dims, c: TileConfig) -> int:
     """Column slices of a projection step folded into its dot (``ops.matmul_tile``): doubled,
     up to ``c.fold``, while the slices' batch rows stay within ``c.fold_rows`` (16: one
-    tensor-core tile), the dot stays within 256 columns and each slice keeps 16 reduction columns. Tensor-core
-    form only."""
+    tensor-core tile), the dot within 256 columns (its fp32 accumulator in registers) and each
+    slice keeps 16 reduction columns. Tensor-core form only."""
     f = 1
     while c.form == 0 and 2 * f <= c.fold and 2 * f * next_pow2(d.batch) <= c.fold_rows \
             and 2 * f * bn <= 256 and bk // (2 * f) >= 16:
