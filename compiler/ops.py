@@ -89,26 +89,28 @@ def _squares(x_ptr, rows, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.cons
 @triton.jit
 def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
                 BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
-                FOLD: tl.constexpr = 1):
-    """Columns [k0, k0 + BLOCK_K) of RMSNorm(x) * w (or of x) -> [BLOCK_B, BLOCK_K] in DT.
-    FOLD > 1: folded, [FOLD * BLOCK_B, BLOCK_K / FOLD], row q * BLOCK_B + b holding row b's
-    q-th slice of the columns; ``rstd`` then has a value per folded row."""
+                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0):
+    """Columns [k0, k0 + BLOCK_K) of RMSNorm(x) * w (or of x) -> [BLOCK_B, BLOCK_K] in DT, rows
+    K apart; none read from KEND on (0: K). FOLD > 1: folded, [FOLD * BLOCK_B, BLOCK_K / FOLD],
+    row q * BLOCK_B + b holding row b's q-th slice of the columns; ``rstd`` then has a value
+    per folded row."""
+    LIM: tl.constexpr = KEND if KEND > 0 else K
     if FOLD == 1:
         rows = tl.arange(0, BLOCK_B)
         ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None] * K + ks[None, :],
-                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
+                    mask=(rows[:, None] < B) & (ks[None, :] < LIM), other=0.0)
         if HAS_NORM:
-            w = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
+            w = tl.load(nw_ptr + ks, mask=ks < LIM, other=0.0).to(tl.float32)[None, :]
     else:
         KQ: tl.constexpr = BLOCK_K // FOLD
         r = tl.arange(0, FOLD * BLOCK_B)
         rows = r % BLOCK_B
         ks = k0 + (r // BLOCK_B)[:, None] * KQ + tl.arange(0, KQ)[None, :]    # [FOLD * BB, KQ]
-        x = tl.load(x_ptr + rows[:, None] * K + ks, mask=(rows[:, None] < B) & (ks < K),
+        x = tl.load(x_ptr + rows[:, None] * K + ks, mask=(rows[:, None] < B) & (ks < LIM),
                     other=0.0)
         if HAS_NORM:
-            w = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+            w = tl.load(nw_ptr + ks, mask=ks < LIM, other=0.0).to(tl.float32)
     if HAS_NORM:
         xn = _round(x.to(tl.float32) * rstd[:, None], DT)
         x = (w * xn).to(DT)
@@ -117,11 +119,13 @@ def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_N
 
 @triton.jit
 def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N: tl.constexpr,
-           HALF: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1):
+           HALF: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1,
+           KEND: tl.constexpr = 0):
     """Weight rows base + j % HALF + (j // HALF) * STRIDE for j < BLOCK_N (rows with
     j % HALF >= end read as 0), columns [k0, k0 + BLOCK_K) of W [N, K] -> [BLOCK_N, BLOCK_K];
-    past K nothing is read. FOLD > 1: [FOLD * BLOCK_N, BLOCK_K / FOLD], row q * BLOCK_N + j
-    holding row j's q-th slice of the columns."""
+    from KEND (0: K) on nothing is read. FOLD > 1: [FOLD * BLOCK_N, BLOCK_K / FOLD], row
+    q * BLOCK_N + j holding row j's q-th slice of the columns."""
+    LIM: tl.constexpr = KEND if KEND > 0 else K
     if FOLD == 1:
         j = tl.arange(0, BLOCK_N)
         ks = k0 + tl.arange(0, BLOCK_K)[None, :]                               # [1, BLOCK_K]
@@ -134,7 +138,7 @@ def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N:
         ns, nmask = base + j, j < end
     else:
         ns, nmask = base + j % HALF + (j // HALF) * STRIDE, j % HALF < end
-    return tl.load(w_ptr + ns[:, None] * K + ks, mask=nmask[:, None] & (ks < K), other=0.0)
+    return tl.load(w_ptr + ns[:, None] * K + ks, mask=nmask[:, None] & (ks < LIM), other=0.0)
 
 
 @triton.jit
@@ -164,19 +168,21 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
                 K: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
-                FOLD: tl.constexpr = 1):
+                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
     Triton's software pipeliner stages STAGES chunks through shared memory.
     FOLD > 1 (FORM 0): each step's columns cut into FOLD slices, stacked as rows of x and of W,
     so that a narrow task's dot is [FOLD * BLOCK_B, BLOCK_K / FOLD] @ [.., FOLD * BLOCK_N]: the
     same bytes, no batch rows padded to 16 when FOLD * BLOCK_B >= 16, and no warp re-reading
-    the whole x step from shared memory for a few columns each."""
+    the whole x step from shared memory for a few columns each. KEND > 0: only the first KEND
+    columns of each row (rows still K apart), for a K slice."""
+    LIM: tl.constexpr = KEND if KEND > 0 else K
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD)
-        w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD)
+    for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
+        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD, KEND)
+        w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND)
         acc = _mac(a, w.to(DT), acc, FORM, DT)
     return unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
 

@@ -76,6 +76,19 @@ def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
                 **_projection(t.args["k"], t.args["bn"], t.args["bk"], d, c))
 
 
+def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:
+    proj = _projection(t.args["ks"], t.args["bn"], t.args["bk"], d, c)
+    return dict(B=d.batch, K=t.args["k"], KS=t.args["ks"], N=t.args["n"],
+                BLOCK_B=proj["BLOCK_B"], BLOCK_N=t.args["bn"], BLOCK_K=t.args["bk"],
+                FORM=c.form, STAGES=c.stages, FOLD=proj["FOLD"])
+
+
+def _linear_reduce(t: Task, d: Dims, c: TileConfig) -> dict:
+    return dict(S=t.args["slices"], B=d.batch, N=t.args["n"],
+                HAS_RES=t.args["residual"] is not None, BLOCK_B=p2(d.batch, 1),
+                BLOCK_N=t.args["bn"])
+
+
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=d.intermediate, BLOCK_N=t.args["bn"],
                 **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c))
@@ -135,6 +148,10 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("linear", "ops.linear_op",
            _fields("x:act weight:weight norm:weight residual:act out:act n0:int n1:int"),
            _linear),
+    OpSpec("linear_part", "split_ops.linear_part_op",
+           _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),
+    OpSpec("linear_reduce", "split_ops.linear_reduce_op",
+           _fields("part:f32 residual:act out:act n0:int n1:int"), _linear_reduce),
     OpSpec("gate_up", "ops.gate_up_op",
            _fields("x:act norm:weight gate:weight up:weight out:act n0:int n1:int"), _gate_up),
     OpSpec("qkv_rope", "ops.qkv_rope_op",

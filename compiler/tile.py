@@ -9,7 +9,9 @@ Tilings (``TileConfig`` sets the sizes):
     attention  attn_partial per (row, kv head, KV split) into fp32 partials, then attn_combine per
                (row, kv head); a partial waits only for its q heads and its k/v head; a single
                split writes the output itself
-    linear     one task per output columns [n0, n1) (norm, residual fused in)
+    linear     one task per output columns [n0, n1) (norm, residual fused in); with
+               ``split_k`` S > 1 and no norm, linear_part per (column group, K slice) into
+               fp32 partials {op}.part [S, B, N], then linear_reduce per column group
     gate_up    one task per columns [n0, n1) of the intermediate size
 A projection's columns split evenly over the workers in as few waves as keep tasks within
 4 * ``block_n`` columns, so that every op spreads its weights over the whole GPU with the fewest
@@ -33,6 +35,8 @@ class TileConfig:
     min_block_n: int = 16      # narrowest projection task when spreading an op over workers
     balance: bool = False      # projection tasks in near-equal spans that fill whole waves of
                                # the workers (at least 8 columns each), not width() each
+    split_k: int = 1           # K slices of a projection without a norm (o, down), each task a
+                               # column group S times as wide; 1: none
     block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
     kv_block: int = 16         # cache block (tokens): the block table's unit
     kv_split: int = 64         # keys per attn_partial task (a multiple of kv_block), at least
@@ -182,7 +186,42 @@ def tile_embed(t: Tiler, op) -> None:
               [cols(out, lo, hi)], 2 * d.batch * (hi - lo) * d.itemsize, 0)
 
 
+def split_slices(t: Tiler, op) -> int:
+    """K slices of a linear op: split_k where it has no norm and K splits into slices of a
+    multiple of 16 columns (whole 16-byte loads), else 1."""
+    k, s = t.b(op.params["weight"]).shape[1], t.cfg.split_k
+    return s if s > 1 and op.params["norm"] is None and k % (16 * s) == 0 else 1
+
+
+def tile_linear_split(t: Tiler, op, slices: int) -> None:
+    p, d = op.params, t.graph.dims
+    x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
+    n, k = w.shape
+    part = Buffer(f"{op.name}.part", "f32", (slices, d.batch, n))
+    t.buffers[part.name] = part
+    ks = k // slices
+    bn = p2(min(t.width(n) * slices, n))
+    for lo, hi in t.col_tiles(n, bn):
+        for s in range(slices):
+            k0 = s * ks
+            nbytes = ((hi - lo) * ks + d.batch * ks) * d.itemsize + d.batch * (hi - lo) * 4
+            t.add(op, "linear_part", dict(x=x.name, weight=w.name, out=part.name, n0=lo, n1=hi,
+                                          k0=k0, s=s, ks=ks, n=n, k=k, bn=bn,
+                                          bk=t.depth(ks, bn)),
+                  [Region(x.name, ((0, d.batch), (k0, k0 + ks))),
+                   Region(w.name, ((lo, hi), (k0, k0 + ks)))],
+                  [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))], nbytes,
+                  2 * d.batch * (hi - lo) * ks)
+        reads = [Region(part.name, ((0, slices), (0, d.batch), (lo, hi)))]
+        reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
+        t.add(op, "linear_reduce", dict(part=part.name, residual=p["residual"], out=out.name,
+                                        n0=lo, n1=hi, n=n, bn=bn, slices=slices),
+              reads, [cols(out, lo, hi)], d.batch * (hi - lo) * (4 * slices + 4), 0)
+
+
 def tile_linear(t: Tiler, op) -> None:
+    if (slices := split_slices(t, op)) > 1:
+        return tile_linear_split(t, op, slices)
     p, d = op.params, t.graph.dims
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
     n, k = w.shape

@@ -57,6 +57,18 @@ class VM:
             y = (self.buf[a["residual"]][:, lo:hi].float() + y.float()).to(self.dt)
         self.buf[a["out"]][:, lo:hi] = y
 
+    def linear_part(self, a):
+        lo, hi, k0, k1 = a["n0"], a["n1"], a["k0"], a["k0"] + a["ks"]
+        x, w = self.buf[a["x"]][:, k0:k1], self.buf[a["weight"]][lo:hi, k0:k1]
+        self.buf[a["out"]][a["s"], :, lo:hi] = x.float() @ w.float().T
+
+    def linear_reduce(self, a):
+        lo, hi = a["n0"], a["n1"]
+        y = self.buf[a["part"]][:, :, lo:hi].sum(0).to(self.dt)
+        if a["residual"] is not None:
+            y = (self.buf[a["residual"]][:, lo:hi].float() + y.float()).to(self.dt)
+        self.buf[a["out"]][:, lo:hi] = y
+
     def gate_up(self, a):
         lo, hi = a["n0"], a["n1"]
         x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)

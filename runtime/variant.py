@@ -17,7 +17,7 @@ within N dot rows (default 16), ``ksN`` N key elements per attention step (defau
 ``asN`` an N-stage attention pipeline (default 6; as0: the projections', at least 2), ``atN``
 keys per attention task doubled while there are more than N tasks per worker (default 2; at0
 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
-in near-equal spans filling whole waves.
+in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices.
 """
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class Variant:
     attn_tasks_per_worker: int = TileConfig.attn_tasks_per_worker
     poll_load: bool = False
     balance: bool = TileConfig.balance
+    split_k: int = TileConfig.split_k
 
     @property
     def label(self) -> str:
@@ -72,6 +73,7 @@ class Variant:
         flags += ["pn"] * self.prefetch_next
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
+        flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
@@ -83,7 +85,8 @@ class Variant:
                           rms_unroll=self.rms_unroll, fold=self.fold,
                           fold_rows=self.fold_rows, kv_step=self.kv_step,
                           attn_stages=self.attn_stages,
-                          attn_tasks_per_worker=self.attn_tasks_per_worker, balance=self.balance)
+                          attn_tasks_per_worker=self.attn_tasks_per_worker, balance=self.balance,
+                          split_k=self.split_k)
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
@@ -103,6 +106,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "as": lambda n: {"attn_stages": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
+           "sk": lambda n: {"split_k": n},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n}}
 
@@ -153,5 +157,5 @@ def variant_of(compiled) -> Variant:
                     swap_ab=t.swap_ab, rms_unroll=t.rms_unroll, fold=t.fold,
                     fold_rows=t.fold_rows, kv_step=t.kv_step, attn_stages=t.attn_stages,
                     attn_tasks_per_worker=t.attn_tasks_per_worker, poll_load=o.poll_load,
-                    balance=t.balance)
+                    balance=t.balance, split_k=t.split_k)
     return effective(compiled.ops, built)

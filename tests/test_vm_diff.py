@@ -26,6 +26,7 @@ def inputs(model):
                                    TileConfig(gemv=True, block_n=16, rms_unroll=0,
                                               split_head_norm=False),
                                    TileConfig(block_k=32, stages=2, swap_ab=True, balance=True),
+                                   TileConfig(split_k=2, block_k=32),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
@@ -50,13 +51,14 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     torch.testing.assert_close(cache, cache_vm, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("name,workers,parts", [("tiny-qwen3", 2, 1), ("tiny-qwen3", 7, 1),
-                                                ("tiny-qwen3", 32, 1), ("tiny-llama", 32, 3),
-                                                ("tiny-qwen3", 32, 4)])
-def test_vm_on_many_workers_matches_eager(name, workers, parts):
+@pytest.mark.parametrize("name,workers,parts,slices", [
+    ("tiny-qwen3", 2, 1, 1), ("tiny-qwen3", 7, 1, 1), ("tiny-qwen3", 32, 1, 1),
+    ("tiny-llama", 32, 3, 1), ("tiny-qwen3", 32, 4, 1), ("tiny-llama", 32, 2, 2)])
+def test_vm_on_many_workers_matches_eager(name, workers, parts, slices):
     model = load_model(name, progress=False).model
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
-                          tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1))
+                          tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
+                                          split_k=slices))
     compiled = compile_model(model, opts, name)
     tokens, positions, cache = inputs(model)
     cache_ref = cache.clone()

@@ -1,0 +1,44 @@
+"""Split-K projection op bodies (``@triton.jit``, one tile task each): a task multiplies one K
+slice of the activation by the same slice of a column group of W into fp32 partial sums, and
+one reduce task per column group adds the slices (and the residual) into the output.
+
+Partials are fp32 [S, B, N] (S slices); activations row-major [B, K] as in ``ops``. The sum
+runs over the slices in order, rounded to the model dtype once, as the unsplit ``linear_op``
+rounds its product.
+"""
+import triton
+import triton.language as tl
+
+from .ops import _round, matmul_tile, store_rows
+
+
+@triton.jit
+def linear_part_op(x_ptr, w_ptr, part_ptr, n0, n1, k0, s, B: tl.constexpr, K: tl.constexpr,
+                   KS: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORM: tl.constexpr,
+                   STAGES: tl.constexpr, FOLD: tl.constexpr):
+    """part[s, :, n0:n1] = x[:, k0:k0+KS] @ W[n0:n1, k0:k0+KS]^T in fp32 (n1 - n0 <= BLOCK_N)."""
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    rstd = tl.zeros([BLOCK_B], tl.float32)
+    acc = matmul_tile(x_ptr + k0, x_ptr, rstd, w_ptr + k0, n0, n1 - n0, 0, B, K, False, BLOCK_B,
+                      BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD, KS)      # [BB, BN]
+    store_rows(part_ptr + s * B * N, acc, n0, n1, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def linear_reduce_op(part_ptr, res_ptr, out_ptr, n0, n1, S: tl.constexpr, B: tl.constexpr,
+                     N: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """out[:, n0:n1] = [res[:, n0:n1] +] round(sum over s of part[s, :, n0:n1])."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    rows = tl.arange(0, BLOCK_B)
+    ns = n0 + tl.arange(0, BLOCK_N)
+    offs = rows[:, None] * N + ns[None, :]
+    mask = (rows[:, None] < B) & (ns[None, :] < n1)
+    y = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    for s in tl.static_range(S):
+        y += tl.load(part_ptr + s * B * N + offs, mask=mask, other=0.0)
+    y = _round(y, DT)
+    if HAS_RES:
+        y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + y
+    store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
