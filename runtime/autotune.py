@@ -33,7 +33,7 @@ from megakernel.compiler.capture import capture
 from megakernel.compiler.cost import TARGETS, Target, op_waves_us
 from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
-from megakernel.compiler.tile import TileConfig, tile_tasks
+from megakernel.compiler.tile import TILERS, TileConfig, Tiler
 
 from .variant import Variant, effective, parse_variant
 
@@ -76,20 +76,39 @@ def schedule_class(v: Variant) -> tuple:
             v.attn_tasks_per_worker, v.split_k)
 
 
-def predict(ops, v: Variant, target: Target) -> float:
-    """Estimated step time (us) of the variant's tasks under the cost model."""
+def alike_ops(ops) -> list[tuple]:
+    """(op, count) for each group of ops that tile alike: same kind, and params and buffers
+    equal up to names (the layers of a model repeat), in graph order."""
+    shape = lambda v: ops.buffers[v].shape if isinstance(v, str) and v in ops.buffers else v
+    groups: dict = {}
+    for op in ops.ops:
+        key = (op.kind, tuple(sorted((k, shape(v)) for k, v in op.params.items() if k != "layer")),
+               tuple(shape(b) for b in op.inputs + op.outputs))
+        first, count = groups.get(key, (op, 0))
+        groups[key] = (first, count + 1)
+    return list(groups.values())
+
+
+def predict(ops, v: Variant, target: Target, alike: list | None = None) -> float:
+    """Estimated step time (us) of the variant's tasks under the cost model (whose estimate adds
+    up op by op, so each group of ``alike_ops`` is tiled once)."""
     per_sm = -(-v.workers // target.sms)
-    return op_waves_us(tile_tasks(ops, v.tile, v.workers).tasks,
-                       replace(target, workers_per_sm=per_sm), v.workers)
+    total = 0.0
+    for op, count in alike if alike is not None else alike_ops(ops):
+        tiler = Tiler(ops, v.tile, v.workers)
+        TILERS[op.kind](tiler, op)
+        total += count * op_waves_us(tiler.tasks, replace(target, workers_per_sm=per_sm),
+                                     v.workers)
+    return total
 
 
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
     """The default variant, then every code-level knob of the ``classes`` best-rated schedules."""
     variants = list(dict.fromkeys(effective(ops, v) for v in candidates(target, space)))
-    rated: dict = {}
+    rated, alike = {}, alike_ops(ops)
     for v in variants:
         if schedule_class(v) not in rated:
-            rated[schedule_class(v)] = predict(ops, v, target)
+            rated[schedule_class(v)] = predict(ops, v, target, alike)
     best = sorted(rated, key=lambda k: (rated[k], k))[:classes]
     t = TileConfig()
     default = effective(ops, Variant(t.block_n, t.block_k, CompileOptions.num_warps,

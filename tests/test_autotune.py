@@ -1,6 +1,7 @@
 """The autotuner on the CPU (interpreter timings): search, persistence, resume, served winners."""
 from dataclasses import replace
 
+import pytest
 import torch
 
 from megakernel.compiler.cost import H200
@@ -69,6 +70,26 @@ def test_candidates_respect_shared_memory_and_the_interpreter():
 
     cpu = tuning.candidates(CPU_INTERPRETER, dict(SPACE, workers_per_sm=(1, 2)))
     assert {v.workers for v in cpu} == {1}
+
+
+def test_rating_tiles_each_repeated_op_once_and_adds_up_to_the_whole_graph():
+    from megakernel.compiler.capture import capture
+    from megakernel.compiler.cost import op_waves_us
+    from megakernel.compiler.lower import lower
+    from megakernel.compiler.tile import tile_tasks
+    from megakernel.runtime.variant import parse_variant
+
+    for name in ("tiny-llama", "tiny-qwen3"):
+        ops = lower(capture(load_model(name, progress=False).model, 3, 64), 4)
+        alike = tuning.alike_ops(ops)
+        assert sum(n for _, n in alike) == len(ops.ops) and ops.dims.layers > 1
+        assert len(alike) < len(ops.ops)                          # the layers' ops tile alike
+        for label in ("32x64x4x132xs3", "16x64x4x264xs3xkv32xat4xsk2xhn0"):
+            v = parse_variant(label)
+            whole = op_waves_us(tile_tasks(ops, v.tile, v.workers).tasks,
+                                replace(H200, workers_per_sm=-(-v.workers // H200.sms)),
+                                v.workers)
+            assert tuning.predict(ops, v, H200) == pytest.approx(whole, rel=1e-9)
 
 
 def test_variants_are_rated_as_they_will_be_built():
