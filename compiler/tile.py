@@ -194,6 +194,8 @@ def split_slices(t: Tiler, op) -> int:
 
 
 def tile_linear_split(t: Tiler, op, slices: int) -> None:
+    """Per column group (``slices`` times a plain task's width): a linear_part task per K slice
+    into {op}.part [S, B, N] fp32, then a linear_reduce task adding them and the residual."""
     p, d = op.params, t.graph.dims
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
     n, k = w.shape
