@@ -18,7 +18,7 @@ from .cost import Target
 from .ir import Schedule, SyncPlan, TaskGraph
 from .schedule import DeadlockError, simulate
 from .sync import ancestors, counter_closure
-from .tile import derive_deps
+from .deps import derive_deps
 
 
 class ScheduleError(ValueError):

@@ -13,7 +13,8 @@ from megakernel.compiler.ir import Buffer, Dims, OpGraph, Region, Schedule, Task
 from megakernel.compiler.lower import LoweringError, is_, lower
 from megakernel.compiler.schedule import schedule
 from megakernel.compiler.sync import plan_sync
-from megakernel.compiler.tile import TileConfig, derive_deps, tile
+from megakernel.compiler.deps import derive_deps
+from megakernel.compiler.tile import TileConfig, tile
 from megakernel.compiler.validate import ScheduleError, cache_cells, validate
 from megakernel.models import ModelConfig
 from megakernel.models.weights import empty_model
