@@ -21,7 +21,7 @@ in near-equal spans filling whole waves, ``skN`` projections without a norm in N
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TileConfig, Tiler
@@ -79,28 +79,28 @@ class Variant:
 
     @property
     def tile(self) -> TileConfig:
-        return TileConfig(block_n=self.block_n, block_k=self.block_k, gemv=self.gemv,
-                          stages=self.stages, kv_split=self.kv_split, qkv_parts=self.qkv_parts,
-                          split_head_norm=self.split_head_norm, swap_ab=self.swap_ab,
-                          rms_unroll=self.rms_unroll, fold=self.fold,
-                          fold_rows=self.fold_rows, kv_step=self.kv_step,
-                          attn_stages=self.attn_stages,
-                          attn_tasks_per_worker=self.attn_tasks_per_worker, balance=self.balance,
-                          split_k=self.split_k)
+        return TileConfig(**{f: getattr(self, f) for f in TILE_FIELDS})
 
     def options(self, sms: int) -> dict:
         """Keyword arguments of ``CompileOptions`` for a target with ``sms`` SMs."""
         return dict(tile=self.tile, num_warps=self.num_warps, num_workers=self.workers,
-                    workers_per_sm=-(-self.workers // sms), prefetch=self.prefetch,
-                    prefetch_kb=self.prefetch_kb, prefetch_ahead=self.prefetch_ahead,
-                    prefetch_next=self.prefetch_next, spin_backoff_ns=self.backoff_ns,
-                    poll_load=self.poll_load)
+                    workers_per_sm=-(-self.workers // sms),
+                    **{o: getattr(self, v) for v, o in OPTION_FIELDS.items()})
+
+
+# Variant fields that are TileConfig fields of the same name (the rest of TileConfig keeps its
+# defaults), and Variant fields -> the CompileOptions fields they set
+TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__dataclass_fields__)
+OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
+                 "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
+                 "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load"}
 
 
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
 SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
-            "pl": {"poll_load": True}, "bal": {"balance": True}, "np": {"prefetch": False}, "pf": {"prefetch": True}}
+            "pl": {"poll_load": True}, "bal": {"balance": True}, "np": {"prefetch": False},
+            "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
@@ -148,14 +148,8 @@ def effective(ops, v: Variant) -> Variant:
 
 def variant_of(compiled) -> Variant:
     """The variant a compiled kernel was built with, as built (see ``effective``)."""
-    o, t = compiled.options, compiled.options.tile
-    built = Variant(t.block_n, t.block_k, o.num_warps, compiled.schedule.num_workers,
-                    gemv=t.gemv, stages=t.stages, kv_split=t.kv_split, prefetch=o.prefetch,
-                    qkv_parts=t.qkv_parts, prefetch_kb=o.prefetch_kb,
-                    backoff_ns=o.spin_backoff_ns, prefetch_ahead=o.prefetch_ahead,
-                    split_head_norm=t.split_head_norm, prefetch_next=o.prefetch_next,
-                    swap_ab=t.swap_ab, rms_unroll=t.rms_unroll, fold=t.fold,
-                    fold_rows=t.fold_rows, kv_step=t.kv_step, attn_stages=t.attn_stages,
-                    attn_tasks_per_worker=t.attn_tasks_per_worker, poll_load=o.poll_load,
-                    balance=t.balance, split_k=t.split_k)
+    o = compiled.options
+    built = Variant(num_warps=o.num_warps, workers=compiled.schedule.num_workers,
+                    **{f: getattr(o.tile, f) for f in TILE_FIELDS},
+                    **{v: getattr(o, f) for v, f in OPTION_FIELDS.items()})
     return effective(compiled.ops, built)
