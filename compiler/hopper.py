@@ -9,6 +9,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 
+from .pipeline import CompileOptions
 from .registry import NUM_WORDS
 
 POINTERS = {
@@ -19,7 +20,7 @@ POINTERS = {
     "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr", "BACKOFF": "constexpr",
     "POLL": "constexpr",
 }
-DEFAULT_SWITCHES = {"PREFETCH": 1, "BACKOFF": 0, "POLL": 0}   # as CompileOptions().switches()
+DEFAULT_SWITCHES = CompileOptions(1, 16).switches()      # those of the default options
 
 
 def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3,

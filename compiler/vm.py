@@ -53,9 +53,13 @@ class VM:
         lo, hi = a["n0"], a["n1"]
         x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)
         y = mm(x, self.buf[a["weight"]][lo:hi], self.dt)
-        if a["residual"] is not None:
-            y = (self.buf[a["residual"]][:, lo:hi].float() + y.float()).to(self.dt)
-        self.buf[a["out"]][:, lo:hi] = y
+        self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
+
+    def plus_residual(self, a, y):
+        """y [B, n1 - n0] (rounded) plus the task's residual columns, if any, rounded."""
+        if a["residual"] is None:
+            return y
+        return (self.buf[a["residual"]][:, a["n0"]:a["n1"]].float() + y.float()).to(self.dt)
 
     def linear_part(self, a):
         lo, hi, k0, k1 = a["n0"], a["n1"], a["k0"], a["k0"] + a["ks"]
@@ -65,9 +69,7 @@ class VM:
     def linear_reduce(self, a):
         lo, hi = a["n0"], a["n1"]
         y = self.buf[a["part"]][:, :, lo:hi].sum(0).to(self.dt)
-        if a["residual"] is not None:
-            y = (self.buf[a["residual"]][:, lo:hi].float() + y.float()).to(self.dt)
-        self.buf[a["out"]][:, lo:hi] = y
+        self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
 
     def gate_up(self, a):
         lo, hi = a["n0"], a["n1"]
