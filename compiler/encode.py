@@ -71,26 +71,55 @@ def _word(field, value, mem: MemoryPlan, weight_id: dict) -> int:
     return int(value)
 
 
-def prefetch_words(task, buffers, weight_id: dict) -> list[int]:
-    """The task's largest weight region, if it is one contiguous row-major range."""
-    best = None
+def weight_ranges(task, buffers, weight_id: dict) -> list[list[int]]:
+    """The task's weight regions that are one contiguous row-major range each, as [weight id,
+    element offset, count], largest first (ties in read order)."""
+    out = []
     for r in task.reads:
         buf = buffers[r.buffer]
-        contiguous = all(lo == 0 and hi == n for (lo, hi), n in zip(r.box[1:], buf.shape[1:]))
-        if buf.space == "weight" and contiguous and (best is None or r.numel > best.numel):
-            best = r
-    if best is None:
-        return [0, 0, 0]
-    row = best.numel // (best.box[0][1] - best.box[0][0])
-    return [weight_id[best.buffer], best.box[0][0] * row, best.numel]
+        if buf.space == "weight" and all(lo == 0 and hi == n for (lo, hi), n
+                                         in zip(r.box[1:], buf.shape[1:])):
+            row = r.numel // (r.box[0][1] - r.box[0][0])
+            out.append([weight_id[r.buffer], r.box[0][0] * row, r.numel])
+    return sorted(out, key=lambda x: -x[2])
+
+
+def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0,
+                  run_ahead: bool = False) -> list[list[int]]:
+    """Per position of one queue, the weight range [id, offset, count] prefetched into L2 before
+    its waits, from each task's ``ranges`` (see ``weight_ranges``), at most ``cap`` elements (0:
+    no cap). By default a task's largest range, or (``ahead``) that of the task so many places
+    later (the last tasks of a queue prefetch nothing). ``run_ahead``: a task prefetches the
+    next part of its ranges not prefetched yet; one with no weights (attention, whose waits
+    leave HBM idle), or with all of them prefetched just after one without, instead the next
+    part of the following weighted task's."""
+    clip = (lambda n: min(n, cap)) if cap else (lambda n: n)
+    if not run_ahead:
+        return [[w, off, clip(n)] for w, off, n in
+                (ranges[j + ahead][0] if j + ahead < len(ranges) and ranges[j + ahead]
+                 else [0, 0, 0]
+                 for j in range(len(ranges)))]
+    done: dict = {}
+    gap = lambda k: next((r for r, x in enumerate(ranges[k]) if done.get((k, r), 0) < x[2]), None)
+    plan = []
+    for j in range(len(ranges)):
+        k, r = j, gap(j)
+        if r is None and (not ranges[j] or j and not ranges[j - 1]):
+            k = next((i for i in range(j + 1, len(ranges)) if ranges[i]), None)
+            r = None if k is None else gap(k)
+        if r is None:
+            plan.append([0, 0, 0])
+            continue
+        (w, off, n), d = ranges[k][r], done.get((k, r), 0)
+        plan.append([w, off + d, clip(n - d)])
+        done[(k, r)] = d + clip(n - d)
+    return plan
 
 
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
-           prefetch_bytes: int = 0, prefetch_ahead: int = 0) -> Encoded:
-    """``prefetch_bytes``: at most this much of each task's weights is prefetched into L2 before
-    its waits (0: the whole region). ``prefetch_ahead``: the task that many places later in the
-    same queue is the one prefetched (0: the task itself; 1: the next, whose weights then stream
-    while this task waits and runs; the last tasks of a queue prefetch nothing)."""
+           prefetch_bytes: int = 0, prefetch_ahead: int = 0, run_ahead: bool = False) -> Encoded:
+    """Prefetches: ``prefetch_bytes`` at most of weights per task (0: all of a range), and
+    ``prefetch_ahead`` and ``run_ahead`` as in ``prefetch_plan``."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
@@ -98,16 +127,14 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
     header_marks = [h == "prefetch_weight" for h in HEADER]     # words holding a weight id
     for queue in schedule.queues:
         queues.append((len(rows), len(queue)))
-        for j, t in enumerate(queue):
+        plan = prefetch_plan([weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id)
+                              for t in queue], prefetch_bytes // graph.ops.dims.itemsize,
+                             prefetch_ahead, run_ahead)
+        for t, pf in zip(queue, plan):
             task = graph.tasks[t]
             key = variant_key(task, graph.ops.dims, cfg)
             opcode = opcodes.setdefault(key, len(opcodes))
             mine = [(c, sync.counter_size[c]) for c in sync.waits[t]]
-            ahead = queue[j + prefetch_ahead] if j + prefetch_ahead < len(queue) else None
-            pf = ([0, 0, 0] if ahead is None else
-                  prefetch_words(graph.tasks[ahead], graph.ops.buffers, weight_id))
-            if prefetch_bytes:
-                pf[2] = min(pf[2], prefetch_bytes // graph.ops.dims.itemsize)
             named = dict(op=opcode, first_wait=len(waits), num_waits=len(mine),
                          signal=sync.signal[t], prefetch_weight=pf[0], prefetch_offset=pf[1],
                          prefetch_count=pf[2], wait0_counter=mine[0][0] if mine else 0,

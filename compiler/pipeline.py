@@ -32,6 +32,7 @@ class CompileOptions:
     prefetch_kb: int = 256               # at most this many KiB of them per task (0: all)
     prefetch_ahead: int = 0              # prefetch the weights of the task this many places later
     prefetch_next: bool = False          # L2-prefetch the next instruction's words (GPU)
+    run_ahead: bool = False              # tasks with no weights left prefetch the next task's
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
 
@@ -76,7 +77,7 @@ def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
     enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024,
-                 options.prefetch_ahead)
+                 options.prefetch_ahead, options.run_ahead)
     return Compiled(name, options, ops, tasks, sched, sync, enc,
                     generate(enc, name, options.batch_size, len(tasks.tasks)))
 

@@ -1,23 +1,25 @@
 """Kernel variants: the knobs of one compiled megakernel as one short label, shared by the
 sweep, the trace command and the autotuner.
 
-Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``:
-``g`` GEMV projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN``
-an N-stage projection pipeline (s1: none), ``kvN`` N keys per attention task, ``qN`` N tasks
-per q/k/v head (none: as many as spread the heads over the workers), ``hn0`` heads with a head
-norm kept whole (by default they split into pieces too, then one task per head normalises and
-rotates it), ``ruN`` a row RMS loads up to N elements at once (default 16384; ru0: a load and a
-reduction per step), ``np`` no L2 prefetch of each task's weights before its waits, ``pf``
-with it (the default), ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all
-of them), ``paN`` prefetching the weights of the task N places later in the worker's queue
-instead of its own, ``pn`` the next instruction's words prefetched into L2, ``boN`` N ns of
-sleep between polls of a counter not yet reached, ``foN`` at most N column slices of a narrow
-projection step folded into its dot (default 16; fo1: none), ``frN`` while their batch rows stay
-within N dot rows (default 16), ``ksN`` N key elements per attention step (default 8192),
-``asN`` an N-stage attention pipeline (default 6; as0: the projections', at least 2), ``atN``
-keys per attention task doubled while there are more than N tasks per worker (default 2; at0
-never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
-in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices.
+Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``: ``g`` GEMV
+projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN`` an N-stage
+projection pipeline (s1: none), ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head
+(none: as many as spread the heads over the workers), ``hn0`` heads with a head norm kept whole (by
+default they split into pieces too, then one task per head normalises and rotates it), ``ruN`` a
+row RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step),
+``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it (the default),
+``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them), ``paN`` prefetching
+the weights of the task N places later in the worker's queue instead of its own, ``ps`` tasks
+without weights of their own left to prefetch (attention) prefetching the next weighted task's
+instead, ``pn`` the next instruction's words prefetched into L2, ``boN`` N ns of sleep between
+polls of a counter not yet reached, ``foN`` at most N column slices of a narrow projection step
+folded into its dot (default 16; fo1: none), ``frN`` while their batch rows stay within N dot rows
+(default 16), ``ksN`` N key elements per attention step (default 8192), ``asN`` an N-stage
+attention pipeline (default 6; as0: the projections', at least 2), ``atN`` keys per attention task
+doubled while there are more than N tasks per worker (default 2; at0 never), ``pl`` counters polled
+with acquire loads instead of atomics, ``bal`` projection tasks in near-equal spans filling whole
+waves, ``skN`` projections without a norm in N K slices (default sk0: 4 from batch 8 on; sk1:
+none).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class Variant:
     poll_load: bool = False
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
+    run_ahead: bool = False
 
     @property
     def label(self) -> str:
@@ -71,6 +74,7 @@ class Variant:
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
         flags += ["pn"] * self.prefetch_next
+        flags += ["ps"] * self.run_ahead
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
@@ -93,12 +97,14 @@ class Variant:
 TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__dataclass_fields__)
 OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
+                 "run_ahead": "run_ahead",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load"}
 
 
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
 SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
+            "ps": {"prefetch": True, "run_ahead": True},
             "pl": {"poll_load": True}, "bal": {"balance": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
@@ -142,6 +148,7 @@ def effective(ops, v: Variant) -> Variant:
     at = v.attn_tasks_per_worker if Tiler(ops, plain, v.workers).kv_span() != span \
         else TileConfig.attn_tasks_per_worker
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at,
+                   split_k=tiler.split_k(),
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                    else TileConfig.split_head_norm)
 
