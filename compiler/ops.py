@@ -87,34 +87,68 @@ def _squares(x_ptr, rows, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.cons
 
 
 @triton.jit
-def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
-                BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
-                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0):
-    """Columns [k0, k0 + BLOCK_K) of RMSNorm(x) * w (or of x) -> [BLOCK_B, BLOCK_K] in DT, rows
-    K apart; none read from KEND on (0: K). FOLD > 1: folded, [FOLD * BLOCK_B, BLOCK_K / FOLD],
-    row q * BLOCK_B + b holding row b's q-th slice of the columns; ``rstd`` then has a value
-    per folded row."""
+def load_x(x_ptr, nw_ptr, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
+           BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1,
+           KEND: tl.constexpr = 0):
+    """Columns [k0, k0 + BLOCK_K) of x -> [BLOCK_B, BLOCK_K] as stored, rows K apart, and of the
+    norm weight in fp32 (broadcast over the rows; 1.0 without a norm); none read from KEND on
+    (0: K). FOLD > 1: folded, [FOLD * BLOCK_B, BLOCK_K / FOLD], row q * BLOCK_B + b holding row
+    b's q-th slice of the columns."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     if FOLD == 1:
         rows = tl.arange(0, BLOCK_B)
-        ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :],
-                    mask=(rows[:, None] < B) & (ks[None, :] < LIM), other=0.0)
-        if HAS_NORM:
-            w = tl.load(nw_ptr + ks, mask=ks < LIM, other=0.0).to(tl.float32)[None, :]
+        ks = k0 + tl.arange(0, BLOCK_K)[None, :]                               # [1, BLOCK_K]
     else:
         KQ: tl.constexpr = BLOCK_K // FOLD
         r = tl.arange(0, FOLD * BLOCK_B)
         rows = r % BLOCK_B
         ks = k0 + (r // BLOCK_B)[:, None] * KQ + tl.arange(0, KQ)[None, :]    # [FOLD * BB, KQ]
-        x = tl.load(x_ptr + rows[:, None] * K + ks, mask=(rows[:, None] < B) & (ks < LIM),
-                    other=0.0)
-        if HAS_NORM:
-            w = tl.load(nw_ptr + ks, mask=ks < LIM, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + rows[:, None] * K + ks, mask=(rows[:, None] < B) & (ks < LIM), other=0.0)
+    w = 1.0
+    if HAS_NORM:
+        w = tl.load(nw_ptr + ks, mask=ks < LIM, other=0.0).to(tl.float32)
+    return x, w
+
+
+@triton.jit
+def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
+                BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
+                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0):
+    """Columns [k0, k0 + BLOCK_K) of RMSNorm(x) * w (or of x) in DT, as ``load_x`` lays them
+    out; ``rstd`` has a value per (folded) row."""
+    x, w = load_x(x_ptr, nw_ptr, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, FOLD, KEND)
     if HAS_NORM:
         xn = _round(x.to(tl.float32) * rstd[:, None], DT)
         x = (w * xn).to(DT)
     return x.to(DT)
+
+
+@triton.jit
+def load_step(x_ptr, nw_ptr, rstd, ss, k0, B: tl.constexpr, K: tl.constexpr,
+              HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+              DT: tl.constexpr, FOLD: tl.constexpr, KEND: tl.constexpr, LATE: tl.constexpr):
+    """A projection step's input and the running sums of squares ss [FOLD * BLOCK_B]: by
+    default ``load_normed`` (ss unchanged); LATE (with a norm): x * w, the RMS left out and each
+    (folded) row's squares added to ss instead, so that no pass over x has to finish before
+    the weights stream (the caller scales the product's rows by ``late_rstd(ss)``)."""
+    if LATE and HAS_NORM:
+        x, w = load_x(x_ptr, nw_ptr, k0, B, K, True, BLOCK_B, BLOCK_K, FOLD, KEND)
+        xf = x.to(tl.float32)
+        a = (w * xf).to(DT)
+        ss += tl.sum(xf * xf, axis=1)
+    else:
+        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
+                        KEND)
+    return a, ss
+
+
+@triton.jit
+def late_rstd(ss, eps, K: tl.constexpr, FOLD: tl.constexpr, BLOCK_B: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) per row [BLOCK_B] from the sums of squares of its FOLD slices
+    ss [FOLD * BLOCK_B] (see ``load_step``)."""
+    if FOLD > 1:
+        ss = tl.sum(tl.reshape(ss, [FOLD, BLOCK_B]), axis=0)
+    return tl.math.rsqrt(ss / K + eps)
 
 
 @triton.jit
@@ -168,7 +202,8 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
                 K: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
-                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0):
+                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, eps=0.0,
+                LATE: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
     Triton's software pipeliner stages STAGES chunks through shared memory.
@@ -176,15 +211,21 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     so that a narrow task's dot is [FOLD * BLOCK_B, BLOCK_K / FOLD] @ [.., FOLD * BLOCK_N]: the
     same bytes, no batch rows padded to 16 when FOLD * BLOCK_B >= 16, and no warp re-reading
     the whole x step from shared memory for a few columns each. KEND > 0: only the first KEND
-    columns of each row (rows still K apart), for a K slice."""
+    columns of each row (rows still K apart), for a K slice. LATE: the norm's RMS from the
+    loop's own loads, applied to the product (``rstd`` unused; see ``load_step``)."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     rs = fold_rows(rstd, FOLD, BLOCK_B)
+    ss = tl.zeros([FOLD * BLOCK_B], tl.float32)
     acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
-        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD, KEND)
+        a, ss = load_step(x_ptr, nw_ptr, rs, ss, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
+                          KEND, LATE)
         w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND)
         acc = _mac(a, w.to(DT), acc, FORM, DT)
-    return unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
+    out = unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
+    if LATE and HAS_NORM:
+        out = out * late_rstd(ss, eps, K, FOLD, BLOCK_B)[:, None]
+    return out
 
 
 @triton.jit
@@ -213,8 +254,10 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
               B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
               HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
-              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr):
-    """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N)."""
+              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
+              LATE_NORM: tl.constexpr = 0):
+    """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N).
+    LATE_NORM: the RMS comes from the projection's own loads (``load_step``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
@@ -223,10 +266,11 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
         r = tl.load(res_ptr + rows[:, None] * N + ns[None, :],
                     mask=(rows[:, None] < B) & (ns[None, :] < n1), other=0.0).to(tl.float32)
     rstd = tl.zeros([BLOCK_B], tl.float32)
-    if HAS_NORM:
+    if HAS_NORM and not LATE_NORM:
         rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
     y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, HAS_NORM, BLOCK_B,
-                           BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
+                           BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD, 0, eps,
+                           LATE_NORM), DT)
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
@@ -237,25 +281,32 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr
                B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
-               FOLD: tl.constexpr):
+               FOLD: tl.constexpr, LATE_NORM: tl.constexpr = 0):
     """out[:, n0:n1] = SiLU(norm(x) @ Wg[n0:n1]^T) * (norm(x) @ Wu[n0:n1]^T), both projections
-    from one pipeline as matmul_tile runs it."""
+    from one pipeline as matmul_tile runs it (LATE_NORM too)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    rs = fold_rows(row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL), FOLD, BLOCK_B)
+    rs = tl.zeros([FOLD * BLOCK_B], tl.float32)
+    if not LATE_NORM:
+        rs = fold_rows(row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL), FOLD, BLOCK_B)
+    ss = tl.zeros([FOLD * BLOCK_B], tl.float32)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, True, BLOCK_B, BLOCK_K, DT, FOLD)
+        a, ss = load_step(x_ptr, nw_ptr, rs, ss, k0, B, K, True, BLOCK_B, BLOCK_K, DT, FOLD, 0,
+                          LATE_NORM)
         # each weight's chunk loaded just before its use (both loads first: batch-32 stack 352
         # bytes instead of 136 on sm_90)
         wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
         g = _mac(a, wg.to(DT), g, FORM, DT)
         wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
         u = _mac(a, wu.to(DT), u, FORM, DT)
-    g = _round(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N), DT)
+    scale = tl.full([BLOCK_B], 1.0, tl.float32)
+    if LATE_NORM:
+        scale = late_rstd(ss, eps, K, FOLD, BLOCK_B)
+    g = _round(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N) * scale[:, None], DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
-    store_rows(out_ptr, (act * _round(unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N), DT)).to(DT), n0,
-               n1, B, N, BLOCK_B, BLOCK_N)
+    u = _round(unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N) * scale[:, None], DT)
+    store_rows(out_ptr, (act * u).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
@@ -277,7 +328,8 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
                 HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, PART: tl.constexpr,
                 HALF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                 FORM: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
-                OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr):
+                OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
+                LATE_NORM: tl.constexpr = 0):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
     head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to out [B, OUT_COLS]
@@ -285,11 +337,14 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     head_norm_rope task finishes the head)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
-    rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
+    rstd = tl.zeros([BLOCK_B], tl.float32)
+    if not LATE_NORM:
+        rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
     end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
     # rows of both halves in one pipeline
     both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K, True,
-                              BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
+                              BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES, FOLD, 0, eps,
+                              LATE_NORM), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     if RAW:
         rows = tl.arange(0, BLOCK_B)

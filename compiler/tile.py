@@ -51,6 +51,8 @@ class TileConfig:
     swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
     rms_unroll: int = 16384    # a row RMS issues all its loads at once up to this many elements
                                # of the batch's rows (0: one load and reduction per step)
+    late_norm: bool = False    # projections after a norm take its RMS from their own loads of
+                               # x and scale their output rows, instead of a pass over x first
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
     fold: int = 16             # at most this many column slices of a narrow projection step
                                # folded into its dot's rows and columns (1: none)

@@ -19,7 +19,7 @@ attention pipeline (default 6; as0: the projections', at least 2), ``atN`` keys 
 doubled while there are more than N tasks per worker (default 2; at0 never), ``pl`` counters polled
 with acquire loads instead of atomics, ``bal`` projection tasks in near-equal spans filling whole
 waves, ``skN`` projections without a norm in N K slices (default sk0: 4 from batch 8 on; sk1:
-none).
+none), ``ln`` projections after a norm taking its RMS from their own loads of x (late norm).
 """
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ class Variant:
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
     run_ahead: bool = False
+    late_norm: bool = TileConfig.late_norm
 
     @property
     def label(self) -> str:
@@ -77,6 +78,7 @@ class Variant:
         flags += ["ps"] * self.run_ahead
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
+        flags += ["ln"] * self.late_norm
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
@@ -105,7 +107,8 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
 SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
             "ps": {"prefetch": True, "run_ahead": True},
-            "pl": {"poll_load": True}, "bal": {"balance": True}, "np": {"prefetch": False},
+            "pl": {"poll_load": True}, "bal": {"balance": True},
+            "ln": {"late_norm": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
