@@ -10,6 +10,8 @@ is the (p % (S / BS))-th block of row p // (S / BS) of the static cache).
 import triton
 import triton.language as tl
 
+from .norm_ops import _round, late_rstd, load_step, row_rstd
+
 
 @triton.jit
 def _dot(a, b, acc, DT: tl.constexpr):
@@ -49,106 +51,6 @@ def _result(acc, FORM: tl.constexpr):
         return tl.trans(acc)
     else:
         return acc
-
-
-@triton.jit
-def _round(x, DT: tl.constexpr):
-    """Round fp32 to the model dtype and back, as a materialised eager tensor would be."""
-    return x.to(DT).to(tl.float32)
-
-
-@triton.jit
-def row_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-             BLOCK_K: tl.constexpr, UNROLL: tl.constexpr = 16384):
-    """1 / sqrt(mean(x^2) + eps) per row of x [B, K] -> [BLOCK_B] fp32. Up to UNROLL elements of
-    real rows, the steps are unrolled and their squares reduced once at the end, so that every
-    load is in flight at once: one memory latency and one block-wide reduction, where a
-    reduction per step cost a latency and barriers each (sm_90 code of llama-3.2-1b at batch 1:
-    one reduction instead of four; stack frame 112 bytes instead of 136)."""
-    rows = tl.arange(0, BLOCK_B)
-    if B * K <= UNROLL:
-        acc = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
-        for k0 in tl.static_range(0, K, BLOCK_K):
-            acc += _squares(x_ptr, rows, k0, B, K, BLOCK_K)
-        total = tl.sum(acc, axis=1)
-    else:  # larger blocks would hold too many registers at once: a reduction per step
-        total = tl.zeros([BLOCK_B], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            total += tl.sum(_squares(x_ptr, rows, k0, B, K, BLOCK_K), axis=1)
-    return tl.math.rsqrt(total / K + eps)
-
-
-@triton.jit
-def _squares(x_ptr, rows, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    ks = k0 + tl.arange(0, BLOCK_K)
-    x = tl.load(x_ptr + rows[:, None] * K + ks[None, :],
-                mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0).to(tl.float32)
-    return x * x
-
-
-@triton.jit
-def load_x(x_ptr, nw_ptr, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
-           BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1,
-           KEND: tl.constexpr = 0):
-    """Columns [k0, k0 + BLOCK_K) of x -> [BLOCK_B, BLOCK_K] as stored, rows K apart, and of the
-    norm weight in fp32 (broadcast over the rows; 1.0 without a norm); none read from KEND on
-    (0: K). FOLD > 1: folded, [FOLD * BLOCK_B, BLOCK_K / FOLD], row q * BLOCK_B + b holding row
-    b's q-th slice of the columns."""
-    LIM: tl.constexpr = KEND if KEND > 0 else K
-    if FOLD == 1:
-        rows = tl.arange(0, BLOCK_B)
-        ks = k0 + tl.arange(0, BLOCK_K)[None, :]                               # [1, BLOCK_K]
-    else:
-        KQ: tl.constexpr = BLOCK_K // FOLD
-        r = tl.arange(0, FOLD * BLOCK_B)
-        rows = r % BLOCK_B
-        ks = k0 + (r // BLOCK_B)[:, None] * KQ + tl.arange(0, KQ)[None, :]    # [FOLD * BB, KQ]
-    x = tl.load(x_ptr + rows[:, None] * K + ks, mask=(rows[:, None] < B) & (ks < LIM), other=0.0)
-    w = 1.0
-    if HAS_NORM:
-        w = tl.load(nw_ptr + ks, mask=ks < LIM, other=0.0).to(tl.float32)
-    return x, w
-
-
-@triton.jit
-def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
-                BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
-                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0):
-    """Columns [k0, k0 + BLOCK_K) of RMSNorm(x) * w (or of x) in DT, as ``load_x`` lays them
-    out; ``rstd`` has a value per (folded) row."""
-    x, w = load_x(x_ptr, nw_ptr, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, FOLD, KEND)
-    if HAS_NORM:
-        xn = _round(x.to(tl.float32) * rstd[:, None], DT)
-        x = (w * xn).to(DT)
-    return x.to(DT)
-
-
-@triton.jit
-def load_step(x_ptr, nw_ptr, rstd, ss, k0, B: tl.constexpr, K: tl.constexpr,
-              HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-              DT: tl.constexpr, FOLD: tl.constexpr, KEND: tl.constexpr, LATE: tl.constexpr):
-    """A projection step's input and the running sums of squares ss [FOLD * BLOCK_B]: by
-    default ``load_normed`` (ss unchanged); LATE (with a norm): x * w, the RMS left out and each
-    (folded) row's squares added to ss instead, so that no pass over x has to finish before
-    the weights stream (the caller scales the product's rows by ``late_rstd(ss)``)."""
-    if LATE and HAS_NORM:
-        x, w = load_x(x_ptr, nw_ptr, k0, B, K, True, BLOCK_B, BLOCK_K, FOLD, KEND)
-        xf = x.to(tl.float32)
-        a = (w * xf).to(DT)
-        ss += tl.sum(xf * xf, axis=1)
-    else:
-        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
-                        KEND)
-    return a, ss
-
-
-@triton.jit
-def late_rstd(ss, eps, K: tl.constexpr, FOLD: tl.constexpr, BLOCK_B: tl.constexpr):
-    """1 / sqrt(mean(x^2) + eps) per row [BLOCK_B] from the sums of squares of its FOLD slices
-    ss [FOLD * BLOCK_B] (see ``load_step``)."""
-    if FOLD > 1:
-        ss = tl.sum(tl.reshape(ss, [FOLD, BLOCK_B]), axis=0)
-    return tl.math.rsqrt(ss / K + eps)
 
 
 @triton.jit
