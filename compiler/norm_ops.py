@@ -46,6 +46,19 @@ def _squares(x_ptr, rows, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.cons
 
 
 @triton.jit
+def step_index(k0, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr):
+    """Row and columns of each element of a projection step [ROWS, BLOCK_K] from column k0:
+    rows [ROWS] and columns [1, BLOCK_K]; folded (FOLD > 1), rows [FOLD * ROWS] (element row
+    q * ROWS + j is row j) and columns [FOLD * ROWS, BLOCK_K / FOLD] (its q-th slice)."""
+    if FOLD == 1:
+        return tl.arange(0, ROWS), k0 + tl.arange(0, BLOCK_K)[None, :]
+    else:
+        KQ: tl.constexpr = BLOCK_K // FOLD
+        v = tl.arange(0, FOLD * ROWS)
+        return v % ROWS, k0 + (v // ROWS)[:, None] * KQ + tl.arange(0, KQ)[None, :]
+
+
+@triton.jit
 def load_x(x_ptr, nw_ptr, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
            BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1,
            KEND: tl.constexpr = 0):
@@ -54,14 +67,7 @@ def load_x(x_ptr, nw_ptr, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.con
     (0: K). FOLD > 1: folded, [FOLD * BLOCK_B, BLOCK_K / FOLD], row q * BLOCK_B + b holding row
     b's q-th slice of the columns."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
-    if FOLD == 1:
-        rows = tl.arange(0, BLOCK_B)
-        ks = k0 + tl.arange(0, BLOCK_K)[None, :]                               # [1, BLOCK_K]
-    else:
-        KQ: tl.constexpr = BLOCK_K // FOLD
-        r = tl.arange(0, FOLD * BLOCK_B)
-        rows = r % BLOCK_B
-        ks = k0 + (r // BLOCK_B)[:, None] * KQ + tl.arange(0, KQ)[None, :]    # [FOLD * BB, KQ]
+    rows, ks = step_index(k0, BLOCK_B, BLOCK_K, FOLD)
     x = tl.load(x_ptr + rows[:, None] * K + ks, mask=(rows[:, None] < B) & (ks < LIM), other=0.0)
     w = 1.0
     if HAS_NORM:

@@ -10,7 +10,7 @@ is the (p % (S / BS))-th block of row p // (S / BS) of the static cache).
 import triton
 import triton.language as tl
 
-from .norm_ops import _round, late_rstd, load_step, row_rstd
+from .norm_ops import _round, late_rstd, load_step, row_rstd, step_index
 
 
 @triton.jit
@@ -62,14 +62,7 @@ def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N:
     from KEND (0: K) on nothing is read. FOLD > 1: [FOLD * BLOCK_N, BLOCK_K / FOLD], row
     q * BLOCK_N + j holding row j's q-th slice of the columns."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
-    if FOLD == 1:
-        j = tl.arange(0, BLOCK_N)
-        ks = k0 + tl.arange(0, BLOCK_K)[None, :]                               # [1, BLOCK_K]
-    else:
-        KQ: tl.constexpr = BLOCK_K // FOLD
-        v = tl.arange(0, FOLD * BLOCK_N)
-        j = v % BLOCK_N
-        ks = k0 + (v // BLOCK_N)[:, None] * KQ + tl.arange(0, KQ)[None, :]    # [FOLD * BN, KQ]
+    j, ks = step_index(k0, BLOCK_N, BLOCK_K, FOLD)
     if HALF == BLOCK_N:
         ns, nmask = base + j, j < end
     else:
