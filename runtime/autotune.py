@@ -9,9 +9,9 @@ head-norm heads, K slices of the projections without a norm, late norm. Variants
 pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
 (``schedule_class``) are rated by the cost model's wave estimate of their tasks (tiling only, no
 code generated); the ``classes`` best, crossed with every code-level knob (block_k, stages,
-warps, late norm), and the default are compiled and built side by side (``processes`` at once, as is the
-rating of each batch size: Triton builds one kernel per process), then timed one after another
-(a decode step at position ``max_seq_len - 1``, median of ``iters``).
+warps, late norm), and the default are compiled and built side by side (``processes`` at once,
+as is the rating of each batch size: Triton builds one kernel per process), then timed one after
+another (a decode step at position ``max_seq_len - 1``, median of ``iters``).
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant), so a rerun times only what is missing, and each batch size's
 winner as a compiled artifact in ``folder/b{B}`` (the layout ``megakernel compile`` writes, which
