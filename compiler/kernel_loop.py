@@ -8,14 +8,19 @@ import triton.language as tl
 
 @triton.jit
 def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
-                  task, BACKOFF: tl.constexpr = 0, POLL: tl.constexpr = 0):
+                  task, BACKOFF: tl.constexpr = 0, POLL: tl.constexpr = 0, pf_ptr=None,
+                  pf_count=0, PF_WAIT: tl.constexpr = 0):
     """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
     (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
     elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
     returns False. BACKOFF > 0 (GPU only): sleep that many ns between polls, so that the
     producers' increments do not queue behind every consumer's atomic reads of one counter;
-    POLL 1 (GPU only): read the counter with acquire loads instead (see ``poll``)."""
+    POLL 1 (GPU only): read the counter with acquire loads instead (see ``poll``); PF_WAIT 1
+    (GPU only): between polls, ask L2 for the next 256 lines of the ``pf_count`` elements at
+    ``pf_ptr`` (the task's weights), so that a task whose inputs are ready starts at once and
+    one that waits streams its weights meanwhile."""
     ok = True
+    pf_done = 0
     j = 0
     while j < count:
         c = c0
@@ -26,6 +31,10 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
         seen = poll(counters_ptr + c, POLL)
         spins = 0
         while (seen < need) & (spins < spin_limit):
+            if PF_WAIT:
+                if pf_done < pf_count:
+                    prefetch_l2(pf_ptr + pf_done, tl.minimum(pf_count - pf_done, 256 * 64))
+                    pf_done += 256 * 64
             if BACKOFF > 0:
                 tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
                                           [spins * 0 + BACKOFF], dtype=tl.int32, is_pure=False,
@@ -68,7 +77,8 @@ def signal_counter(counters_ptr, c):
 
 @triton.jit
 def prefetch_l2(ptr, count, LINES: tl.constexpr = 256):
-    """Ask L2 for ``count`` elements from ``ptr``, one 128-byte line per lane (GPU only)."""
+    """Ask L2 for ``count`` elements from ``ptr``, one 128-byte line per lane (GPU only; 64
+    bf16/fp16 elements per line)."""
     STRIDE: tl.constexpr = 64                      # bf16/fp16 elements per 128-byte line
     n_lines = (count + STRIDE - 1) // STRIDE
     i = 0

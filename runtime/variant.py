@@ -11,15 +11,17 @@ row RMS loads up to N elements at once (default 16384; ru0: a load and a reducti
 ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them), ``paN`` prefetching
 the weights of the task N places later in the worker's queue instead of its own, ``ps`` tasks
 without weights of their own left to prefetch (attention) prefetching the next weighted task's
-instead, ``pn`` the next instruction's words prefetched into L2, ``boN`` N ns of sleep between
-polls of a counter not yet reached, ``foN`` at most N column slices of a narrow projection step
-folded into its dot (default 16; fo1: none), ``frN`` while their batch rows stay within N dot rows
-(default 16), ``ksN`` N key elements per attention step (default 8192), ``asN`` an N-stage
-attention pipeline (default 6; as0: the projections', at least 2), ``atN`` keys per attention task
-doubled while there are more than N tasks per worker (default 2; at0 never), ``pl`` counters polled
-with acquire loads instead of atomics, ``bal`` projection tasks in near-equal spans filling whole
-waves, ``skN`` projections without a norm in N K slices (default sk0: 4 from batch 8 on; sk1:
-none), ``ln`` projections after a norm taking its RMS from their own loads of x (late norm).
+instead, ``pw`` each task's weights prefetched between polls of its waits instead of before them (a
+task whose inputs are ready starts at once), ``pn`` the next instruction's words prefetched into
+L2, ``boN`` N ns of sleep between polls of a counter not yet reached, ``foN`` at most N column
+slices of a narrow projection step folded into its dot (default 16; fo1: none), ``frN`` while their
+batch rows stay within N dot rows (default 16), ``ksN`` N key elements per attention step (default
+8192), ``asN`` an N-stage attention pipeline (default 6; as0: the projections', at least 2),
+``atN`` keys per attention task doubled while there are more than N tasks per worker (default 2;
+at0 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
+in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices (default
+sk0: 4 from batch 8 on; sk1: none), ``ln`` projections after a norm taking its RMS from their own
+loads of x (late norm).
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ class Variant:
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
     run_ahead: bool = False
+    prefetch_wait: bool = False
     late_norm: bool = TileConfig.late_norm
 
     @property
@@ -76,6 +79,7 @@ class Variant:
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
         flags += ["pn"] * self.prefetch_next
         flags += ["ps"] * self.run_ahead
+        flags += ["pw"] * self.prefetch_wait
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
         flags += ["ln"] * self.late_norm
@@ -99,7 +103,7 @@ class Variant:
 TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__dataclass_fields__)
 OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
-                 "run_ahead": "run_ahead",
+                 "run_ahead": "run_ahead", "prefetch_wait": "prefetch_wait",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load"}
 
 
@@ -107,6 +111,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
 SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
             "ps": {"prefetch": True, "run_ahead": True},
+            "pw": {"prefetch": True, "prefetch_wait": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ln": {"late_norm": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
