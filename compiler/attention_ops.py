@@ -2,7 +2,8 @@
 one KV split of one row's query heads of a kv head, and the combine of those partials.
 
 The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``ops.cache_slots``;
-partials are fp32 acc [B * HQ, NSPLIT, D] and (max, sum) [B * HQ, NSPLIT, 2].
+partials are fp32 acc [P, G, D] and (max, sum) [P, G, 2], one slot per key range (P in all), the
+ranges of one (row, kv head) in consecutive slots.
 """
 import triton
 import triton.language as tl
@@ -28,18 +29,18 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
 
 @triton.jit
 def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row, kv_head,
-                    split, layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                    slot, lo, span, layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                    NSPLIT: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                    KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                     STAGES: tl.constexpr, DIRECT: tl.constexpr):
     """Attention of row ``row``'s G query heads of one kv head over keys
-    [split * KV_SPLIT, min(+KV_SPLIT, len)) -> unnormalised acc [G, D] and (max, sum) in fp32;
-    DIRECT (one split holds every key): the normalised output into out [B, HQ * D]."""
+    [lo, min(lo + span, len)) (span <= KV_SPLIT) -> unnormalised acc [G, D] and (max, sum) in
+    fp32, into partial slot ``slot``; DIRECT (one range holds every key): the
+    normalised output into out [B, HQ * D]."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     seq_len = tl.load(pos_ptr + row) + 1
-    lo = split * KV_SPLIT
-    hi = tl.minimum(lo + KV_SPLIT, seq_len)
+    hi = tl.minimum(lo + span, seq_len)
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
     ss = tl.arange(0, CHUNK)
@@ -66,28 +67,29 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
         l = l * alpha + tl.sum(p, axis=1)
         acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
         m = m_new
-    heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ]
     if DIRECT:
+        heads = row * HQ + kv_head * G + gs               # [BLOCK_G] rows of [B * HQ]
         out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
         tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
     else:
-        part = heads * NSPLIT + split
+        part = slot * G + gs
         tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
         tl.store(ml_ptr + part * 2, m, mask=gs < G)
         tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
 
 
 @triton.jit
-def attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, HQ: tl.constexpr, D: tl.constexpr,
-                    G: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_G: tl.constexpr,
+def attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, first, count, HQ: tl.constexpr,
+                    D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_SPLIT: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Merge the KV splits of row ``row``'s G heads: out = sum_s w_s acc_s / sum_s w_s l_s."""
+    """Merge partial slots [first, first + count) of row ``row``'s G heads of one kv head:
+    out = sum_s w_s acc_s / sum_s w_s l_s."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     gs = tl.arange(0, BLOCK_G)
     ss = tl.arange(0, BLOCK_SPLIT)
     ds = tl.arange(0, BLOCK_D)
-    part = (row * HQ + kv_head * G + gs)[:, None] * NSPLIT + ss[None, :]      # [BG, BSPLIT]
-    pmask = (gs[:, None] < G) & (ss[None, :] < NSPLIT)
+    part = (first + ss)[None, :] * G + gs[:, None]                            # [BG, BSPLIT]
+    pmask = (gs[:, None] < G) & (ss[None, :] < count)
     m = tl.load(ml_ptr + part * 2, mask=pmask, other=float("-inf"))
     l = tl.load(ml_ptr + part * 2 + 1, mask=pmask, other=0.0)
     m_max = tl.max(m, axis=1)

@@ -6,6 +6,8 @@ were measured on one (copy 4.2 TB/s, grid-wide wait about 1 us).
 """
 from __future__ import annotations
 
+import heapq
+
 from dataclasses import dataclass
 
 from .ir import Task
@@ -54,16 +56,26 @@ def task_us(task: Task, target: Target, workers: int) -> float:
     return target.task_overhead_us + max(task.bytes * per_sm / rate, task.flops / per_worker_flops)
 
 
+def packed_us(costs: list[float], workers: int) -> float:
+    """Makespan of tasks placed longest first, each on the least loaded of ``workers`` (equal
+    tasks: whole waves)."""
+    loads = [0.0] * max(1, min(workers, len(costs)))
+    for c in sorted(costs, reverse=True):
+        heapq.heapreplace(loads, loads[0] + c)
+    return max(loads)
+
+
 def op_waves_us(tasks, target: Target, workers: int) -> float:
     """A quick makespan estimate without dependencies, for ranking many variants: ops run one
     after another (in decode each op reads whole rows of an earlier one), and so do the phases
-    of an op (tasks of one kind: attention partials, then their combines), each in waves of
-    ``workers`` tasks but no faster than HBM streams its bytes, plus one synchronisation each."""
+    of an op (tasks of one kind: attention partials, then their combines), each packed on the
+    ``workers`` (``packed_us``) but no faster than HBM streams its bytes, plus one
+    synchronisation each."""
     per_op: dict[tuple, list[float]] = {}
     op_bytes: dict[tuple, int] = {}
     for task in tasks:
         phase = (task.op, task.kind)
         per_op.setdefault(phase, []).append(task_us(task, target, workers))
         op_bytes[phase] = op_bytes.get(phase, 0) + task.bytes
-    return sum(max(-(-len(c) // workers) * max(c), op_bytes[op] / target.hbm_bytes_per_us)
+    return sum(max(packed_us(c, workers), op_bytes[op] / target.hbm_bytes_per_us)
                + target.sync_us for op, c in per_op.items())

@@ -113,10 +113,6 @@ def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:
                 BLOCK_B=p2(d.batch, 1), HALF=p2(d.head_dim // 2, 1))
 
 
-def _splits(t: Task, d: Dims) -> int:
-    return -(-d.max_seq_len // t.args["kv_split"])
-
-
 def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
     """Keys per step of an attention task: its whole span, up to c.kv_step key elements."""
     span = 1 << (t.args["kv_split"].bit_length() - 1)
@@ -126,16 +122,15 @@ def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
 def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
-                S=d.max_seq_len, D=d.head_dim, G=g, NSPLIT=_splits(t, d),
-                KV_SPLIT=t.args["kv_split"], BS=c.kv_block, CHUNK=kv_chunk(t, d, c),
+                S=d.max_seq_len, D=d.head_dim, G=g, KV_SPLIT=t.args["kv_split"], BS=c.kv_block, CHUNK=kv_chunk(t, d, c),
                 BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=c.attn_stages or max(2, c.stages),
-                DIRECT=_splits(t, d) == 1)
+                DIRECT=t.args["direct"])
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
-    return dict(HQ=d.heads, D=d.head_dim, G=g, NSPLIT=_splits(t, d), BLOCK_G=p2(g),
-                BLOCK_SPLIT=p2(_splits(t, d), 1), BLOCK_D=p2(d.head_dim))
+    return dict(HQ=d.heads, D=d.head_dim, G=g, BLOCK_G=p2(g),
+                BLOCK_SPLIT=p2(t.args["nsplit"], 1), BLOCK_D=p2(d.head_dim))
 
 
 def _fields(spec: str) -> tuple[Field, ...]:
@@ -164,9 +159,11 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "col:int"), _head_norm_rope),
     OpSpec("attn_partial", "attention_ops.attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act row:int kv_head:int split:int layer:int"), _attn_partial),
+                   "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int"),
+           _attn_partial),
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
-           _fields("acc:f32 ml:f32 out:act row:int kv_head:int"), _attn_combine),
+           _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),
+           _attn_combine),
 ]}
 
 # The words before an op's fields, by name: encoder and kernel template both index them through

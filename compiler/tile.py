@@ -47,6 +47,8 @@ class TileConfig:
                                # -> 8192 / 6: batch 17 2.136 -> 1.918 ms, 8 1.281 -> 1.207)
     attn_tasks_per_worker: int = 2  # kv_split doubles while attention has more tasks than this
                                     # per worker (beyond one per row and kv head); 0: never
+    attn_balance: bool = False # attention tasks cut from the (row, kv head) units' keys laid
+                               # end to end, about one cut per worker (see Tiler.kv_pieces)
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
     swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
     rms_unroll: int = 16384    # a row RMS issues all its loads at once up to this many elements
@@ -147,6 +149,26 @@ class Tiler:
                 units * -(-d.max_seq_len // span) > limit:
             span *= 2
         return span
+
+    def kv_pieces(self) -> list[list[tuple[int, int]]]:
+        """Key ranges [(lo, hi)] of the attention tasks of each (row, kv head) unit: kv_span()
+        keys each, or (``attn_balance``) the units' keys laid end to end and cut every
+        ceil(keys / workers) keys (a multiple of kv_block, at least kv_split), so that each
+        worker gets about one cut's worth: at 17 rows on 132 workers, 267 tasks making 1056
+        keys per worker instead of 136 tasks of 1024 in two rounds."""
+        d, cfg, s = self.graph.dims, self.cfg, self.graph.dims.max_seq_len
+        units = d.batch * d.kv_heads
+        if not cfg.attn_balance:
+            span = self.kv_span()
+            return [[(lo, min(s, lo + span)) for lo in range(0, s, span)]] * units
+        per_worker = -(-units * s // self.workers)
+        cut = max(cfg.kv_split, -(-per_worker // cfg.kv_block) * cfg.kv_block)
+        out = []
+        for u in range(units):
+            edges = sorted({0, s} | {c - u * s for c in range(-(-u * s // cut) * cut, (u + 1) * s,
+                                                             cut)})
+            out.append(list(zip(edges, edges[1:])))
+        return out
 
     def qkv_pieces(self, head_norm: bool) -> int:
         """Tasks per q/k/v head: one where a head RMSNorm needs the whole head (unless
@@ -320,43 +342,49 @@ def tile_qkv_rope(t: Tiler, op) -> None:
 
 
 def tile_attention(t: Tiler, op) -> None:
-    """Where one task covers all keys (a single split), it writes the output itself and no
-    combine follows."""
+    """An attn_partial task per key range of ``Tiler.kv_pieces`` of each (row, kv head); a unit
+    in one range writes its output itself, the others' ranges write consecutive slots of
+    {op}.acc [P, G, D] and {op}.ml [P, G, 2] and an attn_combine per unit merges them."""
     d = t.graph.dims
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
-    group, hd, span = d.heads // d.kv_heads, d.head_dim, t.kv_span()
-    splits = -(-d.max_seq_len // span)
-    direct = splits == 1
-    acc = Buffer(f"{op.name}.acc", "f32", (d.batch, d.heads, splits, hd))
-    ml = Buffer(f"{op.name}.ml", "f32", (d.batch, d.heads, splits, 2))
-    if not direct:
+    group, hd, pieces = d.heads // d.kv_heads, d.head_dim, t.kv_pieces()
+    slots = sum(len(p) for p in pieces if len(p) > 1)
+    longest = max(hi - lo for p in pieces for lo, hi in p)
+    most = max(len(p) for p in pieces)
+    acc = Buffer(f"{op.name}.acc", "f32", (slots, group, hd))
+    ml = Buffer(f"{op.name}.ml", "f32", (slots, group, 2))
+    if slots:
         t.buffers.update({acc.name: acc, ml.name: ml})
-    into = (dict(out=out.name, acc=None, ml=None) if direct         # where partials go
-            else dict(out=None, acc=acc.name, ml=ml.name))
+    first = 0
     for b in range(d.batch):
         for g in range(d.kv_heads):
-            heads = (g * group, (g + 1) * group)
+            ranges, heads = pieces[b * d.kv_heads + g], (g * group, (g + 1) * group)
+            direct = len(ranges) == 1
+            into = (dict(out=out.name, acc=None, ml=None) if direct     # where partials go
+                    else dict(out=None, acc=acc.name, ml=ml.name))
             out_region = Region(out.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))
             q_region = Region(q.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))
-            for s in range(splits):
-                lo, hi = s * span, min(d.max_seq_len, (s + 1) * span)
+            for s, (lo, hi) in enumerate(ranges):
                 kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 1),
                                          (lo, hi), (0, hd)))
-                part = ((b, b + 1), heads, (s, s + 1))
-                writes = [out_region] if direct else [Region(acc.name, part + ((0, hd),)),
-                                                      Region(ml.name, part + ((0, 2),))]
-                t.add(op, "attn_partial", dict(q=q.name, row=b, kv_head=g, split=s, layer=layer,
-                                               kv_split=span, **into),
+                slot = ((first + s, first + s + 1), (0, group))
+                writes = [out_region] if direct else [Region(acc.name, slot + ((0, hd),)),
+                                                      Region(ml.name, slot + ((0, 2),))]
+                t.add(op, "attn_partial", dict(q=q.name, row=b, kv_head=g, slot=first + s,
+                                               lo=lo, span=hi - lo, layer=layer,
+                                               kv_split=longest, direct=direct, **into),
                       [q_region, kv, Region("positions", ((0, d.batch),))], writes,
                       (2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4,
                       4 * group * (hi - lo) * hd)
             if direct:
                 continue
-            part = ((b, b + 1), heads, (0, splits))
+            used = ((first, first + len(ranges)), (0, group))
             t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=b,
-                                           kv_head=g, kv_split=span),
-                  [Region(acc.name, part + ((0, hd),)), Region(ml.name, part + ((0, 2),))],
-                  [out_region], group * splits * (hd + 2) * 4 + group * hd * d.itemsize, 0)
+                                           kv_head=g, first=first, count=len(ranges),
+                                           nsplit=most),
+                  [Region(acc.name, used + ((0, hd),)), Region(ml.name, used + ((0, 2),))],
+                  [out_region], group * len(ranges) * (hd + 2) * 4 + group * hd * d.itemsize, 0)
+            first += len(ranges)
 
 
 TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,

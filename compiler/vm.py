@@ -113,17 +113,16 @@ class VM:
             self.buf["kv_cache"][a["layer"], kind - 1, rows, h, pos[:, None], local[None]] = y.to(dt)
 
     def attn_partial(self, a):
-        d, b, g, s = self.d, a["row"], a["kv_head"], a["split"]
-        group, hd, split = d.heads // d.kv_heads, d.head_dim, a["kv_split"]
+        d, b, g = self.d, a["row"], a["kv_head"]
+        group, hd = d.heads // d.kv_heads, d.head_dim
         n = int(self.buf["positions"][b]) + 1
-        lo, hi = s * split, min((s + 1) * split, n)
+        lo, hi = a["lo"], min(a["lo"] + a["span"], n)
         q = self.buf[a["q"]][b].view(d.heads, hd)[g * group:(g + 1) * group].float()
-        heads = slice(g * group, (g + 1) * group)
         if a["out"] is not None:                     # one split: the output itself
             dev = self.buf["kv_cache"].device
             acc, ml = torch.empty(group, hd, device=dev), torch.empty(group, 2, device=dev)
         else:
-            acc, ml = self.buf[a["acc"]][b, heads, s], self.buf[a["ml"]][b, heads, s]
+            acc, ml = self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]]   # [G, D], [G, 2]
         if lo >= hi:
             acc.zero_()
             ml[:, 0], ml[:, 1] = float("-inf"), 0.0
@@ -142,8 +141,9 @@ class VM:
     def attn_combine(self, a):
         d, b, g = self.d, a["row"], a["kv_head"]
         group, hd = d.heads // d.kv_heads, d.head_dim
-        heads = slice(g * group, (g + 1) * group)
-        acc, ml = self.buf[a["acc"]][b, heads], self.buf[a["ml"]][b, heads]   # [G, NS, D], [G, NS, 2]
+        used = slice(a["first"], a["first"] + a["count"])
+        acc = self.buf[a["acc"]][used].transpose(0, 1)                         # [G, NS, D]
+        ml = self.buf[a["ml"]][used].transpose(0, 1)                           # [G, NS, 2]
         w = torch.exp(ml[..., 0] - ml[..., 0].max(-1, keepdim=True).values)
         out = (w[..., None] * acc).sum(1) / (w * ml[..., 1]).sum(1, keepdim=True)
         self.buf[a["out"]][b, g * group * hd:(g + 1) * group * hd] = out.flatten().to(self.dt)

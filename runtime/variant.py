@@ -21,7 +21,8 @@ batch rows stay within N dot rows (default 16), ``ksN`` N key elements per atten
 at0 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
 in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices (default
 sk0: 4 from batch 8 on; sk1: none), ``ln`` projections after a norm taking its RMS from their own
-loads of x (late norm).
+loads of x (late norm), ``ab`` attention tasks cut from all rows' keys laid end to end, about
+one cut per worker.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class Variant:
     run_ahead: bool = False
     prefetch_wait: bool = False
     late_norm: bool = TileConfig.late_norm
+    attn_balance: bool = TileConfig.attn_balance
 
     @property
     def label(self) -> str:
@@ -83,6 +85,7 @@ class Variant:
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
         flags += ["ln"] * self.late_norm
+        flags += ["ab"] * self.attn_balance
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
@@ -113,7 +116,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "ps": {"prefetch": True, "run_ahead": True},
             "pw": {"prefetch": True, "prefetch_wait": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
-            "ln": {"late_norm": True}, "np": {"prefetch": False},
+            "ln": {"late_norm": True}, "ab": {"attn_balance": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
@@ -147,7 +150,8 @@ def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
     tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
     have a head norm, unless split; split only where that makes pieces; models without a head
-    norm keep the default), the attention task limit only where it changed the keys per task.
+    norm keep the default), the attention task limit only where it changed the keys per task
+    (balanced attention: never; its keys per task are a minimum there, kept as asked).
     Equal results build equal kernels."""
     tiler = Tiler(ops, v.tile, v.workers)
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
@@ -155,6 +159,8 @@ def effective(ops, v: Variant) -> Variant:
     plain = replace(v.tile, attn_tasks_per_worker=TileConfig.attn_tasks_per_worker)
     at = v.attn_tasks_per_worker if Tiler(ops, plain, v.workers).kv_span() != span \
         else TileConfig.attn_tasks_per_worker
+    if v.attn_balance:
+        span, at = v.kv_split, TileConfig.attn_tasks_per_worker
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at,
                    split_k=tiler.split_k(),
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm

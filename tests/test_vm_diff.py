@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megakernel.compiler.pipeline import CompileOptions, compile_model
-from megakernel.compiler.tile import TileConfig
+from megakernel.compiler.tile import TileConfig, Tiler
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import MegakernelStep
@@ -51,15 +51,21 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     torch.testing.assert_close(cache, cache_vm, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("name,workers,parts,slices", [
-    ("tiny-qwen3", 2, 1, 1), ("tiny-qwen3", 7, 1, 1), ("tiny-qwen3", 32, 1, 1),
-    ("tiny-llama", 32, 3, 1), ("tiny-qwen3", 32, 4, 1), ("tiny-llama", 32, 2, 2)])
-def test_vm_on_many_workers_matches_eager(name, workers, parts, slices):
+@pytest.mark.parametrize("name,workers,parts,slices,balance", [
+    ("tiny-qwen3", 2, 1, 1, False), ("tiny-qwen3", 7, 1, 1, False), ("tiny-qwen3", 32, 1, 1, False),
+    ("tiny-llama", 32, 3, 1, False), ("tiny-qwen3", 32, 4, 1, False),
+    ("tiny-llama", 32, 2, 2, False), ("tiny-llama", 8, 1, 1, True), ("tiny-qwen3", 5, 1, 1, True)])
+def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load_model(name, progress=False).model
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
-                                          split_k=slices))
+                                          split_k=slices, attn_balance=balance, kv_split=16))
     compiled = compile_model(model, opts, name)
+    if balance:     # each row's keys cut once, at places that leave unequal ranges
+        pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
+        assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
+                   for p in pieces)
+        assert len({hi - lo for p in pieces for lo, hi in p}) > 1
     tokens, positions, cache = inputs(model)
     cache_ref = cache.clone()
     vm = run_vm(compiled, model, tokens, positions, cache)

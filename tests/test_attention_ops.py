@@ -1,0 +1,50 @@
+"""The attention op bodies on their own: partials over key ranges of unequal length (as balanced
+attention cuts them, some reaching past the sequence), merged by the combine over the slots
+used, against PyTorch in fp32. On the CPU through the Triton interpreter (on a GPU, on the GPU)."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from megakernel.compiler import attention_ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+B, HQ, HKV, S, D, BS = 2, 4, 2, 64, 16, 16
+G = HQ // HKV
+
+
+@triton.jit
+def pieces_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, los_ptr,
+                  spans_ptr, row, kv_head, layer, count, B: tl.constexpr, HQ: tl.constexpr,
+                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                  SLOTS: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr):
+    for s in range(count):
+        attention_ops.attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
+                                      row, kv_head, s, tl.load(los_ptr + s),
+                                      tl.load(spans_ptr + s), layer, D ** -0.5, B, HQ, HKV, S, D, G,
+                                      KV_SPLIT, BS, 16, G, D, 2, False)
+    tl.debug_barrier()
+    attention_ops.attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, 0, count, HQ, D, G,
+                                  G, SLOTS, D)
+
+
+@pytest.mark.parametrize("seq_len", [50, 30])
+def test_partials_over_unequal_ranges_combine_to_attention(seq_len):
+    gen = torch.Generator().manual_seed(seq_len)
+    row, kv_head = 1, 1
+    ranges = [(0, 20), (20, 16), (36, 28)]            # (lo, span); the last past seq_len 30
+    q = torch.randn(B, HQ * D, generator=gen)
+    cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
+    positions = torch.full((B,), seq_len - 1, dtype=torch.int32)
+    table = torch.arange(B * S // BS, dtype=torch.int32).view(B, S // BS)     # identity blocks
+    acc = torch.full((4, G, D), float("nan"))                                # slot 3 never used
+    ml = torch.full((4, G, 2), float("nan"))
+    out = torch.full((B, HQ * D), float("nan"))
+    los, spans = (torch.tensor(v, dtype=torch.int32) for v in zip(*ranges))
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out, los, spans)]
+    pieces_kernel[(1,)](*args, row, kv_head, 0, len(ranges), B, HQ, HKV, S, D, G, 4, 32, BS)
+    heads = slice(kv_head * G * D, (kv_head + 1) * G * D)
+    qh = q[row, heads].view(G, D)                                            # [G, D]
+    k, v = cache[0, 0, row, kv_head, :seq_len], cache[0, 1, row, kv_head, :seq_len]
+    ref = torch.softmax(qh @ k.T * D ** -0.5, -1) @ v                        # [G, D]
+    torch.testing.assert_close(args[6].cpu()[row, heads].view(G, D), ref, atol=1e-5, rtol=1e-5)
