@@ -151,9 +151,13 @@ def effective(ops, v: Variant) -> Variant:
     tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
     have a head norm, unless split; split only where that makes pieces; models without a head
     norm keep the default), the attention task limit only where it changed the keys per task
-    (balanced attention: never; its keys per task are a minimum there, kept as asked).
+    (balanced attention: never; its keys per task are a minimum there, kept as asked; and no
+    balance where it cuts the keys as the plain tiling does).
     Equal results build equal kernels."""
     tiler = Tiler(ops, v.tile, v.workers)
+    if v.attn_balance and tiler.kv_pieces() == \
+            Tiler(ops, replace(v.tile, attn_balance=False), v.workers).kv_pieces():
+        return effective(ops, replace(v, attn_balance=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     pieces, span = tiler.qkv_pieces(head_norm), tiler.kv_span()
     plain = replace(v.tile, attn_tasks_per_worker=TileConfig.attn_tasks_per_worker)
