@@ -8,6 +8,7 @@ ranges of one (row, kv head) in consecutive slots.
 import triton
 import triton.language as tl
 
+from . import kernel_loop
 from .ops import _dot, cache_slots
 
 
@@ -76,6 +77,28 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
         tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
         tl.store(ml_ptr + part * 2, m, mask=gs < G)
         tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+
+
+@triton.jit
+def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row,
+                          kv_head, slot, lo, span, layer, scale: tl.constexpr, B: tl.constexpr,
+                          HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                          G: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                          CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                          STAGES: tl.constexpr, DIRECT: tl.constexpr):
+    """Ask L2 for the keys and values of earlier steps that ``attn_partial_op`` will read with
+    these arguments, [lo, min(lo + span, position)), one 128-byte line per lane (GPU only; the
+    key of this step comes from a q/k/v task)."""
+    LINE: tl.constexpr = 64                            # 2-byte elements per 128-byte line
+    NCHUNK: tl.constexpr = (KV_SPLIT + CHUNK - 1) // CHUNK
+    hi = tl.minimum(lo + span, tl.load(pos_ptr + row))
+    v_shift = B * HKV * S * D
+    for c in range(NCHUNK):
+        ss = tl.maximum(tl.minimum(lo + c * CHUNK + tl.arange(0, CHUNK), hi - 1), 0)
+        key = cache_slots(row, ss, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)   # [CHUNK]
+        for d0 in tl.static_range(0, D, LINE):
+            kernel_loop.prefetch_line(cache_ptr + key + d0)
+            kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift)
 
 
 @triton.jit

@@ -50,13 +50,14 @@ class Variant:
     kind: str
     body: str
     args: str
+    prefetch: str      # the kind's prefetch body, or ""
 
 
 def generate(enc: Encoded, model: str, batch: int, num_tasks: int) -> KernelSource:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True)
-    variants = [Variant(op, kind, REGISTRY[kind].body, call_args(kind, cx))
+    variants = [Variant(op, kind, REGISTRY[kind].body, call_args(kind, cx), REGISTRY[kind].prefetch)
                 for op, kind, cx in enc.variants]
     source = env.get_template("megakernel.py.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,

@@ -34,18 +34,20 @@ class CompileOptions:
     prefetch_next: bool = False          # L2-prefetch the next instruction's words (GPU)
     run_ahead: bool = False              # tasks with no weights left prefetch the next task's
     prefetch_wait: bool = False          # prefetch between polls of the waits instead of before
+    prefetch_kv: bool = False            # attention asks L2 for earlier steps' keys before waiting
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
 
     def switches(self, cuda: bool = True) -> dict:
         """The kernel's GPU-only constexprs (all 0 under the interpreter): PREFETCH bits (1 each
         task's weights before its waits, 2 the next instruction's words, 4 the weights between
-        polls of its waits instead), BACKOFF ns of sleep between polls, POLL 1 to poll with
-        acquire loads."""
+        polls of its waits instead, 8 what ops with a prefetch body read of earlier steps),
+        BACKOFF ns of sleep between polls, POLL 1 to poll with acquire loads."""
         if not cuda:
             return dict(PREFETCH=0, BACKOFF=0, POLL=0)
         weights = 4 if self.prefetch_wait else 1
-        return dict(PREFETCH=weights * self.prefetch | 2 * self.prefetch_next,
+        return dict(PREFETCH=weights * self.prefetch | 2 * self.prefetch_next
+                    | 8 * self.prefetch_kv,
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load))
 
     def __post_init__(self) -> None:

@@ -28,6 +28,8 @@ class OpSpec:
     body: str        # the op body, as module.function under megakernel.compiler
     fields: tuple[Field, ...]
     constexprs: Callable[[Task, Dims, TileConfig], dict]
+    prefetch: str = ""   # optional GPU-only body with the op body's arguments that asks L2 for
+                         # what the task reads but no task writes, before its waits
 
     @property
     def words(self) -> tuple[Field, ...]:
@@ -160,7 +162,7 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("attn_partial", "attention_ops.attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int"),
-           _attn_partial),
+           _attn_partial, "attention_ops.attn_partial_prefetch"),
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),
            _attn_combine),

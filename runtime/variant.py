@@ -22,7 +22,8 @@ at0 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`
 in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices (default
 sk0: 4 from batch 8 on; sk1: none), ``ln`` projections after a norm taking its RMS from their own
 loads of x (late norm), ``ab`` attention tasks cut from all rows' keys laid end to end, about
-one cut per worker.
+one cut per worker, ``pk`` attention tasks asking L2 for earlier steps' keys and values before
+their waits.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class Variant:
     split_k: int = TileConfig.split_k
     run_ahead: bool = False
     prefetch_wait: bool = False
+    prefetch_kv: bool = False
     late_norm: bool = TileConfig.late_norm
     attn_balance: bool = TileConfig.attn_balance
 
@@ -82,6 +84,7 @@ class Variant:
         flags += ["pn"] * self.prefetch_next
         flags += ["ps"] * self.run_ahead
         flags += ["pw"] * self.prefetch_wait
+        flags += ["pk"] * self.prefetch_kv
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
         flags += ["ln"] * self.late_norm
@@ -107,6 +110,7 @@ TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__da
 OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "run_ahead": "run_ahead", "prefetch_wait": "prefetch_wait",
+                 "prefetch_kv": "prefetch_kv",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load"}
 
 
@@ -114,7 +118,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
 SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
             "ps": {"prefetch": True, "run_ahead": True},
-            "pw": {"prefetch": True, "prefetch_wait": True},
+            "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ln": {"late_norm": True}, "ab": {"attn_balance": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}

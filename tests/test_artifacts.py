@@ -74,9 +74,10 @@ for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3",
         assert "ld.acquire.gpu" in compile_for_hopper(kernel, switches={"POLL": 1}).asm["ptx"]
         ahead = compile_for_hopper(kernel, switches={"PREFETCH": 3}).asm["ptx"]   # + next words
         assert ahead.count("prefetch.global.L2") > ptx.count("prefetch.global.L2")
-        # weights prefetched between the polls of a wait, and none at all
+        # weights prefetched between the polls of a wait, the KV cache by attention, none
         ptx_of = lambda **sw: compile_for_hopper(kernel, switches=sw).asm["ptx"]
         assert "prefetch.global.L2" in ptx_of(PREFETCH=4)
+        assert "prefetch.global.L2" in ptx_of(PREFETCH=8)
         assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
