@@ -7,7 +7,7 @@ Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages
 per SM, keys per attention task, the attention task limit and balance, tasks per q/k/v head, split
 head-norm heads, K slices of the projections without a norm, late norm. Variants whose
 pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
-(``schedule_class``) are rated by the cost model's wave estimate of their tasks (tiling only, no
+(``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
 code generated); the ``classes`` best, crossed with every code-level knob (block_k, stages,
 warps, late norm), and the default are compiled and built side by side (``processes`` at once,
 as is the rating of each batch size: Triton builds one kernel per process), then timed one after
