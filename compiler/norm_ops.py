@@ -114,3 +114,19 @@ def late_rstd(ss, eps, K: tl.constexpr, FOLD: tl.constexpr, BLOCK_B: tl.constexp
     if FOLD > 1:
         ss = tl.sum(tl.reshape(ss, [FOLD, BLOCK_B]), axis=0)
     return tl.math.rsqrt(ss / K + eps)
+
+
+@triton.jit
+def rms_norm_op(x_ptr, nw_ptr, out_ptr, r0, r1, eps: tl.constexpr, K: tl.constexpr,
+                ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[r0:r1] = RMSNorm(x[r0:r1]) * w for x [B, K], whole rows at once (r1 - r0 <= ROWS,
+    K <= BLOCK_K), rounded as ``load_normed`` rounds."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    rows = r0 + tl.arange(0, ROWS)
+    ks = tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < r1) & (ks[None, :] < K)
+    offs = rows[:, None] * K + ks[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # [ROWS, BLOCK_K]
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / K + eps)
+    w = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (w[None, :] * _round(x * rstd[:, None], DT)).to(DT), mask=mask)

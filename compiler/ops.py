@@ -176,19 +176,19 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr
                B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
-               FOLD: tl.constexpr, LATE_NORM: tl.constexpr = 0):
-    """out[:, n0:n1] = SiLU(norm(x) @ Wg[n0:n1]^T) * (norm(x) @ Wu[n0:n1]^T), both projections
-    from one pipeline as matmul_tile runs it (LATE_NORM too)."""
+               FOLD: tl.constexpr, LATE_NORM: tl.constexpr = 0, HAS_NORM: tl.constexpr = 1):
+    """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
+    projections from one pipeline as matmul_tile runs it (LATE_NORM too)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rs = tl.zeros([FOLD * BLOCK_B], tl.float32)
-    if not LATE_NORM:
+    if HAS_NORM and not LATE_NORM:
         rs = fold_rows(row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL), FOLD, BLOCK_B)
     ss = tl.zeros([FOLD * BLOCK_B], tl.float32)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        a, ss = load_step(x_ptr, nw_ptr, rs, ss, k0, B, K, True, BLOCK_B, BLOCK_K, DT, FOLD, 0,
-                          LATE_NORM)
+        a, ss = load_step(x_ptr, nw_ptr, rs, ss, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
+                          0, LATE_NORM)
         # each weight's chunk loaded just before its use (both loads first: batch-32 stack 352
         # bytes instead of 136 on sm_90)
         wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
@@ -196,7 +196,7 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr
         wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
         u = _mac(a, wu.to(DT), u, FORM, DT)
     scale = tl.full([BLOCK_B], 1.0, tl.float32)
-    if LATE_NORM:
+    if HAS_NORM and LATE_NORM:
         scale = late_rstd(ss, eps, K, FOLD, BLOCK_B)
     g = _round(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N) * scale[:, None], DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
@@ -224,7 +224,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
                 HALF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                 FORM: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
                 OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
-                LATE_NORM: tl.constexpr = 0):
+                LATE_NORM: tl.constexpr = 0, HAS_NORM: tl.constexpr = 1):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
     head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to out [B, OUT_COLS]
@@ -233,11 +233,11 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
     rstd = tl.zeros([BLOCK_B], tl.float32)
-    if not LATE_NORM:
+    if HAS_NORM and not LATE_NORM:
         rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
     end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
     # rows of both halves in one pipeline
-    both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K, True,
+    both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K, HAS_NORM,
                               BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES, FOLD, 0, eps,
                               LATE_NORM), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]

@@ -91,8 +91,14 @@ def _linear_reduce(t: Task, d: Dims, c: TileConfig) -> dict:
                 BLOCK_N=t.args["bn"])
 
 
+def _rms_norm(t: Task, d: Dims, c: TileConfig) -> dict:
+    return dict(eps=t.args["eps"], K=t.args["k"], ROWS=next_pow2(t.args["rows"]),
+                BLOCK_K=next_pow2(t.args["k"]))
+
+
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=d.intermediate, BLOCK_N=t.args["bn"],
+                HAS_NORM=t.args["norm"] is not None,
                 **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c))
 
 
@@ -105,6 +111,7 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], D=d.head_dim, HQ=d.heads,
                 HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, PART=t.args["part"], HALF=half,
+                HAS_NORM=t.args["norm"] is not None,
                 RAW=t.args["raw"], OUT_COLS=(d.heads + d.kv_heads * t.args["raw"]) * d.head_dim,
                 **_projection(d.hidden, 2 * half, t.args["bk"], d, c))
 
@@ -124,8 +131,8 @@ def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
 def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
-                S=d.max_seq_len, D=d.head_dim, G=g, KV_SPLIT=t.args["kv_split"], BS=c.kv_block, CHUNK=kv_chunk(t, d, c),
-                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=c.attn_stages or max(2, c.stages),
+                S=d.max_seq_len, D=d.head_dim, G=g, KV_SPLIT=t.args["kv_split"], BS=c.kv_block,
+                CHUNK=kv_chunk(t, d, c), BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=c.attn_stages or max(2, c.stages),
                 DIRECT=t.args["direct"])
 
 
@@ -149,6 +156,8 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),
     OpSpec("linear_reduce", "split_ops.linear_reduce_op",
            _fields("part:f32 residual:act out:act n0:int n1:int"), _linear_reduce),
+    OpSpec("rms_norm", "norm_ops.rms_norm_op",
+           _fields("x:act norm:weight out:act r0:int r1:int"), _rms_norm),
     OpSpec("gate_up", "ops.gate_up_op",
            _fields("x:act norm:weight gate:weight up:weight out:act n0:int n1:int"), _gate_up),
     OpSpec("qkv_rope", "ops.qkv_rope_op",

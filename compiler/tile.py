@@ -13,6 +13,7 @@ Tilings (``TileConfig`` sets the sizes):
                ``split_k`` S > 1 and no norm, linear_part per (column group, K slice) into
                fp32 partials {op}.part [S, B, N], then linear_reduce per column group
     gate_up    one task per columns [n0, n1) of the intermediate size
+    rms_norm   (``norm_first``) rows of an op's normalised input, before the op's own tasks
 A projection's columns split evenly over the workers in as few waves as keep tasks within
 4 * ``block_n`` columns, so that every op spreads its weights over the whole GPU with the fewest
 tasks; ``bn`` is the op body's block (a power of two), ``n0``/``n1`` the task's columns.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
+from .tile_attention import tile_attention
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class TileConfig:
                                # of the batch's rows (0: one load and reduction per step)
     late_norm: bool = False    # projections after a norm take its RMS from their own loads of
                                # x and scale their output rows, instead of a pass over x first
+    norm_first: bool = False   # ... or read a normalised copy of x that rms_norm tasks write
+                               # once (one more phase; no norm work in the projection tasks)
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
     fold: int = 16             # at most this many column slices of a narrow projection step
                                # folded into its dot's rows and columns (1: none)
@@ -218,7 +222,8 @@ def split_slices(t: Tiler, op) -> int:
     """K slices of a linear op: split_k where it has no norm and K splits into slices of a
     multiple of 16 columns (whole 16-byte loads), else 1."""
     k, s = t.b(op.params["weight"]).shape[1], t.split_k()
-    return s if s > 1 and op.params["norm"] is None and k % (16 * s) == 0 else 1
+    plain = op.params["norm"] is None and not op.params.get("prenormed")
+    return s if s > 1 and plain and k % (16 * s) == 0 else 1
 
 
 def tile_linear_split(t: Tiler, op, slices: int) -> None:
@@ -273,8 +278,9 @@ def tile_gate_up(t: Tiler, op) -> None:
     k = d.hidden
     spans, block = t.spans(d.intermediate)
     for lo, hi in spans:
-        reads = [Region(x.name, full(x)), Region(p["norm"], ((0, k),)),
-                 rows(t.b(p["gate"]), lo, hi), rows(t.b(p["up"]), lo, hi)]
+        reads = [Region(x.name, full(x)), rows(t.b(p["gate"]), lo, hi),
+                 rows(t.b(p["up"]), lo, hi)]
+        reads += [Region(p["norm"], ((0, k),))] if p["norm"] else []
         nbytes = (2 * (hi - lo) * k + d.batch * k + d.batch * (hi - lo)) * d.itemsize
         t.add(op, "gate_up", dict(x=x.name, norm=p["norm"], gate=p["gate"], up=p["up"],
                                   out=out.name, n0=lo, n1=hi, bn=block,
@@ -314,10 +320,10 @@ def tile_qkv_rope(t: Tiler, op) -> None:
         for d0 in range(0, half, part):
             n = min(part, half - d0)
             spans = ((h * hd + d0, h * hd + d0 + n), (h * hd + half + d0, h * hd + half + d0 + n))
-            reads = [Region(x.name, full(x)), Region(p["norm"], ((0, d.hidden),)),
-                     *(rows(t.b(w), lo, hi) for lo, hi in spans),
+            reads = [Region(x.name, full(x)), *(rows(t.b(w), lo, hi) for lo, hi in spans),
                      Region("positions", ((0, d.batch),)), Region(p["inv_freq"], ((d0, d0 + n),))]
             reads += [Region(head_norm, ((0, hd),))] if head_norm and not split else []
+            reads += [Region(p["norm"], ((0, d.hidden),))] if p["norm"] else []
             writes = [cols(raw, lo - h * hd + col, hi - h * hd + col) for lo, hi in spans] \
                 if split else qkv_writes(t, q, kind, h, layer, spans)
             nbytes = (2 * n * d.hidden + d.batch * d.hidden + 2 * d.batch * n) * d.itemsize
@@ -341,50 +347,22 @@ def tile_qkv_rope(t: Tiler, op) -> None:
                   qkv_writes(t, q, kind, h, layer, spans), 4 * d.batch * hd * d.itemsize, 0)
 
 
-def tile_attention(t: Tiler, op) -> None:
-    """An attn_partial task per key range of ``Tiler.kv_pieces`` of each (row, kv head); a unit
-    in one range writes its output itself, the others' ranges write consecutive slots of
-    {op}.acc [P, G, D] and {op}.ml [P, G, 2] and an attn_combine per unit merges them."""
-    d = t.graph.dims
-    q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
-    group, hd, pieces = d.heads // d.kv_heads, d.head_dim, t.kv_pieces()
-    slots = sum(len(p) for p in pieces if len(p) > 1)
-    longest = max(hi - lo for p in pieces for lo, hi in p)
-    most = max(len(p) for p in pieces)
-    acc = Buffer(f"{op.name}.acc", "f32", (slots, group, hd))
-    ml = Buffer(f"{op.name}.ml", "f32", (slots, group, 2))
-    if slots:
-        t.buffers.update({acc.name: acc, ml.name: ml})
-    first = 0
-    for b in range(d.batch):
-        for g in range(d.kv_heads):
-            ranges, heads = pieces[b * d.kv_heads + g], (g * group, (g + 1) * group)
-            direct = len(ranges) == 1
-            into = (dict(out=out.name, acc=None, ml=None) if direct     # where partials go
-                    else dict(out=None, acc=acc.name, ml=ml.name))
-            out_region = Region(out.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))
-            q_region = Region(q.name, ((b, b + 1), (heads[0] * hd, heads[1] * hd)))
-            for s, (lo, hi) in enumerate(ranges):
-                kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 1),
-                                         (lo, hi), (0, hd)))
-                slot = ((first + s, first + s + 1), (0, group))
-                writes = [out_region] if direct else [Region(acc.name, slot + ((0, hd),)),
-                                                      Region(ml.name, slot + ((0, 2),))]
-                t.add(op, "attn_partial", dict(q=q.name, row=b, kv_head=g, slot=first + s,
-                                               lo=lo, span=hi - lo, layer=layer,
-                                               kv_split=longest, direct=direct, **into),
-                      [q_region, kv, Region("positions", ((0, d.batch),))], writes,
-                      (2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4,
-                      4 * group * (hi - lo) * hd)
-            if direct:
-                continue
-            used = ((first, first + len(ranges)), (0, group))
-            t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=b,
-                                           kv_head=g, first=first, count=len(ranges),
-                                           nsplit=most),
-                  [Region(acc.name, used + ((0, hd),)), Region(ml.name, used + ((0, 2),))],
-                  [out_region], group * len(ranges) * (hd + 2) * 4 + group * hd * d.itemsize, 0)
-            first += len(ranges)
+def norm_first(t: Tiler, op):
+    """rms_norm tasks, a few rows each, write the op's normalised input {op}.xn [B, K] once;
+    returns the op reading it with no norm of its own."""
+    p, d = op.params, t.graph.dims
+    x = t.b(p["x"])
+    k = x.shape[1]
+    xn = Buffer(f"{op.name}.xn", "act", x.shape)
+    t.buffers[xn.name] = xn
+    per = max(1, min(-(-d.batch // t.workers), 16384 // p2(k)))     # rows held at once
+    for r0 in range(0, d.batch, per):
+        r1 = min(d.batch, r0 + per)
+        t.add(op, "rms_norm", dict(x=x.name, norm=p["norm"], out=xn.name, r0=r0, r1=r1,
+                                   rows=per, k=k, eps=p["eps"]),
+              [Region(x.name, ((r0, r1), (0, k))), Region(p["norm"], ((0, k),))],
+              [Region(xn.name, ((r0, r1), (0, k)))], (2 * (r1 - r0) + 1) * k * d.itemsize, 0)
+    return replace(op, params={**p, "x": xn.name, "norm": None, "prenormed": True})
 
 
 TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,
@@ -395,6 +373,8 @@ def tile_tasks(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1)
     """The tasks (and the scratch buffers they add), without dependencies."""
     t = Tiler(graph, cfg, workers)
     for op in graph.ops:
+        if cfg.norm_first and op.params.get("norm"):
+            op = norm_first(t, op)
         TILERS[op.kind](t, op)
     return t
 

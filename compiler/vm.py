@@ -71,6 +71,11 @@ class VM:
         y = self.buf[a["part"]][:, :, lo:hi].sum(0).to(self.dt)
         self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
 
+    def rms_norm(self, a):
+        r0, r1 = a["r0"], a["r1"]
+        self.buf[a["out"]][r0:r1] = rms(self.buf[a["x"]][r0:r1], self.w(a["norm"]), a["eps"],
+                                        self.dt)
+
     def gate_up(self, a):
         lo, hi = a["n0"], a["n1"]
         x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)

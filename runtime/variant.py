@@ -21,9 +21,9 @@ batch rows stay within N dot rows (default 16), ``ksN`` N key elements per atten
 at0 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
 in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices (default
 sk0: 4 from batch 8 on; sk1: none), ``ln`` projections after a norm taking its RMS from their own
-loads of x (late norm), ``ab`` attention tasks cut from all rows' keys laid end to end, about
-one cut per worker, ``pk`` attention tasks asking L2 for earlier steps' keys and values before
-their waits.
+loads of x (late norm), ``nf`` normalised x written once by rms_norm tasks (norm first), ``ab``
+attention tasks cut from all rows' keys laid end to end, about one cut per worker, ``pk`` attention
+tasks asking L2 for earlier steps' keys and values before their waits.
 """
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ class Variant:
     prefetch_wait: bool = False
     prefetch_kv: bool = False
     late_norm: bool = TileConfig.late_norm
+    norm_first: bool = TileConfig.norm_first
     attn_balance: bool = TileConfig.attn_balance
 
     @property
@@ -88,6 +89,7 @@ class Variant:
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
         flags += ["ln"] * self.late_norm
+        flags += ["nf"] * self.norm_first
         flags += ["ab"] * self.attn_balance
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
@@ -120,7 +122,8 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "ps": {"prefetch": True, "run_ahead": True},
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
-            "ln": {"late_norm": True}, "ab": {"attn_balance": True}, "np": {"prefetch": False},
+            "ln": {"late_norm": True}, "ab": {"attn_balance": True},
+            "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},

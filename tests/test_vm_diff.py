@@ -13,6 +13,18 @@ from megakernel.compiler.vm import run_vm
 B, S = 3, 64
 
 
+def load(name):
+    """A tiny preset with its norm weights drawn too (presets init them to 1, which would let a
+    norm weight applied wrongly, or not at all, pass)."""
+    model = load_model(name, progress=False).model
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if "norm" in pname:
+                param.copy_(torch.rand(param.shape, generator=gen) + 0.5)
+    return model
+
+
 def inputs(model):
     cache = allocate_kv_cache(model.config, B, S, dtype=torch.float32, device="cpu")
     cache.normal_(generator=torch.Generator().manual_seed(1))
@@ -25,12 +37,13 @@ def inputs(model):
 @pytest.mark.parametrize("tiles", [TileConfig(),
                                    TileConfig(gemv=True, block_n=16, rms_unroll=0,
                                               split_head_norm=False, late_norm=True),
-                                   TileConfig(block_k=32, stages=2, swap_ab=True, balance=True),
+                                   TileConfig(block_k=32, stages=2, swap_ab=True, balance=True,
+                                              norm_first=True),
                                    TileConfig(split_k=2, block_k=32, late_norm=True),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
-    model = load_model(name, progress=False).model
+    model = load(name)
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
     compiled = compile_model(model, opts, name)
     tokens, positions, cache = inputs(model)
@@ -56,7 +69,7 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     ("tiny-llama", 32, 3, 1, False), ("tiny-qwen3", 32, 4, 1, False),
     ("tiny-llama", 32, 2, 2, False), ("tiny-llama", 8, 1, 1, True), ("tiny-qwen3", 5, 1, 1, True)])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
-    model = load_model(name, progress=False).model
+    model = load(name)
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
                                           split_k=slices, attn_balance=balance, kv_split=16))
