@@ -1,6 +1,7 @@
-"""RMSNorm pieces of the projection bodies (``@triton.jit``): a row's RMS in one pass over x
-(``row_rstd``), the normalised input of one projection step (``load_normed``), or, late norm,
-the raw step with each row's squares summed on the way (``load_step``, ``late_rstd``).
+"""RMSNorm in the megakernel (``@triton.jit``): pieces of the projection bodies, a row's RMS in
+one pass over x (``row_rstd``), the normalised input of one projection step (``load_normed``),
+or, late norm, the raw step with each row's squares summed on the way (``load_step``,
+``late_rstd``); and the op body of norm first, whole rows normalised once (``rms_norm_op``).
 
 x is row-major [B, K]; a folded step ([FOLD * BLOCK_B, BLOCK_K / FOLD], see ``ops.matmul_tile``)
 holds row b's q-th slice of the step's columns in row q * BLOCK_B + b. Rounding follows eager

@@ -3,7 +3,12 @@
 ranges; a unit of one range writes its output itself."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .ir import Buffer, Region
+
+if TYPE_CHECKING:
+    from .tile import Tiler
 
 
 def tile_attention(t: Tiler, op) -> None:
