@@ -1,5 +1,5 @@
 """Attention op bodies of the megakernel (``@triton.jit``, one tile task each): a partial over
-one KV split of one row's query heads of a kv head, and the combine of those partials.
+one key range of one row's query heads of a kv head, and the combine of those partials.
 
 The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``ops.cache_slots``;
 partials are fp32 acc [P, G, D] and (max, sum) [P, G, 2], one slot per key range (P in all), the

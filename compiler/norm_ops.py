@@ -39,6 +39,18 @@ def row_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr
 
 
 @triton.jit
+def first_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, HAS_NORM: tl.constexpr,
+               LATE: tl.constexpr):
+    """A projection's row RMS taken before its loop (``row_rstd``) -> [BLOCK_B]; zeros (unused)
+    without a norm, or where the loop takes it from its own loads (LATE, see ``load_step``)."""
+    rstd = tl.zeros([BLOCK_B], tl.float32)
+    if HAS_NORM and not LATE:
+        rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K, UNROLL)
+    return rstd
+
+
+@triton.jit
 def _squares(x_ptr, rows, k0, B: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
     ks = k0 + tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + rows[:, None] * K + ks[None, :],

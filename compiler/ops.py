@@ -10,7 +10,7 @@ is the (p % (S / BS))-th block of row p // (S / BS) of the static cache).
 import triton
 import triton.language as tl
 
-from .norm_ops import _round, late_rstd, load_step, row_rstd, step_index
+from .norm_ops import _round, first_rstd, late_rstd, load_step, row_rstd, step_index
 
 
 @triton.jit
@@ -160,9 +160,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
     if HAS_RES:  # requested before the weights stream, so its latency hides behind them
         r = tl.load(res_ptr + rows[:, None] * N + ns[None, :],
                     mask=(rows[:, None] < B) & (ns[None, :] < n1), other=0.0).to(tl.float32)
-    rstd = tl.zeros([BLOCK_B], tl.float32)
-    if HAS_NORM and not LATE_NORM:
-        rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
+    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, LATE_NORM)
     y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, HAS_NORM, BLOCK_B,
                            BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD, 0, eps,
                            LATE_NORM), DT)
@@ -180,9 +178,8 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr
     """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
     projections from one pipeline as matmul_tile runs it (LATE_NORM too)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    rs = tl.zeros([FOLD * BLOCK_B], tl.float32)
-    if HAS_NORM and not LATE_NORM:
-        rs = fold_rows(row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL), FOLD, BLOCK_B)
+    rs = fold_rows(first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, LATE_NORM),
+                   FOLD, BLOCK_B)
     ss = tl.zeros([FOLD * BLOCK_B], tl.float32)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
@@ -232,9 +229,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     head_norm_rope task finishes the head)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
-    rstd = tl.zeros([BLOCK_B], tl.float32)
-    if HAS_NORM and not LATE_NORM:
-        rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL)
+    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, LATE_NORM)
     end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
     # rows of both halves in one pipeline
     both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K, HAS_NORM,

@@ -6,9 +6,9 @@ Tilings (``TileConfig`` sets the sizes):
     qkv_rope   one task per head (or per ``qkv_parts`` piece of one): each q head, each k head,
                each v head (k/v write the cache); with ``split_head_norm``, pieces of heads with
                a head norm write the raw projection and head_norm_rope finishes each head
-    attention  attn_partial per (row, kv head, KV split) into fp32 partials, then attn_combine per
-               (row, kv head); a partial waits only for its q heads and its k/v head; a single
-               split writes the output itself
+    attention  attn_partial per key range of each (row, kv head) into fp32 partials, then
+               attn_combine per (row, kv head); a partial waits only for its q heads and its k/v
+               head; a single range writes the output itself (``tile_attention``)
     linear     one task per output columns [n0, n1) (norm, residual fused in); with
                ``split_k`` S > 1 and no norm, linear_part per (column group, K slice) into
                fp32 partials {op}.part [S, B, N], then linear_reduce per column group
@@ -158,7 +158,7 @@ class Tiler:
         """Key ranges [(lo, hi)] of the attention tasks of each (row, kv head) unit: kv_span()
         keys each, or (``attn_balance``) the units' keys laid end to end and cut every
         ceil(keys / workers) keys (a multiple of kv_block, at least kv_split), so that each
-        worker gets about one cut's worth: at 17 rows on 132 workers, 267 tasks making 1056
+        worker gets about one cut's worth: at 17 rows on 132 workers, 263 tasks making 1056
         keys per worker instead of 136 tasks of 1024 in two rounds."""
         d, cfg, s = self.graph.dims, self.cfg, self.graph.dims.max_seq_len
         units = d.batch * d.kv_heads
