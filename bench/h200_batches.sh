@@ -6,7 +6,7 @@
 #   bash bench/h200_batches.sh bench [BATCH_SIZES]   eager, torch-compile and the tuned kernels
 #                                                    side by side into $OUT/h200.json (merged into
 #                                                    a copy of bench/results/h200.json) + h200.png
-# MODEL (default llama-3.2-1b), JOBS (build processes, default 12) and CLASSES (schedule classes
+# TUNED (the kernels' folder), MODEL (default llama-3.2-1b), JOBS (build processes, default 12) and CLASSES (schedule classes
 # timed besides the default, default 2) come from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ stage=${1:?tune or bench}
 batches=${2:-1,2,3,5,8,13,16,17,24,32,48,64}
 model=${MODEL:-llama-3.2-1b}
 out=${OUT:-/tmp/megakernel-out}
-tuned=/tmp/megakernel-tuned/$model
+tuned=${TUNED:-/tmp/megakernel-tuned/$model}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2

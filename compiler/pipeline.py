@@ -33,7 +33,9 @@ class CompileOptions:
     prefetch_ahead: int = 0              # prefetch the weights of the task this many places later
     prefetch_next: bool = False          # L2-prefetch the next instruction's words (GPU)
     run_ahead: bool = False              # tasks with no weights left prefetch the next task's
-    prefetch_wait: bool = False          # prefetch between polls of the waits instead of before
+    prefetch_wait: bool = True           # prefetch between polls of the waits instead of before
+                                         # (llama-3.2-1b on the H200, batch 1: 0.960 -> 0.931 ms,
+                                         # 8: 1.216 -> 1.174, 64: 3.154 -> 3.035)
     prefetch_kv: bool = False            # attention asks L2 for earlier steps' keys before waiting
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)

@@ -57,8 +57,11 @@ class TileConfig:
                                # of the batch's rows (0: one load and reduction per step)
     late_norm: bool = False    # projections after a norm take its RMS from their own loads of
                                # x and scale their output rows, instead of a pass over x first
-    norm_first: bool = False   # ... or read a normalised copy of x that rms_norm tasks write
-                               # once (one more phase; no norm work in the projection tasks)
+    norm_first: bool | None = None  # ... or read a normalised copy of x that rms_norm tasks
+                               # write once (one more phase; no norm work in the projection
+                               # tasks); None: from 5 batch rows on (llama-3.2-1b on the H200,
+                               # ms at batch 2 / 5 / 17 / 64 with pw: 0.986 / 1.157 / 1.758 /
+                               # 3.035 -> 1.007 / 1.108 / 1.608 / 2.040)
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
     fold: int = 16             # at most this many column slices of a narrow projection step
                                # folded into its dot's rows and columns (1: none)
@@ -192,6 +195,11 @@ class Tiler:
     def split_k(self) -> int:
         """K slices asked of the projections without a norm (``TileConfig.split_k``)."""
         return self.cfg.split_k or (4 if self.graph.dims.batch >= 8 else 1)
+
+    def norm_first(self) -> bool:
+        """Whether norms are written once before their op (``TileConfig.norm_first``)."""
+        nf = self.cfg.norm_first
+        return self.graph.dims.batch >= 5 if nf is None else nf
 
     def col_tiles(self, n: int, bn: int):
         for lo in range(0, n, bn):
@@ -373,7 +381,7 @@ def tile_tasks(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1)
     """The tasks (and the scratch buffers they add), without dependencies."""
     t = Tiler(graph, cfg, workers)
     for op in graph.ops:
-        if cfg.norm_first and op.params.get("norm"):
+        if t.norm_first() and op.params.get("norm"):
             op = norm_first(t, op)
         TILERS[op.kind](t, op)
     return t

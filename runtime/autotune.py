@@ -4,12 +4,12 @@ best on the device, keep the fastest.
     autotune(model, name, batch_sizes, max_seq_len, folder) -> list[Winner]
 
 Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
-per SM, keys per attention task, the attention task limit and balance, tasks per q/k/v head, split
-head-norm heads, K slices of the projections without a norm, late norm. Variants whose
+per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
+heads, K slices of the projections without a norm, norm first. Variants whose
 pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
 (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
 code generated); the ``classes`` best, crossed with every code-level knob (block_k, stages,
-warps, late norm), and the default are compiled and built side by side (``processes`` at once,
+warps), and the default are compiled and built side by side (``processes`` at once,
 as is the rating of each batch size: Triton builds one kernel per process), then timed one after
 another (a decode step at position ``max_seq_len - 1``, median of ``iters``).
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -40,11 +40,10 @@ from .variant import Variant, effective, parse_variant
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
          "split_head_norm": (False, True), "attn_tasks_per_worker": (2, 4), "split_k": (1, 4),
-         "late_norm": (False, True), "attn_balance": (False, True)}
+         "norm_first": (False, True)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
-            "split_k": TileConfig.split_k, "late_norm": TileConfig.late_norm,
-            "attn_balance": TileConfig.attn_balance}
+            "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first}
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class Winner:
 def candidates(target: Target, space: dict) -> list[Variant]:
     out = []
     knobs = [space[k] if k in space else (OPTIONAL[k],) for k in SPACE]
-    for bn, bk, st, warps, per_sm, kv, qp, hn, at, sk, ln, ab in itertools.product(*knobs):
+    for bn, bk, st, warps, per_sm, kv, qp, hn, at, sk, nf in itertools.product(*knobs):
         smem = max(st, 1) * bn * bk * 2 * 2            # stages of gate and up chunks, 2 bytes
         # a register file holds 8 warps of 255 registers (what these kernels take on sm_90)
         if smem * per_sm > target.smem_bytes or (target.name == "cpu" and per_sm > 1) \
@@ -68,14 +67,14 @@ def candidates(target: Target, space: dict) -> list[Variant]:
             continue
         out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, kv_split=kv,
                            qkv_parts=qp, split_head_norm=hn, attn_tasks_per_worker=at,
-                           split_k=sk, late_norm=ln, attn_balance=ab))
+                           split_k=sk, norm_first=nf))
     return out
 
 
 def schedule_class(v: Variant) -> tuple:
     """The knobs that change the task graph and its schedule (the rest change only the code)."""
     return (v.block_n, v.workers, v.kv_split, v.qkv_parts, v.split_head_norm,
-            v.attn_tasks_per_worker, v.split_k, v.attn_balance)
+            v.attn_tasks_per_worker, v.split_k, v.norm_first)
 
 
 def alike_ops(ops) -> list[tuple]:

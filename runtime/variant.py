@@ -11,8 +11,8 @@ row RMS loads up to N elements at once (default 16384; ru0: a load and a reducti
 ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them), ``paN`` prefetching
 the weights of the task N places later in the worker's queue instead of its own, ``ps`` tasks
 without weights of their own left to prefetch (attention) prefetching the next weighted task's
-instead, ``pw`` each task's weights prefetched between polls of its waits instead of before them (a
-task whose inputs are ready starts at once), ``pn`` the next instruction's words prefetched into
+instead, ``pw0`` each task's weights prefetched before its waits instead of between polls of them
+(``pw``, the default: a task whose inputs are ready starts at once), ``pn`` the next instruction's words prefetched into
 L2, ``boN`` N ns of sleep between polls of a counter not yet reached, ``foN`` at most N column
 slices of a narrow projection step folded into its dot (default 16; fo1: none), ``frN`` while their
 batch rows stay within N dot rows (default 16), ``ksN`` N key elements per attention step (default
@@ -21,7 +21,8 @@ batch rows stay within N dot rows (default 16), ``ksN`` N key elements per atten
 at0 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
 in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices (default
 sk0: 4 from batch 8 on; sk1: none), ``ln`` projections after a norm taking its RMS from their own
-loads of x (late norm), ``nf`` normalised x written once by rms_norm tasks (norm first), ``ab``
+loads of x (late norm), ``nf`` normalised x written once by rms_norm tasks (norm first; ``nf0``
+never; default: from 5 batch rows on), ``ab``
 attention tasks cut from all rows' keys laid end to end, about one cut per worker, ``pk`` attention
 tasks asking L2 for earlier steps' keys and values before their waits.
 """
@@ -60,7 +61,7 @@ class Variant:
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
     run_ahead: bool = False
-    prefetch_wait: bool = False
+    prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
     late_norm: bool = TileConfig.late_norm
     norm_first: bool = TileConfig.norm_first
@@ -84,12 +85,12 @@ class Variant:
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
         flags += ["pn"] * self.prefetch_next
         flags += ["ps"] * self.run_ahead
-        flags += ["pw"] * self.prefetch_wait
+        flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
         flags += ["ln"] * self.late_norm
-        flags += ["nf"] * self.norm_first
+        flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
         flags += ["ab"] * self.attn_balance
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
@@ -131,6 +132,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "ks": lambda n: {"kv_step": n}, "as": lambda n: {"attn_stages": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n},
+           "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n}}
 
@@ -173,7 +175,7 @@ def effective(ops, v: Variant) -> Variant:
     if v.attn_balance:
         span, at = v.kv_split, TileConfig.attn_tasks_per_worker
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at,
-                   split_k=tiler.split_k(),
+                   split_k=tiler.split_k(), norm_first=tiler.norm_first(),
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                    else TileConfig.split_head_norm)
 
