@@ -5,11 +5,11 @@ best on the device, keep the fastest.
 
 Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
 per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
-heads, K slices of the projections without a norm, norm first. Variants whose
+heads, K slices of the projections without a norm, norm first, KV prefetch. Variants whose
 pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
 (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
 code generated); the ``classes`` best, crossed with every code-level knob (block_k, stages,
-warps), and the default are compiled and built side by side (``processes`` at once,
+warps, KV prefetch), and the default are compiled and built side by side (``processes`` at once,
 as is the rating of each batch size: Triton builds one kernel per process), then timed one after
 another (a decode step at position ``max_seq_len - 1``, median of ``iters``).
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -40,10 +40,11 @@ from .variant import Variant, effective, parse_variant
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
          "split_head_norm": (False, True), "attn_tasks_per_worker": (2, 4), "split_k": (1, 4),
-         "norm_first": (False, True)}
+         "norm_first": (False, True), "prefetch_kv": (False, True)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
-            "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first}
+            "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,
+            "prefetch_kv": CompileOptions.prefetch_kv}
 
 
 @dataclass(frozen=True)
@@ -59,15 +60,18 @@ class Winner:
 def candidates(target: Target, space: dict) -> list[Variant]:
     out = []
     knobs = [space[k] if k in space else (OPTIONAL[k],) for k in SPACE]
-    for bn, bk, st, warps, per_sm, kv, qp, hn, at, sk, nf in itertools.product(*knobs):
+    for values in itertools.product(*knobs):
+        k = dict(zip(SPACE, values))
+        bn, bk, st, warps, per_sm = (k.pop(f) for f in ("block_n", "block_k", "stages",
+                                                          "num_warps", "workers_per_sm"))
         smem = max(st, 1) * bn * bk * 2 * 2            # stages of gate and up chunks, 2 bytes
-        # a register file holds 8 warps of 255 registers (what these kernels take on sm_90)
-        if smem * per_sm > target.smem_bytes or (target.name == "cpu" and per_sm > 1) \
+        # a register file holds 8 warps of 255 registers (what these kernels take on sm_90);
+        # the interpreter has one program per SM and no prefetch
+        cpu = target.name == "cpu"
+        if smem * per_sm > target.smem_bytes or (cpu and (per_sm > 1 or k["prefetch_kv"])) \
                 or per_sm * warps > 8:
             continue
-        out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, kv_split=kv,
-                           qkv_parts=qp, split_head_norm=hn, attn_tasks_per_worker=at,
-                           split_k=sk, norm_first=nf))
+        out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, **k))
     return out
 
 
