@@ -126,7 +126,7 @@ def cmd_trace(args) -> int:
     from megakernel.bench.decode import decode_state
     from megakernel.models import load_model
     from megakernel.runtime.megakernel import megakernel_backend
-    from megakernel.runtime.trace import draw_timeline, kind_table, trace_step
+    from megakernel.runtime.trace import draw_timeline, kind_table, phase_table, trace_step
 
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
     tokens, positions, cache = decode_state(loaded.model, args.batch_size, args.context)
@@ -156,6 +156,11 @@ def cmd_trace(args) -> int:
     for r in kind_table(traces, step.compiled, per_us):
         print(f"{r['kind']:<14}{r['tasks']:>7}{r['predicted_us']:>14.2f}{r['measured_us']:>16.2f}"
               f"{r['waited_us']:>14.2f}")
+    print(f"\n{'phase (mean over its ops)':<30}{'ops':>5}{'tasks':>7}{'span ' + measured:>14}"
+          f"{'task ' + measured:>14}")
+    for r in phase_table(traces, step.compiled, per_us):
+        print(f"{r['phase']:<30}{r['ops']:>5}{r['tasks']:>7}{r['span_us']:>14.2f}"
+              f"{r['task_us']:>14.2f}")
     print(f"step: {max(t.end for t in traces) / per_us:.1f} {measured} on {len(step.queues)} "
           f"workers (predicted {step.compiled.schedule.makespan_us:.1f} us); "
           f"timeline -> {args.output}")

@@ -3,6 +3,8 @@ when it ended (``%globaltimer`` ns on the GPU, a global tick order under the int
 
 ``trace_step(step)`` reads the stamps of the last launch of a ``MegakernelStep`` built with
 ``trace=True``; ``kind_table`` sets measured times per op kind beside the cost model's prediction;
+``phase_table`` gives each phase of a layer (an op's tasks of one kind, e.g. the o projection's
+linear tasks) its span from first start to last end, averaged over the layers;
 ``draw_timeline`` draws workers against time, waits pale, ops coloured by kind.
 """
 from __future__ import annotations
@@ -49,6 +51,32 @@ def kind_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[di
     return [{"kind": k, "tasks": r["tasks"], "predicted_us": r["predicted"] / r["tasks"],
              "measured_us": r["measured"] / r["tasks"], "waited_us": r["waited"] / r["tasks"]}
             for k, r in sorted(rows.items())]
+
+
+def op_role(op) -> str:
+    """What an op does in its layer: its weight's name without the layer (``o_proj``,
+    ``down_proj``, ``lm_head``), else its kind."""
+    weight = op.params.get("weight")
+    return weight.split(".")[-2] if isinstance(weight, str) and "." in weight else op.kind
+
+
+def phase_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[dict]:
+    """Per phase, (op role, task kind) in order of first start: ops (layers), tasks per op, mean
+    span from the phase's first start to its last end, and mean task time (us)."""
+    ops = {op.name: op for op in compiled.tasks.ops.ops}
+    spans: dict = {}                                  # (op name, kind) -> [first, last, n, busy]
+    for tr in traces:
+        s = spans.setdefault((compiled.tasks.tasks[tr.task].op, tr.kind), [tr.start, tr.end, 0, 0])
+        s[0], s[1] = min(s[0], tr.start), max(s[1], tr.end)
+        s[2], s[3] = s[2] + 1, s[3] + tr.end - tr.start
+    rows: dict = {}
+    for (name, kind), (first, last, n, busy) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        r = rows.setdefault((op_role(ops[name]), kind), [0, 0, 0, 0])
+        r[0], r[1], r[2], r[3] = r[0] + 1, r[1] + n, r[2] + last - first, r[3] + busy
+    return [{"phase": f"{role} {kind}" if role != kind else kind, "ops": n_ops,
+             "tasks": tasks // n_ops, "span_us": span / n_ops / unit_per_us,
+             "task_us": busy / tasks / unit_per_us}
+            for (role, kind), (n_ops, tasks, span, busy) in rows.items()]
 
 
 def draw_timeline(traces: list[TaskTrace], path: Path, title: str, unit: str) -> None:

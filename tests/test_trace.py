@@ -9,7 +9,7 @@ from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
-from megakernel.runtime.trace import kind_table, trace_step
+from megakernel.runtime.trace import kind_table, phase_table, trace_step
 from megakernel.runtime.variant import parse_variant
 
 
@@ -28,6 +28,12 @@ def test_trace_stamps_every_task_in_order():
         assert all(a.end < b.wait for a, b in zip(queue, queue[1:]))
     table = kind_table(traces, step.compiled, 1.0)
     assert sum(r["tasks"] for r in table) == len(traces)
+    phases = phase_table(traces, step.compiled, 1.0)     # each layer's phases, in layer order
+    assert sum(r["ops"] * r["tasks"] for r in phases) == len(traces)
+    layers = model.config.num_layers
+    assert [(r["phase"], r["ops"]) for r in phases if r["ops"] == layers][-2:] == \
+        [("gate_up", layers), ("down_proj linear", layers)]
+    assert all(r["span_us"] >= r["task_us"] > 0 for r in phases)
 
 
 def test_untraced_step_writes_no_stamps():
