@@ -72,10 +72,10 @@ for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3",
     if name == "tiny-llama":
         assert "nanosleep" in compile_for_hopper(kernel, switches={"BACKOFF": 128}).asm["ptx"]
         assert "ld.acquire.gpu" in compile_for_hopper(kernel, switches={"POLL": 1}).asm["ptx"]
-        ahead = compile_for_hopper(kernel, switches={"PREFETCH": 3}).asm["ptx"]   # + next words
-        assert ahead.count("prefetch.global.L2") > ptx.count("prefetch.global.L2")
-        # weights prefetched between the polls of a wait, the KV cache by attention, none
         ptx_of = lambda **sw: compile_for_hopper(kernel, switches=sw).asm["ptx"]
+        before = ptx_of(PREFETCH=1).count("prefetch.global.L2")    # weights before the waits
+        assert ptx_of(PREFETCH=3).count("prefetch.global.L2") > before    # + the next words
+        # weights prefetched between the polls of a wait, the KV cache by attention, none
         assert "prefetch.global.L2" in ptx_of(PREFETCH=4)
         assert "prefetch.global.L2" in ptx_of(PREFETCH=8)
         assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
