@@ -84,42 +84,21 @@ def weight_ranges(task, buffers, weight_id: dict) -> list[list[int]]:
     return sorted(out, key=lambda x: -x[2])
 
 
-def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0,
-                  run_ahead: bool = False) -> list[list[int]]:
+def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0) -> list[list[int]]:
     """Per position of one queue, the weight range [id, offset, count] prefetched into L2 before
     its waits, from each task's ``ranges`` (see ``weight_ranges``), at most ``cap`` elements (0:
-    no cap). By default a task's largest range, or (``ahead``) that of the task so many places
-    later (the last tasks of a queue prefetch nothing). ``run_ahead``: a task prefetches the
-    next part of its ranges not prefetched yet; one with no weights (attention, whose waits
-    leave HBM idle), or with all of them prefetched just after one without, instead the next
-    part of the following weighted task's."""
+    no cap): a task's largest range, or (``ahead``) that of the task so many places later (the
+    last tasks of a queue prefetch nothing)."""
     clip = (lambda n: min(n, cap)) if cap else (lambda n: n)
-    if not run_ahead:
-        return [[w, off, clip(n)] for w, off, n in
-                (ranges[j + ahead][0] if j + ahead < len(ranges) and ranges[j + ahead]
-                 else [0, 0, 0]
-                 for j in range(len(ranges)))]
-    done: dict = {}
-    gap = lambda k: next((r for r, x in enumerate(ranges[k]) if done.get((k, r), 0) < x[2]), None)
-    plan = []
-    for j in range(len(ranges)):
-        k, r = j, gap(j)
-        if r is None and (not ranges[j] or j and not ranges[j - 1]):
-            k = next((i for i in range(j + 1, len(ranges)) if ranges[i]), None)
-            r = None if k is None else gap(k)
-        if r is None:
-            plan.append([0, 0, 0])
-            continue
-        (w, off, n), d = ranges[k][r], done.get((k, r), 0)
-        plan.append([w, off + d, clip(n - d)])
-        done[(k, r)] = d + clip(n - d)
-    return plan
+    return [[w, off, clip(n)] for w, off, n in
+            (ranges[j + ahead][0] if j + ahead < len(ranges) and ranges[j + ahead] else [0, 0, 0]
+             for j in range(len(ranges)))]
 
 
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
-           prefetch_bytes: int = 0, prefetch_ahead: int = 0, run_ahead: bool = False) -> Encoded:
+           prefetch_bytes: int = 0, prefetch_ahead: int = 0) -> Encoded:
     """Prefetches: ``prefetch_bytes`` at most of weights per task (0: all of a range), and
-    ``prefetch_ahead`` and ``run_ahead`` as in ``prefetch_plan``."""
+    ``prefetch_ahead`` as in ``prefetch_plan``."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
@@ -129,7 +108,7 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
         queues.append((len(rows), len(queue)))
         plan = prefetch_plan([weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id)
                               for t in queue], prefetch_bytes // graph.ops.dims.itemsize,
-                             prefetch_ahead, run_ahead)
+                             prefetch_ahead)
         for t, pf in zip(queue, plan):
             task = graph.tasks[t]
             key = variant_key(task, graph.ops.dims, cfg)

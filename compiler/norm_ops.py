@@ -1,7 +1,6 @@
 """RMSNorm in the megakernel (``@triton.jit``): pieces of the projection bodies, a row's RMS in
-one pass over x (``row_rstd``), the normalised input of one projection step (``load_normed``),
-or, late norm, the raw step with each row's squares summed on the way (``load_step``,
-``late_rstd``); and the op body of norm first, whole rows normalised once (``rms_norm_op``).
+one pass over x (``row_rstd``), the normalised input of one projection step (``load_normed``);
+and the op body of norm first, whole rows normalised once (``rms_norm_op``).
 
 x is row-major [B, K]; a folded step ([FOLD * BLOCK_B, BLOCK_K / FOLD], see ``ops.matmul_tile``)
 holds row b's q-th slice of the step's columns in row q * BLOCK_B + b. Rounding follows eager
@@ -40,12 +39,11 @@ def row_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr
 
 @triton.jit
 def first_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, HAS_NORM: tl.constexpr,
-               LATE: tl.constexpr):
+               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, HAS_NORM: tl.constexpr):
     """A projection's row RMS taken before its loop (``row_rstd``) -> [BLOCK_B]; zeros (unused)
-    without a norm, or where the loop takes it from its own loads (LATE, see ``load_step``)."""
+    without a norm."""
     rstd = tl.zeros([BLOCK_B], tl.float32)
-    if HAS_NORM and not LATE:
+    if HAS_NORM:
         rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K, UNROLL)
     return rstd
 
@@ -99,34 +97,6 @@ def load_normed(x_ptr, nw_ptr, rstd, k0, B: tl.constexpr, K: tl.constexpr, HAS_N
         xn = _round(x.to(tl.float32) * rstd[:, None], DT)
         x = (w * xn).to(DT)
     return x.to(DT)
-
-
-@triton.jit
-def load_step(x_ptr, nw_ptr, rstd, ss, k0, B: tl.constexpr, K: tl.constexpr,
-              HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-              DT: tl.constexpr, FOLD: tl.constexpr, KEND: tl.constexpr, LATE: tl.constexpr):
-    """A projection step's input and the running sums of squares ss [FOLD * BLOCK_B]: by
-    default ``load_normed`` (ss unchanged); LATE (with a norm): x * w, the RMS left out and each
-    (folded) row's squares added to ss instead, so that no pass over x has to finish before
-    the weights stream (the caller scales the product's rows by ``late_rstd(ss)``)."""
-    if LATE and HAS_NORM:
-        x, w = load_x(x_ptr, nw_ptr, k0, B, K, True, BLOCK_B, BLOCK_K, FOLD, KEND)
-        xf = x.to(tl.float32)
-        a = (w * xf).to(DT)
-        ss += tl.sum(xf * xf, axis=1)
-    else:
-        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
-                        KEND)
-    return a, ss
-
-
-@triton.jit
-def late_rstd(ss, eps, K: tl.constexpr, FOLD: tl.constexpr, BLOCK_B: tl.constexpr):
-    """1 / sqrt(mean(x^2) + eps) per row [BLOCK_B] from the sums of squares of its FOLD slices
-    ss [FOLD * BLOCK_B] (see ``load_step``)."""
-    if FOLD > 1:
-        ss = tl.sum(tl.reshape(ss, [FOLD, BLOCK_B]), axis=0)
-    return tl.math.rsqrt(ss / K + eps)
 
 
 @triton.jit

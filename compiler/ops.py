@@ -10,7 +10,7 @@ is the (p % (S / BS))-th block of row p // (S / BS) of the static cache).
 import triton
 import triton.language as tl
 
-from .norm_ops import _round, first_rstd, late_rstd, load_step, row_rstd, step_index
+from .norm_ops import _round, first_rstd, load_normed, row_rstd, step_index
 
 
 @triton.jit
@@ -97,8 +97,7 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
                 K: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
-                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, eps=0.0,
-                LATE: tl.constexpr = 0):
+                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
     Triton's software pipeliner stages STAGES chunks through shared memory.
@@ -106,21 +105,15 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     so that a narrow task's dot is [FOLD * BLOCK_B, BLOCK_K / FOLD] @ [.., FOLD * BLOCK_N]: the
     same bytes, no batch rows padded to 16 when FOLD * BLOCK_B >= 16, and no warp re-reading
     the whole x step from shared memory for a few columns each. KEND > 0: only the first KEND
-    columns of each row (rows still K apart), for a K slice. LATE: the norm's RMS from the
-    loop's own loads, applied to the product (``rstd`` unused; see ``load_step``)."""
+    columns of each row (rows still K apart), for a K slice."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     rs = fold_rows(rstd, FOLD, BLOCK_B)
-    ss = tl.zeros([FOLD * BLOCK_B], tl.float32)
     acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
-        a, ss = load_step(x_ptr, nw_ptr, rs, ss, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
-                          KEND, LATE)
+        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD, KEND)
         w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND)
         acc = _mac(a, w.to(DT), acc, FORM, DT)
-    out = unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
-    if LATE and HAS_NORM:
-        out = out * late_rstd(ss, eps, K, FOLD, BLOCK_B)[:, None]
-    return out
+    return unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
@@ -149,10 +142,8 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
               B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
               HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
-              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
-              LATE_NORM: tl.constexpr = 0):
-    """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N).
-    LATE_NORM: the RMS comes from the projection's own loads (``load_step``)."""
+              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr):
+    """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
@@ -160,10 +151,9 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
     if HAS_RES:  # requested before the weights stream, so its latency hides behind them
         r = tl.load(res_ptr + rows[:, None] * N + ns[None, :],
                     mask=(rows[:, None] < B) & (ns[None, :] < n1), other=0.0).to(tl.float32)
-    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, LATE_NORM)
+    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM)
     y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, HAS_NORM, BLOCK_B,
-                           BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD, 0, eps,
-                           LATE_NORM), DT)
+                           BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
@@ -174,30 +164,25 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr
                B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
-               FOLD: tl.constexpr, LATE_NORM: tl.constexpr = 0, HAS_NORM: tl.constexpr = 1):
+               FOLD: tl.constexpr, HAS_NORM: tl.constexpr = 1):
     """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
-    projections from one pipeline as matmul_tile runs it (LATE_NORM too)."""
+    projections from one pipeline as matmul_tile runs it."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    rs = fold_rows(first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, LATE_NORM),
-                   FOLD, BLOCK_B)
-    ss = tl.zeros([FOLD * BLOCK_B], tl.float32)
+    rs = fold_rows(first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM), FOLD,
+                   BLOCK_B)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        a, ss = load_step(x_ptr, nw_ptr, rs, ss, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
-                          0, LATE_NORM)
+        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD)
         # each weight's chunk loaded just before its use (both loads first: batch-32 stack 352
         # bytes instead of 136 on sm_90)
         wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
         g = _mac(a, wg.to(DT), g, FORM, DT)
         wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
         u = _mac(a, wu.to(DT), u, FORM, DT)
-    scale = tl.full([BLOCK_B], 1.0, tl.float32)
-    if HAS_NORM and LATE_NORM:
-        scale = late_rstd(ss, eps, K, FOLD, BLOCK_B)
-    g = _round(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N) * scale[:, None], DT)
+    g = _round(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
-    u = _round(unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N) * scale[:, None], DT)
+    u = _round(unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N), DT)
     store_rows(out_ptr, (act * u).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -221,7 +206,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
                 HALF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                 FORM: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
                 OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
-                LATE_NORM: tl.constexpr = 0, HAS_NORM: tl.constexpr = 1):
+                HAS_NORM: tl.constexpr = 1):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
     head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to out [B, OUT_COLS]
@@ -229,12 +214,11 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     head_norm_rope task finishes the head)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
-    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, LATE_NORM)
+    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM)
     end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
     # rows of both halves in one pipeline
     both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K, HAS_NORM,
-                              BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES, FOLD, 0, eps,
-                              LATE_NORM), DT)
+                              BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     if RAW:
         rows = tl.arange(0, BLOCK_B)

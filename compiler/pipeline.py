@@ -32,7 +32,6 @@ class CompileOptions:
     prefetch_kb: int = 256               # at most this many KiB of them per task (0: all)
     prefetch_ahead: int = 0              # prefetch the weights of the task this many places later
     prefetch_next: bool = False          # L2-prefetch the next instruction's words (GPU)
-    run_ahead: bool = False              # tasks with no weights left prefetch the next task's
     prefetch_wait: bool = True           # prefetch between polls of the waits instead of before
                                          # (llama-3.2-1b on the H200, batch 1: 0.960 -> 0.931 ms,
                                          # 8: 1.216 -> 1.174, 64: 3.154 -> 3.035)
@@ -84,7 +83,7 @@ def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
     enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024,
-                 options.prefetch_ahead, options.run_ahead)
+                 options.prefetch_ahead)
     return Compiled(name, options, ops, tasks, sched, sync, enc,
                     generate(enc, name, options.batch_size, len(tasks.tasks)))
 

@@ -69,7 +69,7 @@ def _projection(k: int, bn: int, bk: int, d: Dims, c: TileConfig) -> dict:
     f = fold(bn, bk, d, c)
     r = rows(d, c, f)
     return dict(B=d.batch, K=k, BLOCK_B=r, BLOCK_K=bk, BLOCK_R=rstd_block(k, r, c), FORM=c.form,
-                STAGES=c.stages, RMS_UNROLL=c.rms_unroll, FOLD=f, LATE_NORM=int(c.late_norm))
+                STAGES=c.stages, RMS_UNROLL=c.rms_unroll, FOLD=f)
 
 
 def _linear(t: Task, d: Dims, c: TileConfig) -> dict:

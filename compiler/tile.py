@@ -55,11 +55,9 @@ class TileConfig:
     swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
     rms_unroll: int = 16384    # a row RMS issues all its loads at once up to this many elements
                                # of the batch's rows (0: one load and reduction per step)
-    late_norm: bool = False    # projections after a norm take its RMS from their own loads of
-                               # x and scale their output rows, instead of a pass over x first
-    norm_first: bool | None = None  # ... or read a normalised copy of x that rms_norm tasks
-                               # write once (one more phase; no norm work in the projection
-                               # tasks); None: from 5 batch rows on (llama-3.2-1b on the H200,
+    norm_first: bool | None = None  # projections after a norm read a normalised copy of x
+                               # that rms_norm tasks write once (one more phase; no norm
+                               # work in the projection tasks); None: from 5 batch rows on (llama-3.2-1b on the H200,
                                # ms at batch 2 / 5 / 17 / 64 with pw: 0.986 / 1.157 / 1.758 /
                                # 3.035 -> 1.007 / 1.108 / 1.608 / 2.040)
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)

@@ -9,10 +9,9 @@ default they split into pieces too, then one task per head normalises and rotate
 row RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step),
 ``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it (the default),
 ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them), ``paN`` prefetching
-the weights of the task N places later in the worker's queue instead of its own, ``ps`` tasks
-without weights of their own left to prefetch (attention) prefetching the next weighted task's
-instead, ``pw0`` each task's weights prefetched before its waits instead of between polls of them
-(``pw``, the default: a task whose inputs are ready starts at once), ``pn`` the next instruction's words prefetched into
+the weights of the task N places later in the worker's queue instead of its own, ``pw0`` each
+task's weights prefetched before its waits instead of between polls of them (``pw``, the default: a
+task whose inputs are ready starts at once), ``pn`` the next instruction's words prefetched into
 L2, ``boN`` N ns of sleep between polls of a counter not yet reached, ``foN`` at most N column
 slices of a narrow projection step folded into its dot (default 16; fo1: none), ``frN`` while their
 batch rows stay within N dot rows (default 16), ``ksN`` N key elements per attention step (default
@@ -20,11 +19,10 @@ batch rows stay within N dot rows (default 16), ``ksN`` N key elements per atten
 ``atN`` keys per attention task doubled while there are more than N tasks per worker (default 2;
 at0 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
 in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices (default
-sk0: 4 from batch 8 on; sk1: none), ``ln`` projections after a norm taking its RMS from their own
-loads of x (late norm), ``nf`` normalised x written once by rms_norm tasks (norm first; ``nf0``
-never; default: from 5 batch rows on), ``ab``
-attention tasks cut from all rows' keys laid end to end, about one cut per worker, ``pk`` attention
-tasks asking L2 for earlier steps' keys and values before their waits.
+sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x written once by rms_norm tasks (norm first;
+``nf0`` never; default: from 5 batch rows on), ``ab`` attention tasks cut from all rows' keys laid
+end to end, about one cut per worker, ``pk`` attention tasks asking L2 for earlier steps' keys and
+values before their waits.
 """
 from __future__ import annotations
 
@@ -60,10 +58,8 @@ class Variant:
     poll_load: bool = False
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
-    run_ahead: bool = False
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
-    late_norm: bool = TileConfig.late_norm
     norm_first: bool = TileConfig.norm_first
     attn_balance: bool = TileConfig.attn_balance
 
@@ -84,12 +80,10 @@ class Variant:
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
         flags += ["pn"] * self.prefetch_next
-        flags += ["ps"] * self.run_ahead
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
-        flags += ["ln"] * self.late_norm
         flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
         flags += ["ab"] * self.attn_balance
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
@@ -112,7 +106,7 @@ class Variant:
 TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__dataclass_fields__)
 OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
-                 "run_ahead": "run_ahead", "prefetch_wait": "prefetch_wait",
+                 "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load"}
 
@@ -120,10 +114,9 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
 SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
-            "ps": {"prefetch": True, "run_ahead": True},
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
-            "ln": {"late_norm": True}, "ab": {"attn_balance": True},
+            "ab": {"attn_balance": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},

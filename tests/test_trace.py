@@ -115,7 +115,7 @@ def test_prefetch_ahead_names_the_next_tasks_weights():
     assert own.instructions[:, words[2]].any()
 
 
-def test_run_ahead_prefetches_the_next_weights_where_a_task_has_none_left():
+def test_prefetch_plan_takes_each_tasks_largest_range_capped_or_a_later_tasks():
     from megakernel.compiler.encode import prefetch_plan
 
     # attention (no weights), a small projection, one of two ranges, one range, one again
@@ -124,11 +124,3 @@ def test_run_ahead_prefetches_the_next_weights_where_a_task_has_none_left():
                                           [7, 0, 10]]
     assert prefetch_plan(ranges, 0, ahead=1) == [[3, 100, 50], [4, 0, 600], [5, 0, 300],
                                                  [7, 0, 10], [0, 0, 0]]
-    # attention takes the projection's, which then takes the next task's first range; no
-    # further: each later task prefetches its own next part
-    assert prefetch_plan(ranges, 256, run_ahead=True) == [
-        [3, 100, 50], [4, 0, 256], [4, 256, 256], [5, 0, 256], [7, 0, 10]]
-    assert prefetch_plan(ranges, 0, run_ahead=True) == [
-        [3, 100, 50], [4, 0, 600], [6, 0, 300], [5, 0, 300], [7, 0, 10]]
-    assert parse_variant("64x256x4x132xps").options(132)["run_ahead"]
-    assert parse_variant("64x256x4x132xps").label.endswith("xps")

@@ -36,10 +36,10 @@ def inputs(model):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("tiles", [TileConfig(),
                                    TileConfig(gemv=True, block_n=16, rms_unroll=0,
-                                              split_head_norm=False, late_norm=True),
+                                              split_head_norm=False),
                                    TileConfig(block_k=32, stages=2, swap_ab=True, balance=True,
                                               norm_first=True),
-                                   TileConfig(split_k=2, block_k=32, late_norm=True),
+                                   TileConfig(split_k=2, block_k=32),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
