@@ -91,6 +91,12 @@ def _linear_reduce(t: Task, d: Dims, c: TileConfig) -> dict:
                 BLOCK_N=t.args["bn"])
 
 
+def _reduce_norm(t: Task, d: Dims, c: TileConfig) -> dict:
+    return dict(eps=t.args["eps"], S=t.args["slices"], B=d.batch, N=t.args["n"],
+                HAS_RES=t.args["residual"] is not None, ROWS=next_pow2(t.args["rows"]),
+                BLOCK_N=next_pow2(t.args["n"]))
+
+
 def _rms_norm(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], K=t.args["k"], ROWS=next_pow2(t.args["rows"]),
                 BLOCK_K=next_pow2(t.args["k"]))
@@ -156,6 +162,9 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),
     OpSpec("linear_reduce", "split_ops.linear_reduce_op",
            _fields("part:f32 residual:act out:act n0:int n1:int"), _linear_reduce),
+    OpSpec("reduce_norm", "split_ops.reduce_norm_op",
+           _fields("part:f32 residual:act norm:weight out:act xn:act r0:int r1:int"),
+           _reduce_norm),
     OpSpec("rms_norm", "norm_ops.rms_norm_op",
            _fields("x:act norm:weight out:act r0:int r1:int"), _rms_norm),
     OpSpec("gate_up", "ops.gate_up_op",

@@ -1,6 +1,8 @@
 """Split-K projection op bodies (``@triton.jit``, one tile task each): a task multiplies one K
 slice of the activation by the same slice of a column group of W into fp32 partial sums, and
-one reduce task per column group adds the slices (and the residual) into the output.
+one reduce task per column group adds the slices (and the residual) into the output, or, where
+the next op normalises that output first, one per group of whole rows also writes its
+RMSNorm.
 
 Partials are fp32 [S, B, N] (S slices); activations row-major [B, K] as in ``ops``. The sum
 runs over the slices in order, rounded to the model dtype once, as the unsplit ``linear_op``
@@ -42,3 +44,27 @@ def linear_reduce_op(part_ptr, res_ptr, out_ptr, n0, n1, S: tl.constexpr, B: tl.
     if HAS_RES:
         y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def reduce_norm_op(part_ptr, res_ptr, nw_ptr, out_ptr, xn_ptr, r0, r1, eps: tl.constexpr,
+                   S: tl.constexpr, B: tl.constexpr, N: tl.constexpr, HAS_RES: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows [r0, r1) (r1 - r0 <= ROWS, N <= BLOCK_N): out = [res +] round(sum over s of part[s])
+    as ``linear_reduce_op`` adds it, and xn = RMSNorm(out) * w as ``norm_ops.rms_norm_op``
+    normalises it."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    rows = r0 + tl.arange(0, ROWS)
+    ns = tl.arange(0, BLOCK_N)
+    offs = rows[:, None] * N + ns[None, :]                                  # [ROWS, BLOCK_N]
+    mask = (rows[:, None] < r1) & (ns[None, :] < N)
+    y = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for s in tl.static_range(S):
+        y += tl.load(part_ptr + s * B * N + offs, mask=mask, other=0.0)
+    y = _round(y, DT)
+    if HAS_RES:
+        y = _round(tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + y, DT)
+    tl.store(out_ptr + offs, y.to(DT), mask=mask)
+    rstd = tl.math.rsqrt(tl.sum(y * y, axis=1) / N + eps)
+    w = tl.load(nw_ptr + ns, mask=ns < N, other=0.0).to(tl.float32)
+    tl.store(xn_ptr + offs, (w[None, :] * _round(y * rstd[:, None], DT)).to(DT), mask=mask)

@@ -13,7 +13,9 @@ Tilings (``TileConfig`` sets the sizes):
                ``split_k`` S > 1 and no norm, linear_part per (column group, K slice) into
                fp32 partials {op}.part [S, B, N], then linear_reduce per column group
     gate_up    one task per columns [n0, n1) of the intermediate size
-    rms_norm   (``norm_first``) rows of an op's normalised input, before the op's own tasks
+    rms_norm   (``norm_first``) rows of an op's normalised input, before the op's own tasks;
+               reduce_norm instead where that input is a split projection's output
+               (``reduce_norm``; see ``tile_norm``)
 A projection's columns split evenly over the workers in as few waves as keep tasks within
 4 * ``block_n`` columns, so that every op spreads its weights over the whole GPU with the fewest
 tasks; ``bn`` is the op body's block (a power of two), ``n0``/``n1`` the task's columns.
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 from .tile_attention import tile_attention
+from .tile_norm import norm_first, norm_reader, tile_reduce_norm
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class TileConfig:
                                # work in the projection tasks); None: from 5 batch rows on (llama-3.2-1b on the H200,
                                # ms at batch 2 / 5 / 17 / 64 with pw: 0.986 / 1.157 / 1.758 /
                                # 3.035 -> 1.007 / 1.108 / 1.608 / 2.040)
+    reduce_norm: bool = False  # with norm first and split-K: the slices reduced by whole rows,
+                               # each row normalised for the next op in the same task
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
     fold: int = 16             # at most this many column slices of a narrow projection step
                                # folded into its dot's rows and columns (1: none)
@@ -234,7 +239,9 @@ def split_slices(t: Tiler, op) -> int:
 
 def tile_linear_split(t: Tiler, op, slices: int) -> None:
     """Per column group (``slices`` times a plain task's width): a linear_part task per K slice
-    into {op}.part [S, B, N] fp32, then a linear_reduce task adding them and the residual."""
+    into {op}.part [S, B, N] fp32, then a linear_reduce task adding them and the residual; or,
+    where the next op normalises this output first, reduce_norm tasks by rows after all parts."""
+    reader = norm_reader(t, op.outputs[0])
     p, d = op.params, t.graph.dims
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
     n, k = w.shape
@@ -253,11 +260,15 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
                    Region(w.name, ((lo, hi), (k0, k0 + ks)))],
                   [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))], nbytes,
                   2 * d.batch * (hi - lo) * ks)
+        if reader is not None:
+            continue
         reads = [Region(part.name, ((0, slices), (0, d.batch), (lo, hi)))]
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
         t.add(op, "linear_reduce", dict(part=part.name, residual=p["residual"], out=out.name,
                                         n0=lo, n1=hi, n=n, bn=bn, slices=slices),
               reads, [cols(out, lo, hi)], d.batch * (hi - lo) * (4 * slices + 4), 0)
+    if reader is not None:
+        tile_reduce_norm(t, op, part, reader)
 
 
 def tile_linear(t: Tiler, op) -> None:
@@ -351,24 +362,6 @@ def tile_qkv_rope(t: Tiler, op) -> None:
                   [cols(raw, col, col + hd), Region(head_norm, ((0, hd),)),
                    Region("positions", ((0, d.batch),)), Region(p["inv_freq"], ((0, half),))],
                   qkv_writes(t, q, kind, h, layer, spans), 4 * d.batch * hd * d.itemsize, 0)
-
-
-def norm_first(t: Tiler, op):
-    """rms_norm tasks, a few rows each, write the op's normalised input {op}.xn [B, K] once;
-    returns the op reading it with no norm of its own."""
-    p, d = op.params, t.graph.dims
-    x = t.b(p["x"])
-    k = x.shape[1]
-    xn = Buffer(f"{op.name}.xn", "act", x.shape)
-    t.buffers[xn.name] = xn
-    per = max(1, min(-(-d.batch // t.workers), 16384 // p2(k)))     # rows held at once
-    for r0 in range(0, d.batch, per):
-        r1 = min(d.batch, r0 + per)
-        t.add(op, "rms_norm", dict(x=x.name, norm=p["norm"], out=xn.name, r0=r0, r1=r1,
-                                   rows=per, k=k, eps=p["eps"]),
-              [Region(x.name, ((r0, r1), (0, k))), Region(p["norm"], ((0, k),))],
-              [Region(xn.name, ((r0, r1), (0, k)))], (2 * (r1 - r0) + 1) * k * d.itemsize, 0)
-    return replace(op, params={**p, "x": xn.name, "norm": None, "prenormed": True})
 
 
 TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,

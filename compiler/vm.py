@@ -71,6 +71,14 @@ class VM:
         y = self.buf[a["part"]][:, :, lo:hi].sum(0).to(self.dt)
         self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
 
+    def reduce_norm(self, a):
+        r0, r1, res = a["r0"], a["r1"], a["residual"]
+        y = self.buf[a["part"]][:, r0:r1].sum(0).to(self.dt)
+        if res is not None:
+            y = (self.buf[res][r0:r1].float() + y.float()).to(self.dt)
+        self.buf[a["out"]][r0:r1] = y
+        self.buf[a["xn"]][r0:r1] = rms(y, self.w(a["norm"]), a["eps"], self.dt)
+
     def rms_norm(self, a):
         r0, r1 = a["r0"], a["r1"]
         self.buf[a["out"]][r0:r1] = rms(self.buf[a["x"]][r0:r1], self.w(a["norm"]), a["eps"],

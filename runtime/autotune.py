@@ -5,7 +5,8 @@ best on the device, keep the fastest.
 
 Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
 per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
-heads, K slices of the projections without a norm, norm first, KV prefetch. Variants whose
+heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused
+with it), KV prefetch. Variants whose
 pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
 (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
 code generated); the ``classes`` best, crossed with every code-level knob (block_k, stages,
@@ -40,10 +41,11 @@ from .variant import Variant, effective, parse_variant
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
          "split_head_norm": (False, True), "attn_tasks_per_worker": (2, 4), "split_k": (1, 4),
-         "norm_first": (False, True), "prefetch_kv": (False, True)}
+         "norm_first": (False, True), "reduce_norm": (False, True), "prefetch_kv": (False, True)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
             "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,
+            "reduce_norm": TileConfig.reduce_norm,
             "prefetch_kv": CompileOptions.prefetch_kv}
 
 
@@ -78,7 +80,7 @@ def candidates(target: Target, space: dict) -> list[Variant]:
 def schedule_class(v: Variant) -> tuple:
     """The knobs that change the task graph and its schedule (the rest change only the code)."""
     return (v.block_n, v.workers, v.kv_split, v.qkv_parts, v.split_head_norm,
-            v.attn_tasks_per_worker, v.split_k, v.norm_first)
+            v.attn_tasks_per_worker, v.split_k, v.norm_first, v.reduce_norm)
 
 
 def alike_ops(ops) -> list[tuple]:

@@ -20,7 +20,8 @@ batch rows stay within N dot rows (default 16), ``ksN`` N key elements per atten
 at0 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`` projection tasks
 in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices (default
 sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x written once by rms_norm tasks (norm first;
-``nf0`` never; default: from 5 batch rows on), ``ab`` attention tasks cut from all rows' keys laid
+``nf0`` never; default: from 5 batch rows on), ``rn`` with norm first and split-K, the K slices
+reduced by whole rows and each row normalised in the same task, ``ab`` attention tasks cut from all rows' keys laid
 end to end, about one cut per worker, ``pk`` attention tasks asking L2 for earlier steps' keys and
 values before their waits.
 """
@@ -60,7 +61,8 @@ class Variant:
     split_k: int = TileConfig.split_k
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
-    norm_first: bool = TileConfig.norm_first
+    norm_first: bool | None = TileConfig.norm_first
+    reduce_norm: bool = TileConfig.reduce_norm
     attn_balance: bool = TileConfig.attn_balance
 
     @property
@@ -85,6 +87,7 @@ class Variant:
         flags += ["pl"] * self.poll_load
         flags += ["bal"] * self.balance
         flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
+        flags += ["rn"] * self.reduce_norm
         flags += ["ab"] * self.attn_balance
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
@@ -116,7 +119,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
-            "ab": {"attn_balance": True},
+            "ab": {"attn_balance": True}, "rn": {"reduce_norm": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
@@ -154,7 +157,8 @@ def effective(ops, v: Variant) -> Variant:
     have a head norm, unless split; split only where that makes pieces; models without a head
     norm keep the default), the attention task limit only where it changed the keys per task
     (balanced attention: never; its keys per task are a minimum there, kept as asked; and no
-    balance where it cuts the keys as the plain tiling does).
+    balance where it cuts the keys as the plain tiling does), the fused reduce and norm only
+    with both norm first and split-K.
     Equal results build equal kernels."""
     tiler = Tiler(ops, v.tile, v.workers)
     if v.attn_balance and tiler.kv_pieces() == \
@@ -169,6 +173,7 @@ def effective(ops, v: Variant) -> Variant:
         span, at = v.kv_split, TileConfig.attn_tasks_per_worker
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at,
                    split_k=tiler.split_k(), norm_first=tiler.norm_first(),
+                   reduce_norm=v.reduce_norm and tiler.norm_first() and tiler.split_k() > 1,
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                    else TileConfig.split_head_norm)
 

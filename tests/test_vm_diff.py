@@ -38,7 +38,7 @@ def inputs(model):
                                    TileConfig(gemv=True, block_n=16, rms_unroll=0,
                                               split_head_norm=False),
                                    TileConfig(block_k=32, stages=2, swap_ab=True, balance=True,
-                                              norm_first=True),
+                                              norm_first=True, split_k=2, reduce_norm=True),
                                    TileConfig(split_k=2, block_k=32),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True)])

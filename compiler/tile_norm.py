@@ -1,0 +1,80 @@
+"""Tile an op's RMSNorm ahead of it (``TileConfig.norm_first``): tasks of a few whole rows write
+the normalised input {op}.xn [B, K] once, and the op reads it with no norm of its own.
+
+Two task kinds write {op}.xn, row by row:
+    rms_norm     RMSNorm(x) * w, from the op's input x
+    reduce_norm  (``TileConfig.reduce_norm``) where x is the output of a projection split in K
+                 slices: the slices' fp32 partials summed (and the residual added) into x, as
+                 linear_reduce does it by columns, and x normalised in the same task, so that
+                 the reduce and the norm take one phase instead of two
+Invariant: each row of x and of xn is written by exactly one task.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from .ir import Buffer, Region
+
+if TYPE_CHECKING:
+    from .tile import Tiler
+
+
+def row_groups(t: Tiler, k: int) -> tuple[int, list[tuple[int, int]]]:
+    """Rows per task (as few as spread the batch over the workers, at most 16K elements held)
+    and the tasks' rows [(r0, r1)]."""
+    b = t.graph.dims.batch
+    per = max(1, min(-(-b // t.workers), 16384 // (1 << (k - 1).bit_length())))
+    return per, [(r0, min(b, r0 + per)) for r0 in range(0, b, per)]
+
+
+def normed_input(t: Tiler, op) -> Buffer:
+    """{op}.xn, the buffer that holds op's normalised input."""
+    x = t.b(op.params["x"])
+    xn = Buffer(f"{op.name}.xn", "act", x.shape)
+    t.buffers.setdefault(xn.name, xn)
+    return xn
+
+
+def norm_first(t: Tiler, op):
+    """rms_norm tasks write the op's normalised input {op}.xn (unless a reduce_norm phase
+    already has); returns the op reading it with no norm of its own."""
+    p, d = op.params, t.graph.dims
+    fused = f"{op.name}.xn" in t.buffers
+    x, xn = t.b(p["x"]), normed_input(t, op)
+    k = x.shape[1]
+    per, groups = row_groups(t, k)
+    for r0, r1 in [] if fused else groups:
+        t.add(op, "rms_norm", dict(x=x.name, norm=p["norm"], out=xn.name, r0=r0, r1=r1,
+                                   rows=per, k=k, eps=p["eps"]),
+              [Region(x.name, ((r0, r1), (0, k))), Region(p["norm"], ((0, k),))],
+              [Region(xn.name, ((r0, r1), (0, k)))], (2 * (r1 - r0) + 1) * k * d.itemsize, 0)
+    return replace(op, params={**p, "x": xn.name, "norm": None, "prenormed": True})
+
+
+def norm_reader(t: Tiler, name: str):
+    """The op that will normalise buffer ``name`` first (reduce_norm can write its input), or
+    None."""
+    if not (t.cfg.reduce_norm and t.norm_first()):
+        return None
+    return next((op for op in t.graph.ops
+                 if op.params.get("x") == name and op.params.get("norm")), None)
+
+
+def tile_reduce_norm(t: Tiler, op, part: Buffer, reader) -> None:
+    """reduce_norm tasks by rows: op's output from its K slices' partials ``part`` [S, B, N]
+    (plus the residual), and ``reader``'s normalised input from it."""
+    p, d = op.params, t.graph.dims
+    out, xn = t.b(op.outputs[0]), normed_input(t, reader)
+    slices, _, n = part.shape
+    per, groups = row_groups(t, n)
+    for r0, r1 in groups:
+        reads = [Region(part.name, ((0, slices), (r0, r1), (0, n))),
+                 Region(reader.params["norm"], ((0, n),))]
+        reads += [Region(p["residual"], ((r0, r1), (0, n)))] if p["residual"] else []
+        t.add(op, "reduce_norm", dict(part=part.name, residual=p["residual"],
+                                      norm=reader.params["norm"], out=out.name, xn=xn.name,
+                                      r0=r0, r1=r1, rows=per, n=n, slices=slices,
+                                      eps=reader.params["eps"]),
+              reads, [Region(out.name, ((r0, r1), (0, n))), Region(xn.name, ((r0, r1), (0, n)))],
+              (r1 - r0) * n * (4 * slices + 3 * d.itemsize) + n * d.itemsize, 0)
