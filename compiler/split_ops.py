@@ -28,6 +28,20 @@ def linear_part_op(x_ptr, w_ptr, part_ptr, n0, n1, k0, s, B: tl.constexpr, K: tl
 
 
 @triton.jit
+def sum_slices(part_ptr, res_ptr, offs, mask, S: tl.constexpr, B: tl.constexpr, N: tl.constexpr,
+               HAS_RES: tl.constexpr, DT: tl.constexpr):
+    """[res +] round(sum over s of part[s]) at ``offs`` of a [B, N] matrix, each sum rounded to
+    DT as eager rounds a projection and then its residual add (fp32 values)."""
+    y = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, S):
+        y += tl.load(part_ptr + s * B * N + offs, mask=mask, other=0.0)
+    y = _round(y, DT)
+    if HAS_RES:
+        y = _round(tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + y, DT)
+    return y
+
+
+@triton.jit
 def linear_reduce_op(part_ptr, res_ptr, out_ptr, n0, n1, S: tl.constexpr, B: tl.constexpr,
                      N: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr,
                      BLOCK_N: tl.constexpr):
@@ -37,12 +51,7 @@ def linear_reduce_op(part_ptr, res_ptr, out_ptr, n0, n1, S: tl.constexpr, B: tl.
     ns = n0 + tl.arange(0, BLOCK_N)
     offs = rows[:, None] * N + ns[None, :]
     mask = (rows[:, None] < B) & (ns[None, :] < n1)
-    y = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    for s in tl.static_range(S):
-        y += tl.load(part_ptr + s * B * N + offs, mask=mask, other=0.0)
-    y = _round(y, DT)
-    if HAS_RES:
-        y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + y
+    y = sum_slices(part_ptr, res_ptr, offs, mask, S, B, N, HAS_RES, DT)
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -58,12 +67,7 @@ def reduce_norm_op(part_ptr, res_ptr, nw_ptr, out_ptr, xn_ptr, r0, r1, eps: tl.c
     ns = tl.arange(0, BLOCK_N)
     offs = rows[:, None] * N + ns[None, :]                                  # [ROWS, BLOCK_N]
     mask = (rows[:, None] < r1) & (ns[None, :] < N)
-    y = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    for s in tl.static_range(S):
-        y += tl.load(part_ptr + s * B * N + offs, mask=mask, other=0.0)
-    y = _round(y, DT)
-    if HAS_RES:
-        y = _round(tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + y, DT)
+    y = sum_slices(part_ptr, res_ptr, offs, mask, S, B, N, HAS_RES, DT)
     tl.store(out_ptr + offs, y.to(DT), mask=mask)
     rstd = tl.math.rsqrt(tl.sum(y * y, axis=1) / N + eps)
     w = tl.load(nw_ptr + ns, mask=ns < N, other=0.0).to(tl.float32)
