@@ -60,9 +60,10 @@ class TileConfig:
                                # of the batch's rows (0: one load and reduction per step)
     norm_first: bool | None = None  # projections after a norm read a normalised copy of x
                                # that rms_norm tasks write once (one more phase; no norm
-                               # work in the projection tasks); None: from 5 batch rows on (llama-3.2-1b on the H200,
-                               # ms at batch 2 / 5 / 17 / 64 with pw: 0.986 / 1.157 / 1.758 /
-                               # 3.035 -> 1.007 / 1.108 / 1.608 / 2.040)
+                               # work in the projection tasks); None: from 5 batch rows on
+                               # (llama-3.2-1b on the H200, ms at batch 2 / 5 / 17 / 64 with
+                               # pw: 0.986 / 1.157 / 1.758 / 3.035 -> 1.007 / 1.108 / 1.608 /
+                               # 2.040)
     reduce_norm: bool = False  # with norm first and split-K: the slices reduced by whole rows,
                                # each row normalised for the next op in the same task
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)

@@ -21,9 +21,9 @@ at0 never), ``pl`` counters polled with acquire loads instead of atomics, ``bal`
 in near-equal spans filling whole waves, ``skN`` projections without a norm in N K slices (default
 sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x written once by rms_norm tasks (norm first;
 ``nf0`` never; default: from 5 batch rows on), ``rn`` with norm first and split-K, the K slices
-reduced by whole rows and each row normalised in the same task, ``ab`` attention tasks cut from all rows' keys laid
-end to end, about one cut per worker, ``pk`` attention tasks asking L2 for earlier steps' keys and
-values before their waits.
+reduced by whole rows and each row normalised in the same task, ``ab`` attention tasks cut from all
+rows' keys laid end to end, about one cut per worker, ``pk`` attention tasks asking L2 for earlier
+steps' keys and values before their waits.
 """
 from __future__ import annotations
 
