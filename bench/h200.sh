@@ -7,7 +7,8 @@
 # Usage: bash bench/h200.sh [MODEL [BATCH_SIZES [BACKENDS]]]
 # SWEEP=VARIANTS (comma-separated labels) also times those variants beside torch-compile and
 # checks each against eager, after the bench, at batch 1 or at SWEEP_BATCHES (e.g. 1,17,64)
-# ($OUT/sweep.json); CHECKS=0 skips the tests and memcheck.
+# ($OUT/sweep.json); CHECKS=0 skips the tests and memcheck; TRACE_BATCHES="1 17 64" traces those
+# batch sizes (default 1: timeline-b1.png, trace-b1.txt with the phase table, trace.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-llama-3.2-1b}
@@ -44,9 +45,12 @@ else
   checks || tests_rc=$?
   report_checks
 fi
-python3 -m megakernel trace --model "$model" --batch-size 1 -o "$out/timeline.png" \
-  --json "$out/trace.json" > "$out/trace.txt" 2>&1 || echo "trace FAILED"
-tail -12 "$out/trace.txt"
+for b in ${TRACE_BATCHES:-1}; do           # timelines and phase tables (stamps of batch 1 as json)
+  json=(); [ "$b" = 1 ] && json=(--json "$out/trace.json")
+  python3 -m megakernel trace --model "$model" --batch-size "$b" -o "$out/timeline-b$b.png" \
+    ${json[@]+"${json[@]}"} > "$out/trace-b$b.txt" 2>&1 || echo "trace at batch $b FAILED"
+  tail -22 "$out/trace-b$b.txt"
+done
 cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
 python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --context 1024 \
   --backends "$backends" --json "$out/h200.json" --plot "$out/h200.png"
