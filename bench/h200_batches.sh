@@ -6,8 +6,8 @@
 #   bash bench/h200_batches.sh bench [BATCH_SIZES]   eager, torch-compile and the tuned kernels
 #                                                    side by side into $OUT/h200.json (merged into
 #                                                    a copy of bench/results/h200.json) + h200.png
-# TUNED (the kernels' folder), MODEL (default llama-3.2-1b), JOBS (build processes, default 12) and CLASSES (schedule classes
-# timed besides the default, default 2) come from the environment.
+# TUNED (the kernels' folder), MODEL (default llama-3.2-1b), JOBS (build processes, default 12)
+# and CLASSES (schedule classes timed besides the default, default 2) come from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?tune or bench}
