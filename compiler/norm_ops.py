@@ -110,6 +110,13 @@ def rms_norm_op(x_ptr, nw_ptr, out_ptr, r0, r1, eps: tl.constexpr, K: tl.constex
     mask = (rows[:, None] < r1) & (ks[None, :] < K)
     offs = rows[:, None] * K + ks[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)       # [ROWS, BLOCK_K]
+    store_normed(out_ptr, offs, mask, x, nw_ptr, ks, K, eps, DT)
+
+
+@triton.jit
+def store_normed(out_ptr, offs, mask, x, nw_ptr, ks, K: tl.constexpr, eps, DT: tl.constexpr):
+    """out[offs] = RMSNorm(x) * w for whole rows x [ROWS, BLOCK_K] in fp32 (columns ``ks``, K
+    of them real, the rest 0), rounded as ``load_normed`` rounds."""
     rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / K + eps)
     w = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, (w[None, :] * _round(x * rstd[:, None], DT)).to(DT), mask=mask)

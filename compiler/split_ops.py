@@ -11,6 +11,7 @@ rounds its product.
 import triton
 import triton.language as tl
 
+from .norm_ops import store_normed
 from .ops import _round, matmul_tile, store_rows
 
 
@@ -69,6 +70,4 @@ def reduce_norm_op(part_ptr, res_ptr, nw_ptr, out_ptr, xn_ptr, r0, r1, eps: tl.c
     mask = (rows[:, None] < r1) & (ns[None, :] < N)
     y = sum_slices(part_ptr, res_ptr, offs, mask, S, B, N, HAS_RES, DT)
     tl.store(out_ptr + offs, y.to(DT), mask=mask)
-    rstd = tl.math.rsqrt(tl.sum(y * y, axis=1) / N + eps)
-    w = tl.load(nw_ptr + ns, mask=ns < N, other=0.0).to(tl.float32)
-    tl.store(xn_ptr + offs, (w[None, :] * _round(y * rstd[:, None], DT)).to(DT), mask=mask)
+    store_normed(xn_ptr, offs, mask, y, nw_ptr, ns, N, eps, DT)

@@ -205,6 +205,13 @@ class Tiler:
         nf = self.cfg.norm_first
         return self.graph.dims.batch >= 5 if nf is None else nf
 
+    def row_groups(self, k: int) -> tuple[int, list[tuple[int, int]]]:
+        """Rows per task of a whole-row op over k columns (as few as spread the batch over the
+        workers, at most 16K elements held) and the tasks' rows [(r0, r1)]."""
+        b = self.graph.dims.batch
+        per = max(1, min(-(-b // self.workers), 16384 // p2(k)))
+        return per, [(r0, min(b, r0 + per)) for r0 in range(0, b, per)]
+
     def col_tiles(self, n: int, bn: int):
         for lo in range(0, n, bn):
             yield lo, min(n, lo + bn)

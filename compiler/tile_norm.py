@@ -20,14 +20,6 @@ if TYPE_CHECKING:
     from .tile import Tiler
 
 
-def row_groups(t: Tiler, k: int) -> tuple[int, list[tuple[int, int]]]:
-    """Rows per task (as few as spread the batch over the workers, at most 16K elements held)
-    and the tasks' rows [(r0, r1)]."""
-    b = t.graph.dims.batch
-    per = max(1, min(-(-b // t.workers), 16384 // (1 << (k - 1).bit_length())))
-    return per, [(r0, min(b, r0 + per)) for r0 in range(0, b, per)]
-
-
 def normed_input(t: Tiler, op) -> Buffer:
     """{op}.xn, the buffer that holds op's normalised input."""
     x = t.b(op.params["x"])
@@ -43,7 +35,7 @@ def norm_first(t: Tiler, op):
     fused = f"{op.name}.xn" in t.buffers
     x, xn = t.b(p["x"]), normed_input(t, op)
     k = x.shape[1]
-    per, groups = row_groups(t, k)
+    per, groups = t.row_groups(k)
     for r0, r1 in [] if fused else groups:
         t.add(op, "rms_norm", dict(x=x.name, norm=p["norm"], out=xn.name, r0=r0, r1=r1,
                                    rows=per, k=k, eps=p["eps"]),
@@ -67,7 +59,7 @@ def tile_reduce_norm(t: Tiler, op, part: Buffer, reader) -> None:
     p, d = op.params, t.graph.dims
     out, xn = t.b(op.outputs[0]), normed_input(t, reader)
     slices, _, n = part.shape
-    per, groups = row_groups(t, n)
+    per, groups = t.row_groups(n)
     for r0, r1 in groups:
         reads = [Region(part.name, ((0, slices), (r0, r1), (0, n))),
                  Region(reader.params["norm"], ((0, n),))]
