@@ -57,6 +57,19 @@ def sweep_batch(model, batch: int, context: int, variants: list[str], baseline: 
     return rows
 
 
+def build_all(model, batches: list[int], context: int, variants: list[str], jobs: int) -> None:
+    """Compile every (batch size, variant) and build its kernel into Triton's cache in ``jobs``
+    worker processes, so that the timing loop only loads them (a failure shows there again)."""
+    from megakernel.compiler.pipeline import CompileOptions
+    from megakernel.runtime.autotune import _prepare, fan_out
+    from megakernel.runtime.megakernel import cache_dir
+
+    dtype, root = next(model.parameters()).dtype, str(cache_dir() / "artifacts")
+    fan_out(_prepare, [(model.config, dtype, model.config.arch,
+                        CompileOptions(b, context, target="h200", **parse_variant(v)), root, "cuda")
+                       for b in batches for v in variants], jobs)
+
+
 def describe(model_name: str, row: dict, baseline: str, max_rel_err: float) -> str:
     head = f"{model_name} B={row['batch']} {row['variant']:<18}"
     if "error" in row:
@@ -77,12 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default="torch-compile", help="backend timed beside")
     p.add_argument("--max-rel-err", type=float, default=0.1)
     p.add_argument("--json", default=None)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="build the kernels in this many processes first")
     args = p.parse_args(argv)
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     model = load_model(args.model, device=args.device, dtype=dtype, progress=False).model
-    rows = []
+    rows, batches = [], [int(b) for b in args.batch_sizes.split(",")]
+    if args.jobs > 1 and args.device == "cuda":
+        build_all(model, batches, args.context, args.variants.split(","), args.jobs)
     with torch.inference_mode():
-        for batch in (int(b) for b in args.batch_sizes.split(",")):
+        for batch in batches:
             for row in sweep_batch(model, batch, args.context, args.variants.split(","),
                                    args.baseline, args.iters):
                 print(describe(args.model, row, args.baseline, args.max_rel_err), flush=True)

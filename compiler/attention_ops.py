@@ -34,11 +34,12 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                     KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                    STAGES: tl.constexpr, DIRECT: tl.constexpr):
+                    STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr = 0):
     """Attention of row ``row``'s G query heads of one kv head over keys
     [lo, min(lo + span, len)) (span <= KV_SPLIT) -> unnormalised acc [G, D] and (max, sum) in
     fp32, into partial slot ``slot``; DIRECT (one range holds every key): the
-    normalised output into out [B, HQ * D]."""
+    normalised output into out [B, HQ * D]. (PF_KEYS is ``attn_partial_prefetch``'s, which takes
+    the same arguments.)"""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     seq_len = tl.load(pos_ptr + row) + 1
     hi = tl.minimum(lo + span, seq_len)
@@ -85,20 +86,22 @@ def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, ou
                           HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                           G: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                           CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                          STAGES: tl.constexpr, DIRECT: tl.constexpr):
+                          STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr):
     """Ask L2 for the keys and values of earlier steps that ``attn_partial_op`` will read with
     these arguments, [lo, min(lo + span, position)), one 128-byte line per lane (GPU only; the
-    key of this step comes from a q/k/v task)."""
+    key of this step comes from a q/k/v task). PF_KEYS keys at a time, their block-table
+    entries in one gather: one memory latency per PF_KEYS keys, not one per step."""
     LINE: tl.constexpr = 64                            # 2-byte elements per 128-byte line
-    NCHUNK: tl.constexpr = (KV_SPLIT + CHUNK - 1) // CHUNK
     hi = tl.minimum(lo + span, tl.load(pos_ptr + row))
     v_shift = B * HKV * S * D
-    for c in range(NCHUNK):
-        ss = tl.maximum(tl.minimum(lo + c * CHUNK + tl.arange(0, CHUNK), hi - 1), 0)
-        key = cache_slots(row, ss, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)   # [CHUNK]
+    k0 = lo
+    while k0 < hi:
+        ss = tl.minimum(k0 + tl.arange(0, PF_KEYS), hi - 1)                      # [PF_KEYS]
+        key = cache_slots(row, ss, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
         for d0 in tl.static_range(0, D, LINE):
             kernel_loop.prefetch_line(cache_ptr + key + d0)
             kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift)
+        k0 += PF_KEYS
 
 
 @triton.jit

@@ -28,15 +28,17 @@ def pieces_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, l
                                   G, SLOTS, D)
 
 
-@pytest.mark.parametrize("seq_len", [50, 30])
-def test_partials_over_unequal_ranges_combine_to_attention(seq_len):
+@pytest.mark.parametrize("seq_len,shuffled", [(50, False), (30, False), (50, True), (30, True)])
+def test_partials_over_unequal_ranges_combine_to_attention(seq_len, shuffled):
+    """shuffled: the rows' blocks at random places of the cache, through the block table."""
     gen = torch.Generator().manual_seed(seq_len)
     row, kv_head = 1, 1
     ranges = [(0, 20), (20, 16), (36, 28)]            # (lo, span); the last past seq_len 30
     q = torch.randn(B, HQ * D, generator=gen)
     cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
     positions = torch.full((B,), seq_len - 1, dtype=torch.int32)
-    table = torch.arange(B * S // BS, dtype=torch.int32).view(B, S // BS)     # identity blocks
+    order = torch.randperm(B * S // BS, generator=gen) if shuffled else torch.arange(B * S // BS)
+    table = order.to(torch.int32).view(B, S // BS)                          # physical blocks
     acc = torch.full((4, G, D), float("nan"))                                # slot 3 never used
     ml = torch.full((4, G, 2), float("nan"))
     out = torch.full((B, HQ * D), float("nan"))
@@ -45,6 +47,9 @@ def test_partials_over_unequal_ranges_combine_to_attention(seq_len):
     pieces_kernel[(1,)](*args, row, kv_head, 0, len(ranges), B, HQ, HKV, S, D, G, 4, 32, BS)
     heads = slice(kv_head * G * D, (kv_head + 1) * G * D)
     qh = q[row, heads].view(G, D)                                            # [G, D]
-    k, v = cache[0, 0, row, kv_head, :seq_len], cache[0, 1, row, kv_head, :seq_len]
+    blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // BS, 2, HKV, BS, D)                                  # [block, 2, Hkv, BS, D]
+    logical = blocks[table[row].long()].permute(1, 2, 0, 3, 4).reshape(2, HKV, S, D)
+    k, v = logical[0, kv_head, :seq_len], logical[1, kv_head, :seq_len]
     ref = torch.softmax(qh @ k.T * D ** -0.5, -1) @ v                        # [G, D]
     torch.testing.assert_close(args[6].cpu()[row, heads].view(G, D), ref, atol=1e-5, rtol=1e-5)

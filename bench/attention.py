@@ -1,0 +1,87 @@
+"""The attention op body alone on the GPU, against torch's scaled_dot_product_attention on the
+same cache: where the decode attention's time goes without the rest of the megakernel.
+
+    python -m megakernel.bench.attention --batch-size 64 --context 1024
+
+Each (row, kv head) unit's whole span is one ``attn_partial_op`` call (DIRECT: its output
+normalised), either one program per unit on an ordinary grid (several programs per SM hide each
+other's latencies) or, ``persistent``, one program per SM walking the units in turn as a
+megakernel worker does. Prints ms and TB/s of keys and values read per configuration
+(warps, keys per step, pipeline stages), and checks each output against SDPA's (relative norm of
+the difference).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import triton
+import triton.language as tl
+
+from megakernel.compiler import attention_ops
+
+
+@triton.jit
+def attn_units(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, layer, B: tl.constexpr,
+               HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+               G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+               STAGES: tl.constexpr):
+    """Units pid, pid + programs, ... (unit u: row u // HKV, kv head u % HKV), all S keys each."""
+    u = tl.program_id(0)
+    while u < units:
+        attention_ops.attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, out_ptr, out_ptr,
+                                      u // HKV, u % HKV, 0, 0, S, layer, D ** -0.5, B, HQ, HKV,
+                                      S, D, G, S, BS, CHUNK, BLOCK_G, D, STAGES, True)
+        u += tl.num_programs(0)
+
+
+def sdpa(q: torch.Tensor, cache: torch.Tensor, hkv: int) -> torch.Tensor:
+    """q [B, HQ * D], cache [1, 2, B, HKV, S, D] -> [B, HQ * D] by SDPA with grouped heads."""
+    b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
+    qh = q.view(b, -1, 1, d)                                                 # [B, HQ, 1, D]
+    out = torch.nn.functional.scaled_dot_product_attention(qh, cache[0, 0], cache[0, 1],
+                                                           enable_gqa=True)
+    return out.reshape(b, -1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--block", type=int, default=16, help="cache block (tokens)")
+    args = p.parse_args(argv)
+    b, s, d, hq, hkv, bs = (args.batch_size, args.context, args.head_dim, args.heads,
+                            args.kv_heads, args.block)
+    dev, g = "cuda", hq // hkv
+    cache = torch.randn(1, 2, b, hkv, s, d, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(b, hq * d, device=dev, dtype=torch.bfloat16)
+    pos = torch.full((b,), s - 1, device=dev, dtype=torch.int32)
+    table = torch.arange(b * s // bs, device=dev, dtype=torch.int32).view(b, s // bs)
+    nbytes = cache.numel() * cache.element_size()
+    ref = sdpa(q, cache, hkv)
+    ms = triton.testing.do_bench(lambda: sdpa(q, cache, hkv))
+    print(f"B={b} S={s} sdpa {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s")
+    units, sms = b * hkv, torch.cuda.get_device_properties(dev).multi_processor_count
+    for persistent, warps, chunk, stages in itertools.product((False, True), (4, 8),
+                                                              (64, 128, 256), (3, 6)):
+        out = torch.full_like(q, float("nan"))
+        grid = (min(units, sms) if persistent else units,)
+        run = lambda: attn_units[grid](q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, g,
+                                       bs, chunk, max(16, g), stages, num_warps=warps)
+        try:
+            ms = triton.testing.do_bench(run)
+        except Exception as err:  # shared memory beyond the SM's: report and go on
+            print(f"persistent={persistent:d} warps={warps} chunk={chunk} stages={stages}: "
+                  f"{type(err).__name__}")
+            continue
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        print(f"persistent={persistent:d} warps={warps} chunk={chunk:3d} stages={stages} "
+              f"{ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
+
+
+if __name__ == "__main__":
+    main()
