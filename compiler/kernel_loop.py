@@ -1,7 +1,7 @@
 """Primitives of the persistent loop (``templates/megakernel.py.jinja``), apart from the op
 bodies of ``ops``: acquire-waits on the per-tile counters with a bounded spin and an error word,
-the release signal, the finishers' tickets, L2 prefetches (a task's weights, the next instruction's words) and trace
-stamps."""
+the release signal, the finishers' tickets, L2 prefetches (a task's weights, the next
+instruction's words) and trace stamps."""
 import triton
 import triton.language as tl
 

@@ -1,5 +1,6 @@
 """The pass chain, in order: capture -> lower -> tile [-> attach finishers] -> schedule -> sync
--> validate -> encode -> generate. Each arrow is a pure function of the previous stage's output and the options."""
+-> validate -> encode -> generate. Each arrow is a pure function of the previous stage's output
+and the options."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

@@ -7,7 +7,8 @@ Two schedulers behind one signature ``(graph, target, num_workers) -> Schedule``
     cpsat   OR-tools CP-SAT over windows of the greedy schedule (see ``cpsat.py``); it keeps its
             answer only where the cost model rates it better, so it is never worse than greedy.
 ``simulate`` rates any schedule with the same cost model (and finds deadlocks). Finishers
-(``TaskGraph.attached``) take no place in a queue: each runs after its last producer, on its worker.
+(``TaskGraph.attached``) take no place in a queue: each runs after its last producer, on its
+worker.
 """
 from __future__ import annotations
 
