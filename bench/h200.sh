@@ -7,8 +7,10 @@
 # Usage: bash bench/h200.sh [MODEL [BATCH_SIZES [BACKENDS]]]
 # SWEEP=VARIANTS (comma-separated labels) also times those variants beside torch-compile and
 # checks each against eager, after the bench, at batch 1 or at SWEEP_BATCHES (e.g. 1,17,64)
-# ($OUT/sweep.json); CHECKS=0 skips the tests and memcheck; TRACE_BATCHES="1 17 64" traces those
-# batch sizes (default 1: timeline-b1.png, trace-b1.txt with the phase table, trace.json).
+# ($OUT/sweep.json; its kernels built first in JOBS processes, default 12); CHECKS=0 skips the
+# tests and memcheck; TRACE_BATCHES="1 17 64" traces those batch sizes (default 1:
+# timeline-b1.png, trace-b1.txt with the phase table, trace.json; each traced kernel is built on
+# its own: 1-4 minutes apiece from 17 rows on, while the tests run beside).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-llama-3.2-1b}
@@ -56,7 +58,7 @@ python3 -m megakernel bench decode --model "$model" --batch-sizes "$batches" --c
   --backends "$backends" --json "$out/h200.json" --plot "$out/h200.png"
 if [ -n "${SWEEP:-}" ]; then
   python3 -m megakernel.bench.sweep --model "$model" --batch-sizes "${SWEEP_BATCHES:-1}" --variants "$SWEEP" \
-    --json "$out/sweep.json" 2>&1 | grep -E " ms |failed" || echo "sweep FAILED"
+    --jobs "${JOBS:-12}" --json "$out/sweep.json" 2>&1 | grep -E " ms |failed" || echo "sweep FAILED"
 fi
 if [ "$gpus" -ge 2 ]; then wait "$checks_pid" || tests_rc=$?; report_checks; fi
 [ "$tests_rc" = 0 ] || { echo "GPU tests FAILED (rc=$tests_rc), see gpu-tests.log"; exit "$tests_rc"; }
