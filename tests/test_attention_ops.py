@@ -53,3 +53,19 @@ def test_partials_over_unequal_ranges_combine_to_attention(seq_len, shuffled):
     k, v = logical[0, kv_head, :seq_len], logical[1, kv_head, :seq_len]
     ref = torch.softmax(qh @ k.T * D ** -0.5, -1) @ v                        # [G, D]
     torch.testing.assert_close(args[6].cpu()[row, heads].view(G, D), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_probe_matches_sdpa():
+    """``bench/attention.py``'s kernel (each unit's whole span through attn_partial_op, programs
+    walking the units in turn) against SDPA with grouped heads."""
+    from megakernel.bench.attention import attn_units, sdpa
+
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
+    q = torch.randn(B, HQ * D, generator=gen)
+    positions = torch.full((B,), S - 1, dtype=torch.int32)
+    table = torch.arange(B * S // BS, dtype=torch.int32).view(B, S // BS)
+    out = torch.full_like(q, float("nan"))
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
+    attn_units[(3,)](*args, B * HKV, 0, B, HQ, HKV, S, D, G, BS, 16, 16, 2)
+    torch.testing.assert_close(args[4].cpu(), sdpa(q, cache, HKV), atol=1e-5, rtol=1e-5)
