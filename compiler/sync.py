@@ -89,10 +89,11 @@ def plan_sync(graph: TaskGraph, schedule: Schedule) -> SyncPlan:
             before |= anc[t] | (1 << t)
     sizes = tuple(len(members[c]) for c in range(len(groups)))
     attach, ticket = [-1] * len(graph.tasks), [-1] * len(graph.tasks)
-    for k, (f, producers) in enumerate(sorted(graph.attached.items())):
+    finishers = sorted(graph.attached.items())
+    for k, (f, producers) in enumerate(finishers):
         ticket[f] = len(groups) + k
         for p in producers:
             attach[p], ticket[p] = f, len(groups) + k
-    tickets = tuple(len(ps) for _, ps in sorted(graph.attached.items()))
+    tickets = tuple(len(ps) for _, ps in finishers)
     return SyncPlan(len(groups) + len(tickets), sizes + tickets, tuple(signal), tuple(waits),
                     tuple(attach), tuple(ticket))

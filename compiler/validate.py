@@ -51,10 +51,10 @@ def check_complete(graph: TaskGraph, schedule: Schedule) -> None:
                             f"(finishers in no queue); missing {sorted(missing)[:8]}")
 
 
-def check_finishers(graph: TaskGraph, sync: SyncPlan) -> None:
+def check_finishers(graph: TaskGraph, sync: SyncPlan, anc: list[int]) -> None:
     """Each finisher depends on nothing its producers did not (directly or through what they
-    depended on), and each producer adds to that finisher's ticket, whose size counts them."""
-    anc = ancestors(graph.deps)
+    depended on: ``anc``, see ``sync.ancestors``), and each producer adds to that finisher's
+    ticket, whose size counts them."""
     for f, producers in graph.attached.items():
         seen = 0
         for p in producers:
@@ -91,11 +91,10 @@ def check_written_once(graph: TaskGraph) -> None:
                                 "times, not exactly once")
 
 
-def check_sync(graph: TaskGraph, schedule: Schedule, sync: SyncPlan) -> None:
+def check_sync(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, anc: list[int]) -> None:
     """Every dependency must happen before its consumer: it ran earlier on the same worker, or
     it is a producer of a counter the consumer (or an earlier task of its worker) waited on, or
-    an ancestor of one (release/acquire chains are transitive)."""
-    anc = ancestors(graph.deps)
+    an ancestor of one (release/acquire chains are transitive; ``anc``: each task's)."""
     closure = counter_closure(sync.signal, anc, sync.num_counters)
     for queue in schedule.queues:
         before = 0                                    # happened before the worker's next task
@@ -117,8 +116,9 @@ def validate(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, target: Targe
     check_deps_cover_regions(graph)
     check_complete(graph, schedule)
     check_written_once(graph)
-    check_finishers(graph, sync)
-    check_sync(graph, schedule, sync)
+    anc = ancestors(graph.deps)
+    check_finishers(graph, sync, anc)
+    check_sync(graph, schedule, sync, anc)
     try:
         simulate(graph, schedule, target)
     except DeadlockError as err:

@@ -56,11 +56,13 @@ class VM:
         y = mm(x, self.buf[a["weight"]][lo:hi], self.dt)
         self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
 
-    def plus_residual(self, a, y):
-        """y [B, n1 - n0] (rounded) plus the task's residual columns, if any, rounded."""
+    def plus_residual(self, a, y, where=None):
+        """y (rounded) plus the task's residual at ``where`` (default its columns n0:n1 of
+        every row), if any, rounded."""
         if a["residual"] is None:
             return y
-        return (self.buf[a["residual"]][:, a["n0"]:a["n1"]].float() + y.float()).to(self.dt)
+        where = (slice(None), slice(a["n0"], a["n1"])) if where is None else where
+        return (self.buf[a["residual"]][where].float() + y.float()).to(self.dt)
 
     def linear_part(self, a):
         lo, hi, k0, k1 = a["n0"], a["n1"], a["k0"], a["k0"] + a["ks"]
@@ -73,10 +75,9 @@ class VM:
         self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
 
     def reduce_norm(self, a):
-        r0, r1, res = a["r0"], a["r1"], a["residual"]
-        y = self.buf[a["part"]][:, r0:r1].sum(0).to(self.dt)
-        if res is not None:
-            y = (self.buf[res][r0:r1].float() + y.float()).to(self.dt)
+        r0, r1 = a["r0"], a["r1"]
+        y = self.plus_residual(a, self.buf[a["part"]][:, r0:r1].sum(0).to(self.dt),
+                               slice(r0, r1))
         self.buf[a["out"]][r0:r1] = y
         self.buf[a["xn"]][r0:r1] = rms(y, self.w(a["norm"]), a["eps"], self.dt)
 
