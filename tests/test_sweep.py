@@ -20,3 +20,24 @@ def test_sweep_times_and_checks_every_variant(tmp_path, capsys):
         else:
             assert r["rel_err"] < 1e-4 and r["ms_per_token"] > 0 and r["baseline"] == "eager"
     assert "WRONG" not in capsys.readouterr().out
+
+
+def test_ncu_summary_adds_up_stall_samples_by_reason_instruction_and_region():
+    from megakernel.bench.ncu_step import summarize
+
+    def row(source, samples, wait, executed):
+        return {"Address": "0x0", "Source": source,               # as csv reads the page
+                "Warp Stall Sampling (All Samples)": f"{samples:,}",
+                "Instructions Executed": str(executed), "stall_long_sb": str(samples - wait),
+                "stall_wait": str(wait), "stall_wait (Not Issued)": "0"}
+
+    rows = [row("LDG.E R1, desc[UR4][R2.64]", 30, 0, 10), row("@P0 HMMA.16816.F32 R4, R8", 10, 10, 5),
+            row("MUFU.EX2 R2, R3", 60, 15, 5)]
+    report = summarize(rows, top=2, width=2).splitlines()
+    assert report[0] == "3 instructions, 100 samples"
+    assert report[1].split() == ["75.00%", "stall_long_sb"]
+    assert report[2].split() == ["25.00%", "stall_wait"]
+    assert report[4].split()[:3] == ["2", "60.00%", "stall_long_sb"]
+    # the runs: instructions 0-1 (an LDG and a predicated HMMA), then 2 (a MUFU)
+    assert report[-2].split() == ["0", "40.00%", "10", "LDG:1", "HMMA:1"]
+    assert report[-1].split() == ["2", "60.00%", "5", "MUFU.EX2:1"]
