@@ -11,9 +11,10 @@ row RMS loads up to N elements at once (default 16384; ru0: a load and a reducti
 ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them), ``paN`` prefetching
 the weights of the task N places later in the worker's queue instead of its own, ``pw0`` each
 task's weights prefetched before its waits instead of between polls of them (``pw``, the default: a
-task whose inputs are ready starts at once), ``pn`` the next instruction's words prefetched into
-L2, ``boN`` N ns of sleep between polls of a counter not yet reached, ``foN`` at most N column
-slices of a narrow projection step folded into its dot (default 16; fo1: none), ``frN`` while their
+task whose inputs are ready starts at once), ``pn0`` the next instruction's words not
+prefetched into L2 (``pn``, the default with a prefetch), ``boN`` N ns of sleep between polls of
+a counter not yet reached, ``foN`` at most N column slices of a narrow projection step folded
+into its dot (default 16; fo1: none), ``frN`` while their
 batch rows stay within N dot rows (default 16), ``ksN`` N key elements per attention step (default
 8192), ``asN`` an N-stage attention pipeline (default 6; as0: the projections', at least 2),
 ``atN`` keys per attention task doubled while there are more than N tasks per worker (default 2;
@@ -49,7 +50,7 @@ class Variant:
     backoff_ns: int = 0
     prefetch_ahead: int = 0
     split_head_norm: bool = TileConfig.split_head_norm
-    prefetch_next: bool = False
+    prefetch_next: bool = CompileOptions.prefetch_next
     swap_ab: bool = False
     rms_unroll: int = TileConfig.rms_unroll
     fold: int = TileConfig.fold
@@ -83,7 +84,7 @@ class Variant:
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
-        flags += ["pn"] * self.prefetch_next
+        flags += ["pn0"] * (self.prefetch and not self.prefetch_next)
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
         flags += ["pl"] * self.poll_load
@@ -120,6 +121,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
 SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm": True},
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
+            "pn0": {"prefetch_next": False},
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "rn": {"reduce_norm": True},

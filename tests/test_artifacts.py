@@ -76,7 +76,8 @@ for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3",
         before = ptx_of(PREFETCH=1).count("prefetch.global.L2")    # weights before the waits
         assert ptx_of(PREFETCH=3).count("prefetch.global.L2") > before    # + the next words
         # weights prefetched between the polls of a wait, the KV cache by attention, none
-        assert "prefetch.global.L2" in ptx_of(PREFETCH=4)
+        between = ptx_of(PREFETCH=4).count("prefetch.global.L2")
+        assert between > 0 and ptx_of(PREFETCH=6).count("prefetch.global.L2") > between
         assert "prefetch.global.L2" in ptx_of(PREFETCH=8)
         assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
