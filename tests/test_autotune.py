@@ -64,15 +64,18 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
 def test_candidates_respect_shared_memory_and_the_interpreter():
     big = dict(SPACE, block_n=(128,), block_k=(512,), stages=(4,), workers_per_sm=(1, 2))
     assert tuning.candidates(H200, big) == []                 # 1 MB of stages per program
-    fits = tuning.candidates(H200, dict(SPACE, workers_per_sm=(1, 2), prefetch_kv=(False, True)))
+    fits = tuning.candidates(H200, dict(SPACE, workers_per_sm=(1, 2), prefetch_kv=(False, True),
+                                        prefetch_kb=(64, 256)))
     assert {v.workers for v in fits} == {132, 264}
     assert {v.prefetch_kv for v in fits} == {False, True}
+    assert {v.prefetch_kb for v in fits} == {64, 256}
     from megakernel.compiler.cost import CPU_INTERPRETER
 
     cpu = tuning.candidates(CPU_INTERPRETER, dict(SPACE, workers_per_sm=(1, 2),
-                                                  prefetch_kv=(False, True)))
+                                                  prefetch_kv=(False, True), prefetch_kb=(64, 256)))
     assert {v.workers for v in cpu} == {1}
-    assert not any(v.prefetch_kv for v in cpu)              # a GPU-only switch: no duplicates
+    # GPU-only switches: no duplicates
+    assert not any(v.prefetch_kv for v in cpu) and {v.prefetch_kb for v in cpu} == {256}
 
 
 def test_rating_tiles_each_repeated_op_once_and_adds_up_to_the_whole_graph():
