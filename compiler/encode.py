@@ -1,11 +1,9 @@
 """Encode: (TaskGraph, Schedule, SyncPlan) -> int32 instruction tables the kernel walks.
 
-    instructions [T, NUM_WORDS]  per task, grouped by worker in queue order, then the finishers
-                                 (in no queue): opcode, first wait, number of waits, counter to
-                                 signal, weight tile to prefetch (id, offset, count), the first
-                                 wait again (counter, size: no table lookup in the common case),
-                                 the finisher it may run (instruction, ticket counter, size),
-                                 the op's fields
+    instructions [T, NUM_WORDS]  per task, grouped by worker in queue order: opcode, first
+                                 wait, number of waits, counter to signal, weight tile to
+                                 prefetch (id, offset, count), the first wait again (counter,
+                                 size: no table lookup in the common case), the op's fields
     waits        [N, 2]          (counter, producers per epoch)
     queues       [W, 2]          (first instruction, number of instructions) per worker
 Memory: activations and fp32 scratch get element offsets in two arenas; weight words hold a
@@ -97,51 +95,36 @@ def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0) -> li
              for j in range(len(ranges)))]
 
 
-def _header(t: int, opcode: int, first_wait: int, mine: list, pf: list, sync: SyncPlan,
-            where: dict) -> list[int]:
-    """The HEADER words of task t's instruction; ``where``: each finisher's instruction."""
-    attach = sync.attach[t] if sync.attach else -1
-    ticket = sync.ticket[t] if attach >= 0 else 0
-    named = dict(op=opcode, first_wait=first_wait, num_waits=len(mine), signal=sync.signal[t],
-                 prefetch_weight=pf[0], prefetch_offset=pf[1], prefetch_count=pf[2],
-                 wait0_counter=mine[0][0] if mine else 0, wait0_size=mine[0][1] if mine else 0,
-                 attach=where.get(attach, -1), ticket=ticket,
-                 ticket_size=sync.counter_size[ticket] if attach >= 0 else 0)
-    return [named[h] for h in HEADER]
-
-
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
            prefetch_bytes: int = 0, prefetch_ahead: int = 0) -> Encoded:
     """Prefetches: ``prefetch_bytes`` at most of weights per task (0: all of a range), and
-    ``prefetch_ahead`` as in ``prefetch_plan``. Finishers follow the queues' instructions."""
+    ``prefetch_ahead`` as in ``prefetch_plan``."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
     rows, waits, queues, marks = [], [], [], []
     header_marks = [h == "prefetch_weight" for h in HEADER]     # words holding a weight id
-    finishers = sorted(graph.attached)
-    queued = sum(len(q) for q in schedule.queues)
-    where = {f: queued + k for k, f in enumerate(finishers)}
-
-    def emit(tasks, plan):
-        for t, pf in zip(tasks, plan):
+    for queue in schedule.queues:
+        queues.append((len(rows), len(queue)))
+        plan = prefetch_plan([weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id)
+                              for t in queue], prefetch_bytes // graph.ops.dims.itemsize,
+                             prefetch_ahead)
+        for t, pf in zip(queue, plan):
             task = graph.tasks[t]
-            opcode = opcodes.setdefault(variant_key(task, graph.ops.dims, cfg), len(opcodes))
+            key = variant_key(task, graph.ops.dims, cfg)
+            opcode = opcodes.setdefault(key, len(opcodes))
             mine = [(c, sync.counter_size[c]) for c in sync.waits[t]]
-            header = _header(t, opcode, len(waits), mine, pf, sync, where)
+            named = dict(op=opcode, first_wait=len(waits), num_waits=len(mine),
+                         signal=sync.signal[t], prefetch_weight=pf[0], prefetch_offset=pf[1],
+                         prefetch_count=pf[2], wait0_counter=mine[0][0] if mine else 0,
+                         wait0_size=mine[0][1] if mine else 0)
+            header = [named[h] for h in HEADER]
             waits.extend(mine)
             spec = REGISTRY[task.kind]
             fields = [_word(f, task.args.get(f.name), mem, weight_id) for f in spec.words]
             rows.append(header + fields + [0] * (NUM_WORDS - HEADER_WORDS - len(fields)))
             is_weight = header_marks + [f.space == "weight" for f in spec.words]
             marks.append(is_weight + [False] * (NUM_WORDS - len(is_weight)))
-
-    for queue in schedule.queues:
-        queues.append((len(rows), len(queue)))
-        emit(queue, prefetch_plan([weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id)
-                                   for t in queue], prefetch_bytes // graph.ops.dims.itemsize,
-                                  prefetch_ahead))
-    emit(finishers, [[0, 0, 0]] * len(finishers))      # nothing to prefetch: they never wait
     variants = tuple((op, key[0], dict(key[1])) for key, op in opcodes.items())
     as_i32 = lambda a, cols: np.asarray(a, dtype=np.int32).reshape(-1, cols)
     return Encoded(as_i32(rows, NUM_WORDS), as_i32(waits or [(0, 0)], 2), as_i32(queues, 2),

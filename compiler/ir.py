@@ -99,9 +99,6 @@ class TaskGraph:
     ops: OpGraph
     tasks: tuple[Task, ...]
     deps: tuple[tuple[int, ...], ...]   # deps[t] = ids of tasks t must wait for
-    # finisher tasks: task -> its producers; such a task is in no queue, the producer that
-    # finishes last runs it (see ``compiler.finish``)
-    attached: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -116,16 +113,11 @@ class Schedule:
 @dataclass(frozen=True)
 class SyncPlan:
     """Counters between workers: each task adds 1 to ``signal[t]`` when done; a task waits until
-    every counter in ``waits[t]`` reaches epoch * ``counter_size`` of it. Tickets are counters
-    too (after the signalled ones)."""
+    every counter in ``waits[t]`` reaches epoch * ``counter_size`` of it."""
     num_counters: int
     counter_size: tuple[int, ...]
     signal: tuple[int, ...]
     waits: tuple[tuple[int, ...], ...]
-    # per task: the finisher it may run (-1: none) and the ticket counter it then adds 1 to; the
-    # producer whose addition brings the ticket to epoch * counter_size runs the finisher
-    attach: tuple[int, ...] = ()
-    ticket: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Primitives of the persistent loop (``templates/megakernel.py.jinja``), apart from the op
 bodies of ``ops``: acquire-waits on the per-tile counters with a bounded spin and an error word,
-the release signal, the finishers' tickets, L2 prefetches (a task's weights, the next
-instruction's words) and trace stamps."""
+the release signal, L2 prefetches (a task's weights, the next instruction's words) and trace
+stamps."""
 import triton
 import triton.language as tl
 
@@ -73,21 +73,6 @@ def signal_counter(counters_ptr, c):
     tl.debug_barrier()
     if c >= 0:
         tl.atomic_add(counters_ptr + c, 1, sem="release")
-
-
-@triton.jit
-def take_ticket(counters_ptr, attach, ticket, size, epoch):
-    """After a task that may run a finisher (``attach`` >= 0, its instruction): add 1 to the
-    finisher's ticket with acquire-release semantics, after every thread's stores; the task whose
-    addition completes this epoch's ``size`` returns ``attach`` (it runs the finisher next, having
-    acquired every other producer's stores), any other -1."""
-    nxt = -1
-    if attach >= 0:
-        tl.debug_barrier()
-        seen = tl.atomic_add(counters_ptr + ticket, 1, sem="acq_rel")
-        if seen + 1 == epoch * size:
-            nxt = attach
-    return nxt
 
 
 @triton.jit

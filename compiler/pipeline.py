@@ -1,6 +1,5 @@
-"""The pass chain, in order: capture -> lower -> tile [-> attach finishers] -> schedule -> sync
--> validate -> encode -> generate. Each arrow is a pure function of the previous stage's output
-and the options."""
+"""The pass chain, in order: capture -> lower -> tile -> schedule -> sync -> validate -> encode
+-> generate. Each arrow is a pure function of the previous stage's output and the options."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -11,7 +10,6 @@ from .capture import capture
 from .codegen import generate
 from .cost import TARGETS
 from .encode import Encoded, encode
-from .finish import attach_finishers
 from .ir import KernelSource, OpGraph, Schedule, SyncPlan, TaskGraph
 from .lower import lower
 from .schedule import schedule
@@ -42,22 +40,18 @@ class CompileOptions:
     prefetch_kv: bool = False            # attention asks L2 for earlier steps' keys before waiting
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
-    finish_last: bool = False            # combines and split-K reduces run by the producer that
-                                         # finishes last, in no queue (``compiler.finish``)
 
     def switches(self, cuda: bool = True) -> dict:
-        """The kernel's switch constexprs: FINISH 1 where producers take finishers' tickets; GPU
-        only (0 under the interpreter), PREFETCH bits (1 each task's weights before its waits, 2
-        the next instruction's words, 4 the weights between polls of its waits instead, 8 what
-        ops with a prefetch body read of earlier steps), BACKOFF ns of sleep between polls, POLL
-        1 to poll with acquire loads."""
-        finish = dict(FINISH=int(self.finish_last))
+        """The kernel's GPU-only constexprs (all 0 under the interpreter): PREFETCH bits (1 each
+        task's weights before its waits, 2 the next instruction's words, 4 the weights between
+        polls of its waits instead, 8 what ops with a prefetch body read of earlier steps),
+        BACKOFF ns of sleep between polls, POLL 1 to poll with acquire loads."""
         if not cuda:
-            return dict(PREFETCH=0, BACKOFF=0, POLL=0, **finish)
+            return dict(PREFETCH=0, BACKOFF=0, POLL=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
                     | 8 * self.prefetch_kv,
-                    BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load), **finish)
+                    BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load))
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -87,8 +81,6 @@ def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
     ops = lower(gm, itemsize)
     workers = options.num_workers or target.max_workers
     tasks = tile(ops, options.tile, workers)
-    if options.finish_last:
-        tasks = attach_finishers(tasks)
     sched = schedule(tasks, target, workers, options.scheduler)
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)

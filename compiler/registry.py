@@ -189,10 +189,9 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
 
 # The words before an op's fields, by name: encoder and kernel template both index them through
 # HEADER, so they cannot drift. Weight tile to prefetch before waiting: weight, element offset
-# within it, element count (0: nothing); the first wait travels inline (most tasks have at most
-# one); the finisher a producer may run (its instruction, -1: none), its ticket counter and size.
+# within it, element count (0: nothing); the first wait travels inline (most tasks have at most one).
 HEADER = ("op", "first_wait", "num_waits", "signal", "prefetch_weight", "prefetch_offset",
-          "prefetch_count", "wait0_counter", "wait0_size", "attach", "ticket", "ticket_size")
+          "prefetch_count", "wait0_counter", "wait0_size")
 HEADER_WORDS = len(HEADER)
 NUM_WORDS = HEADER_WORDS + max(len(s.words) for s in REGISTRY.values())
 

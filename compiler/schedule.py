@@ -6,9 +6,7 @@ Two schedulers behind one signature ``(graph, target, num_workers) -> Schedule``
             costs ``target.sync_us``. It is the oracle.
     cpsat   OR-tools CP-SAT over windows of the greedy schedule (see ``cpsat.py``); it keeps its
             answer only where the cost model rates it better, so it is never worse than greedy.
-``simulate`` rates any schedule with the same cost model (and finds deadlocks). Finishers
-(``TaskGraph.attached``) take no place in a queue: each runs after its last producer, on its
-worker.
+``simulate`` rates any schedule with the same cost model (and finds deadlocks).
 """
 from __future__ import annotations
 
@@ -53,10 +51,6 @@ def place(graph: TaskGraph, order: list[int], cost: list[float], target: Target,
     where, finish = [0] * len(cost), [0.0] * len(cost)
     queues = [[] for _ in range(num_workers)]
     for t in order:
-        if t in graph.attached:                         # run by its last producer: no slot
-            last = max(graph.attached[t], key=lambda p: finish[p])
-            where[t], finish[t] = where[last], finish[last] + cost[t]
-            continue
         while free[0][0] != worker_free[free[0][1]]:    # drop stale heap entries
             heapq.heappop(free)
         latest: dict[int, float] = {}                   # worker -> its latest producer's finish
@@ -94,7 +88,6 @@ def start_times(graph: TaskGraph, schedule: Schedule, target: Target,
     heads = [0] * schedule.num_workers
     clock = [0.0] * schedule.num_workers
     remaining = sum(len(q) for q in schedule.queues)
-    finishers = {p: f for f, ps in graph.attached.items() for p in ps}
     while remaining:
         progressed = False
         for w, q in enumerate(schedule.queues):
@@ -104,10 +97,6 @@ def start_times(graph: TaskGraph, schedule: Schedule, target: Target,
                              for d in graph.deps[t]), default=0.0)
                 starts[t] = max(clock[w], ready)
                 clock[w] = ends[t] = starts[t] + cost[t]
-                f = finishers.get(t)
-                if f is not None and all(p in ends for p in graph.attached[f]):
-                    where[f], starts[f] = w, clock[w]     # the last producer runs it next
-                    clock[w] = ends[f] = starts[f] + cost[f]
                 heads[w] += 1
                 remaining -= 1
                 progressed = True

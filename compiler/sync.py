@@ -6,8 +6,7 @@ order d's writes before that task anyway. Producers of one op whose sets of esse
 are equal share one counter, so a consumer that reads a whole row waits on one counter, not one
 per tile. A wait is dropped when queue order (tasks earlier on the consumer's worker, and what
 they waited for) or the task's other waits already imply it. Tasks nobody waits for signal
-nothing (-1). A finisher's producers add to its ticket (a counter after the signalled ones)
-instead of signalling it; the finisher waits on nothing.
+nothing (-1).
 """
 from __future__ import annotations
 
@@ -68,7 +67,7 @@ def plan_sync(graph: TaskGraph, schedule: Schedule) -> SyncPlan:
     deps = essential_deps(graph.deps, anc)
     consumers = defaultdict(list)
     for t, ds in enumerate(deps):
-        for d in ds if t not in graph.attached else ():   # finishers take tickets instead
+        for d in ds:
             consumers[d].append(t)
     groups: dict = {}
     signal = [-1] * len(graph.tasks)
@@ -88,12 +87,4 @@ def plan_sync(graph: TaskGraph, schedule: Schedule) -> SyncPlan:
                 before |= closure[c]
             before |= anc[t] | (1 << t)
     sizes = tuple(len(members[c]) for c in range(len(groups)))
-    attach, ticket = [-1] * len(graph.tasks), [-1] * len(graph.tasks)
-    finishers = sorted(graph.attached.items())
-    for k, (f, producers) in enumerate(finishers):
-        ticket[f] = len(groups) + k
-        for p in producers:
-            attach[p], ticket[p] = f, len(groups) + k
-    tickets = tuple(len(ps) for _, ps in finishers)
-    return SyncPlan(len(groups) + len(tickets), sizes + tickets, tuple(signal), tuple(waits),
-                    tuple(attach), tuple(ticket))
+    return SyncPlan(len(groups), sizes, tuple(signal), tuple(waits))

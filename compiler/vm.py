@@ -4,8 +4,7 @@
 every activation and scratch buffer (and updates ``kv_cache`` in place). Each task kind has a
 PyTorch tile function with the rounding points of the Triton op body, so tests can diff the
 generated kernel against this buffer by buffer. Workers advance round-robin, each running its
-next task once all its dependencies have run: a schedule that deadlocks raises. A finisher runs
-right after the last of its producers, as in the kernel.
+next task once all its dependencies have run: a schedule that deadlocks raises.
 """
 from __future__ import annotations
 
@@ -165,8 +164,6 @@ class VM:
 
     def run(self) -> dict:
         tasks, deps, queues = self.c.tasks.tasks, self.c.tasks.deps, self.c.schedule.queues
-        attached = self.c.tasks.attached
-        finisher = {p: f for f, ps in attached.items() for p in ps}
         done, heads = set(), [0] * len(queues)
         while len(done) < len(tasks):
             progressed = False
@@ -175,10 +172,6 @@ class VM:
                     task = tasks[q[heads[w]]]
                     getattr(self, task.kind)(task.args)
                     done.add(task.id)
-                    f = finisher.get(task.id)          # the last producer runs its finisher
-                    if f is not None and all(p in done for p in attached[f]):
-                        getattr(self, tasks[f].kind)(tasks[f].args)
-                        done.add(f)
                     heads[w] += 1
                     progressed = True
             if not progressed:

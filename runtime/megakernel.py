@@ -170,10 +170,8 @@ class MegakernelStep:
         self.stamps = torch.zeros(1 + 3 * max(len(enc.instructions), 1) if trace else 2,
                                   dtype=torch.int64, device=device)
         self.expected_cache = tuple(compiled.ops.buffers["kv_cache"].shape)
-        # instruction index -> (task id, worker): instructions are grouped by worker queue, then
-        # the finishers (worker -1: whichever ran their last producer)
+        # instruction index -> (task id, worker): instructions are grouped by worker queue
         self.owners = [(t, w) for w, q in enumerate(compiled.schedule.queues) for t in q]
-        self.owners += [(f, -1) for f in sorted(compiled.tasks.attached)]
         self.resident_checked = False
         # the error word of each step, copied back without waiting: (event, pinned copy)
         self.unchecked: list = []

@@ -29,12 +29,8 @@ def trace_step(step) -> list[TaskTrace]:
         raise ValueError("this step was built without trace=True")
     step.synchronize()
     stamps = step.stamps[1:].view(-1, 3).tolist()
-    tasks, attached = step.compiled.tasks.tasks, step.compiled.tasks.attached
+    tasks = step.compiled.tasks.tasks
     out = [(t, w, *s) for (t, w), s in zip(step.owners, stamps)]
-    ran = {t: (w, end) for t, w, _, _, end in out}
-    # a finisher ran on the worker of its producer that ended last
-    out = [(t, w if w >= 0 else ran[max(attached[t], key=lambda p: ran[p][1])][0], *s)
-           for t, w, *s in out]
     t0 = min(s[2] for s in out)
     return [TaskTrace(t, tasks[t].kind, w, a - t0, b - t0, c - t0) for t, w, a, b, c in out]
 

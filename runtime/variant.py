@@ -24,8 +24,7 @@ sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x written once by rms_norm
 ``nf0`` never; default: from 5 batch rows on), ``rn`` with norm first and split-K, the K slices
 reduced by whole rows and each row normalised in the same task, ``ab`` attention tasks cut from all
 rows' keys laid end to end, about one cut per worker, ``pk`` attention tasks asking L2 for earlier
-steps' keys and values before their waits, ``fl`` attention combines and split-K reduces run by the
-producer that finishes last (no queue slot, no poll).
+steps' keys and values before their waits.
 """
 from __future__ import annotations
 
@@ -66,7 +65,6 @@ class Variant:
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     attn_balance: bool = TileConfig.attn_balance
-    finish_last: bool = CompileOptions.finish_last
 
     @property
     def label(self) -> str:
@@ -92,7 +90,6 @@ class Variant:
         flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
         flags += ["rn"] * self.reduce_norm
         flags += ["ab"] * self.attn_balance
-        flags += ["fl"] * self.finish_last
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
@@ -114,7 +111,7 @@ TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__da
 OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
-                 "prefetch_kv": "prefetch_kv", "finish_last": "finish_last",
+                 "prefetch_kv": "prefetch_kv",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load"}
 
 
@@ -125,7 +122,6 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "rn": {"reduce_norm": True},
-            "fl": {"finish_last": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},

@@ -3,7 +3,6 @@ under multi-worker schedules against eager PyTorch."""
 import pytest
 import torch
 
-from megakernel.compiler.finish import FINISHER_KINDS
 from megakernel.compiler.pipeline import CompileOptions, compile_model
 from megakernel.compiler.tile import TileConfig, Tiler
 from megakernel.models import load_model
@@ -43,14 +42,10 @@ def inputs(model):
                                    TileConfig(split_k=2, block_k=32),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True)])
-@pytest.mark.parametrize("finish_last", [False, True])
-def test_kernel_equals_vm_buffer_by_buffer(name, tiles, finish_last):
+def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load(name)
-    opts = CompileOptions(B, S, target="cpu", tile=tiles, finish_last=finish_last)
+    opts = CompileOptions(B, S, target="cpu", tile=tiles)
     compiled = compile_model(model, opts, name)
-    kinds = {compiled.tasks.tasks[t].kind for t in compiled.tasks.attached}
-    assert kinds == (set(FINISHER_KINDS) & {t.kind for t in compiled.tasks.tasks}
-                     if finish_last else set())
     tokens, positions, cache = inputs(model)
     cache_vm = cache.clone()
     step = MegakernelStep(compiled, model, cache)
@@ -69,19 +64,16 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles, finish_last):
     torch.testing.assert_close(cache, cache_vm, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("name,workers,parts,slices,balance,finish", [
-    ("tiny-qwen3", 2, 1, 1, False, False), ("tiny-qwen3", 7, 1, 1, False, False),
-    ("tiny-qwen3", 32, 1, 1, False, False), ("tiny-llama", 32, 3, 1, False, False),
-    ("tiny-qwen3", 32, 4, 1, False, False), ("tiny-llama", 32, 2, 2, False, False),
-    ("tiny-llama", 8, 1, 1, True, False), ("tiny-qwen3", 5, 1, 1, True, False),
-    ("tiny-llama", 32, 2, 2, False, True), ("tiny-qwen3", 5, 1, 2, True, True)])
-def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance, finish):
+@pytest.mark.parametrize("name,workers,parts,slices,balance", [
+    ("tiny-qwen3", 2, 1, 1, False), ("tiny-qwen3", 7, 1, 1, False), ("tiny-qwen3", 32, 1, 1, False),
+    ("tiny-llama", 32, 3, 1, False), ("tiny-qwen3", 32, 4, 1, False),
+    ("tiny-llama", 32, 2, 2, False), ("tiny-llama", 8, 1, 1, True), ("tiny-qwen3", 5, 1, 1, True)])
+def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
-    opts = CompileOptions(B, S, target="h200", num_workers=workers, finish_last=finish,
+    opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
                                           split_k=slices, attn_balance=balance, kv_split=16))
     compiled = compile_model(model, opts, name)
-    assert bool(compiled.tasks.attached) == finish
     if balance:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
