@@ -9,7 +9,7 @@ import triton.language as tl
 @triton.jit
 def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
                   task, BACKOFF: tl.constexpr = 0, POLL: tl.constexpr = 0, pf_ptr=None,
-                  pf_count=0, PF_WAIT: tl.constexpr = 0):
+                  pf_count=0, PF_WAIT: tl.constexpr = 0, PF_START: tl.constexpr = 0):
     """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
     (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
     elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
@@ -18,21 +18,27 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
     POLL 1 (GPU only): read the counter with acquire loads instead (see ``poll``); PF_WAIT 1
     (GPU only): between polls, ask L2 for the next 256 lines of the ``pf_count`` elements at
     ``pf_ptr`` (the task's weights), so that a task whose inputs are ready starts at once and
-    one that waits streams its weights meanwhile."""
+    one that waits streams its weights meanwhile; PF_START > 0: only once that percentage of
+    the polled counter's producers has signalled, so that the prefetches of tasks that wait long
+    do not queue ahead of the loads of the tasks they wait for)."""
     ok = True
     pf_done = 0
     j = 0
     while j < count:
         c = c0
-        need = size0 * epoch
+        size = size0
         if j > 0:
             c = tl.load(waits_ptr + 2 * (first + j))
-            need = tl.load(waits_ptr + 2 * (first + j) + 1) * epoch
+            size = tl.load(waits_ptr + 2 * (first + j) + 1)
+        need = size * epoch
         seen = poll(counters_ptr + c, POLL)
         spins = 0
         while (seen < need) & (spins < spin_limit):
             if PF_WAIT:
-                if pf_done < pf_count:
+                ask = pf_done < pf_count
+                if PF_START > 0:   # this epoch's signals so far, against the share asked for
+                    ask = ask & ((seen - need + size) * 100 >= size * PF_START)
+                if ask:
                     prefetch_l2(pf_ptr + pf_done, tl.minimum(pf_count - pf_done, 256 * 64))
                     pf_done += 256 * 64
             if BACKOFF > 0:

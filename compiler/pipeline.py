@@ -40,22 +40,29 @@ class CompileOptions:
     prefetch_kv: bool = False            # attention asks L2 for earlier steps' keys before waiting
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
+    prefetch_start: int = 0              # with prefetch_wait: a waiting task asks for its weights
+                                         # only once this percentage of the producers it polls
+                                         # has signalled (0: from its first poll)
 
     def switches(self, cuda: bool = True) -> dict:
         """The kernel's GPU-only constexprs (all 0 under the interpreter): PREFETCH bits (1 each
         task's weights before its waits, 2 the next instruction's words, 4 the weights between
         polls of its waits instead, 8 what ops with a prefetch body read of earlier steps),
-        BACKOFF ns of sleep between polls, POLL 1 to poll with acquire loads."""
+        BACKOFF ns of sleep between polls, POLL 1 to poll with acquire loads, PF_START the
+        ``prefetch_start`` percentage."""
         if not cuda:
-            return dict(PREFETCH=0, BACKOFF=0, POLL=0)
+            return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
                     | 8 * self.prefetch_kv,
-                    BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load))
+                    BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
+                    PF_START=self.prefetch_start)
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise ValueError(f"target {self.target!r} unknown; choose one of {', '.join(TARGETS)}")
+        if not 0 <= self.prefetch_start <= 100:
+            raise ValueError(f"prefetch_start={self.prefetch_start} is not a percentage (0-100)")
         if self.max_seq_len % self.tile.kv_block:
             raise ValueError(f"max_seq_len={self.max_seq_len} must be a multiple of the cache "
                              f"block ({self.tile.kv_block})")

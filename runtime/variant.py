@@ -11,7 +11,8 @@ row RMS loads up to N elements at once (default 16384; ru0: a load and a reducti
 ``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them), ``paN`` prefetching
 the weights of the task N places later in the worker's queue instead of its own, ``pw0`` each
 task's weights prefetched before its waits instead of between polls of them (``pw``, the default: a
-task whose inputs are ready starts at once), ``pn0`` the next instruction's words not
+task whose inputs are ready starts at once), ``ptN`` with it, a waiting task's prefetch begun
+only once N% of the producers it polls have signalled, ``pn0`` the next instruction's words not
 prefetched into L2 (``pn``, the default with a prefetch), ``boN`` N ns of sleep between polls of
 a counter not yet reached, ``foN`` at most N column slices of a narrow projection step folded
 into its dot (default 16; fo1: none), ``frN`` while their
@@ -58,6 +59,7 @@ class Variant:
     attn_stages: int = TileConfig.attn_stages
     attn_tasks_per_worker: int = TileConfig.attn_tasks_per_worker
     poll_load: bool = False
+    prefetch_start: int = CompileOptions.prefetch_start
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
     prefetch_wait: bool = CompileOptions.prefetch_wait
@@ -86,6 +88,7 @@ class Variant:
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
         flags += ["pl"] * self.poll_load
+        flags += [f"pt{self.prefetch_start}"] * bool(self.prefetch_start)
         flags += ["bal"] * self.balance
         flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
         flags += ["rn"] * self.reduce_norm
@@ -112,7 +115,8 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv",
-                 "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load"}
+                 "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
+                 "prefetch_start": "prefetch_start"}
 
 
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
@@ -132,7 +136,8 @@ NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "sk": lambda n: {"split_k": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
-           "pa": lambda n: {"prefetch": True, "prefetch_ahead": n}}
+           "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
+           "pt": lambda n: {"prefetch": True, "prefetch_wait": True, "prefetch_start": n}}
 
 
 def parse_variant(text: str) -> Variant:

@@ -78,6 +78,8 @@ for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3",
         # weights prefetched between the polls of a wait, the KV cache by attention, none
         between = ptx_of(PREFETCH=4).count("prefetch.global.L2")
         assert between > 0 and ptx_of(PREFETCH=6).count("prefetch.global.L2") > between
+        late = ptx_of(PREFETCH=4, PF_START=50)     # begun once half the producers signalled
+        assert late != ptx_of(PREFETCH=4) and "prefetch.global.L2" in late
         assert "prefetch.global.L2" in ptx_of(PREFETCH=8)
         assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from megakernel.cli import main
+from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
@@ -71,6 +72,10 @@ def test_variant_labels():
     assert whole.options(132)["prefetch_kb"] == 0 and parse_variant(whole.label) == whole
     ahead = parse_variant("64x64x4x132xpa1")
     assert ahead.options(132)["prefetch_ahead"] == 1 and parse_variant(ahead.label) == ahead
+    late = parse_variant("64x64x4x132xpt50")
+    assert late.options(132)["prefetch_start"] == 50 and parse_variant(late.label) == late
+    with pytest.raises(ValueError, match="percentage"):
+        CompileOptions(1, 64, prefetch_start=150)
     nxt = parse_variant("64x64x4x132xpnxhnxtxru0")
     assert nxt.options(132)["tile"].rms_unroll == 0
     assert nxt.options(132)["prefetch_next"] and parse_variant(nxt.label) == nxt
