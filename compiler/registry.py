@@ -189,7 +189,8 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
 
 # The words before an op's fields, by name: encoder and kernel template both index them through
 # HEADER, so they cannot drift. Weight tile to prefetch before waiting: weight, element offset
-# within it, element count (0: nothing); the first wait travels inline (most tasks have at most one).
+# within it, element count (0: nothing); the first wait travels inline (most tasks have at most
+# one).
 HEADER = ("op", "first_wait", "num_waits", "signal", "prefetch_weight", "prefetch_offset",
           "prefetch_count", "wait0_counter", "wait0_size")
 HEADER_WORDS = len(HEADER)
