@@ -2,6 +2,9 @@
 against eager on the same step; a variant that cannot be built is a row with its error."""
 import json
 
+import pytest
+import torch
+
 from megakernel.bench.sweep import main
 
 
@@ -41,3 +44,13 @@ def test_ncu_summary_adds_up_stall_samples_by_reason_instruction_and_region():
     # the runs: instructions 0-1 (an LDG and a predicated HMMA), then 2 (a MUFU)
     assert report[-2].split() == ["0", "40.00%", "10", "LDG:1", "HMMA:1"]
     assert report[-1].split() == ["2", "60.00%", "5", "MUFU.EX2:1"]
+
+
+@pytest.mark.parametrize("protocol", ["counter", "flagged"])
+def test_phase_boundary_probe_computes_what_pytorch_does(protocol):
+    """``bench/hop.py``'s rounds on the CPU: one program (the interpreter runs programs one
+    after another), so every wait is on its own writes; the values must follow the reference."""
+    from megakernel.bench.hop import reference, run
+
+    out = run(protocol, 1, 16, 5, "cpu", spin_limit=4)
+    torch.testing.assert_close(out, reference(1, 16, 5))
