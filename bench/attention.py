@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
 
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"persistent={persistent:d} warps={warps} chunk={chunk} stages={stages}: "
                   f"{type(err).__name__}")
             continue
-        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        err = rel_err(out, ref)
         print(f"persistent={persistent:d} warps={warps} chunk={chunk:3d} stages={stages} "
               f"{ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
 

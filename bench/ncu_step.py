@@ -1,5 +1,5 @@
-"""Where the megakernel's warps stall, by source line: one decode step for Nsight Compute, and a
-summary of its source page.
+"""Where the megakernel's warps stall: one decode step for Nsight Compute, and a summary of its
+SASS source page.
 
     ncu --clock-control none -k regex:megakernel_step --launch-skip 3 --launch-count 1 \\
         --section WarpStateStats --section SourceCounters --import-source yes -o step \\
@@ -21,9 +21,8 @@ from collections import Counter
 import torch
 
 from megakernel.bench.decode import decode_state
-from megakernel.compiler.cost import H200
+from megakernel.bench.sweep import parse_variant
 from megakernel.models import load_model
-from megakernel.runtime import variant
 from megakernel.runtime.megakernel import megakernel_backend
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -34,7 +33,7 @@ MARKS = ("HMMA", "LDGSTS", "LDG", "MUFU.EX2", "ATOMG", "RED", "BAR.SYNC", "STG",
 def run_steps(model_name: str, batch: int, context: int, label: str | None, steps: int) -> None:
     model = load_model(model_name, device="cuda", dtype="bfloat16", progress=False).model
     tokens, positions, cache = decode_state(model, batch, context)
-    options = variant.parse_variant(label).options(H200.sms) if label else {}
+    options = parse_variant(label) if label else {}
     step = megakernel_backend(model, cache, **options)
     with torch.inference_mode():
         for _ in range(steps):

@@ -11,9 +11,10 @@ on the H200, ms at batch 1 / 8: 0.923 / 1.143 -> 0.912 / 1.117). Variants whose
 pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
 (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
 code generated); the ``classes`` best, crossed with every code-level knob (block_k, stages,
-warps, KV prefetch, prefetch cap), and the default are compiled and built side by side (``processes`` at once,
-as is the rating of each batch size: Triton builds one kernel per process), then timed one after
-another (a decode step at position ``max_seq_len - 1``, median of ``iters``).
+warps, KV prefetch, prefetch cap), and the default are compiled and built side by side
+(``processes`` at once, as is the rating of each batch size: Triton builds one kernel per
+process), then timed one after another (a decode step at position ``max_seq_len - 1``, median
+of ``iters``).
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant), so a rerun times only what is missing, and each batch size's
 winner as a compiled artifact in ``folder/b{B}`` (the layout ``megakernel compile`` writes, which

@@ -48,7 +48,7 @@ def test_partials_over_unequal_ranges_combine_to_attention(seq_len, shuffled):
     heads = slice(kv_head * G * D, (kv_head + 1) * G * D)
     qh = q[row, heads].view(G, D)                                            # [G, D]
     blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
-        .reshape(B * S // BS, 2, HKV, BS, D)                                  # [block, 2, Hkv, BS, D]
+        .reshape(B * S // BS, 2, HKV, BS, D)                       # [block, 2, Hkv, BS, D]
     logical = blocks[table[row].long()].permute(1, 2, 0, 3, 4).reshape(2, HKV, S, D)
     k, v = logical[0, kv_head, :seq_len], logical[1, kv_head, :seq_len]
     ref = torch.softmax(qh @ k.T * D ** -0.5, -1) @ v                        # [G, D]

@@ -34,8 +34,8 @@ def test_ncu_summary_adds_up_stall_samples_by_reason_instruction_and_region():
                 "Instructions Executed": str(executed), "stall_long_sb": str(samples - wait),
                 "stall_wait": str(wait), "stall_wait (Not Issued)": "0"}
 
-    rows = [row("LDG.E R1, desc[UR4][R2.64]", 30, 0, 10), row("@P0 HMMA.16816.F32 R4, R8", 10, 10, 5),
-            row("MUFU.EX2 R2, R3", 60, 15, 5)]
+    rows = [row("LDG.E R1, desc[UR4][R2.64]", 30, 0, 10),
+            row("@P0 HMMA.16816.F32 R4, R8", 10, 10, 5), row("MUFU.EX2 R2, R3", 60, 15, 5)]
     report = summarize(rows, top=2, width=2).splitlines()
     assert report[0] == "3 instructions, 100 samples"
     assert report[1].split() == ["75.00%", "stall_long_sb"]
