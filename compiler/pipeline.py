@@ -29,7 +29,7 @@ class CompileOptions:
     tile: TileConfig = field(default_factory=TileConfig)
     num_warps: int = 4                   # warps per worker program
     prefetch: bool = True                # L2-prefetch each task's weights before its waits (GPU)
-    prefetch_kb: int = 256               # at most this many KiB of them per task (0: all)
+    prefetch_kb: int = 64                # at most this many KiB of them per task (0: all)
     prefetch_ahead: int = 0              # prefetch the weights of the task this many places later
     prefetch_next: bool = True           # with prefetch: L2-prefetch the next instruction's words
                                          # (GPU; llama-3.2-1b on the H200, ms at batch 8 / 64:

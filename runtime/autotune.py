@@ -44,7 +44,7 @@ SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_w
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
          "split_head_norm": (False, True), "attn_tasks_per_worker": (2, 4), "split_k": (1, 4),
          "norm_first": (False, True), "reduce_norm": (False, True), "prefetch_kv": (False, True),
-         "prefetch_kb": (64, 256)}
+         "prefetch_kb": (64,)}     # 256 was slower at 1-64 rows; 16-32 as 64 at 1 row
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
             "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,

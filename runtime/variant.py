@@ -8,7 +8,7 @@ projection pipeline (s1: none), ``kvN`` N keys per attention task, ``qN`` N task
 default they split into pieces too, then one task per head normalises and rotates it), ``ruN`` a
 row RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step),
 ``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it (the default),
-``pfN`` with at most N KiB of them per task (default 256; ``pf0`` all of them), ``paN`` prefetching
+``pfN`` with at most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching
 the weights of the task N places later in the worker's queue instead of its own, ``pw0`` each
 task's weights prefetched before its waits instead of between polls of them (``pw``, the default: a
 task whose inputs are ready starts at once), ``ptN`` with it, a waiting task's prefetch begun

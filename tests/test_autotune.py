@@ -75,7 +75,7 @@ def test_candidates_respect_shared_memory_and_the_interpreter():
                                                   prefetch_kv=(False, True), prefetch_kb=(64, 256)))
     assert {v.workers for v in cpu} == {1}
     # GPU-only switches: no duplicates
-    assert not any(v.prefetch_kv for v in cpu) and {v.prefetch_kb for v in cpu} == {256}
+    assert not any(v.prefetch_kv for v in cpu) and {v.prefetch_kb for v in cpu} == {64}
 
 
 def test_rating_tiles_each_repeated_op_once_and_adds_up_to_the_whole_graph():
