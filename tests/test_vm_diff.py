@@ -64,16 +64,6 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     torch.testing.assert_close(cache, cache_vm, atol=2e-5, rtol=2e-5)
 
 
-def assert_vm_matches_eager(model, compiled):
-    """The VM's logits and cache writes on a step of ``inputs`` equal eager PyTorch's."""
-    tokens, positions, cache = inputs(model)
-    cache_ref = cache.clone()
-    vm = run_vm(compiled, model, tokens, positions, cache)
-    ref = model(tokens, positions, cache_ref)
-    torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.parametrize("name,workers,parts,slices,balance", [
     ("tiny-qwen3", 2, 1, 1, False), ("tiny-qwen3", 7, 1, 1, False), ("tiny-qwen3", 32, 1, 1, False),
     ("tiny-llama", 32, 3, 1, False), ("tiny-qwen3", 32, 4, 1, False),
@@ -89,7 +79,12 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
                    for p in pieces)
         assert len({hi - lo for p in pieces for lo, hi in p}) > 1
-    assert_vm_matches_eager(model, compiled)
+    tokens, positions, cache = inputs(model)
+    cache_ref = cache.clone()
+    vm = run_vm(compiled, model, tokens, positions, cache)
+    ref = model(tokens, positions, cache_ref)
+    torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
@@ -101,4 +96,9 @@ def test_filled_qkv_wave_matches_eager(name):
     compiled = compile_model(model, opts, name)
     per_layer = [t for t in compiled.tasks.tasks if t.kind == "qkv_rope" and t.args["layer"] == 0]
     assert len(per_layer) == 16
-    assert_vm_matches_eager(model, compiled)
+    tokens, positions, cache = inputs(model)
+    cache_ref = cache.clone()
+    vm = run_vm(compiled, model, tokens, positions, cache)
+    ref = model(tokens, positions, cache_ref)
+    torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
