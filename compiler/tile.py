@@ -73,9 +73,6 @@ class TileConfig:
     qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
                                # norm); 0: doubled while the tasks fit in one wave
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
-    qkv_fill: bool = False     # the first heads get one piece more, so that the q/k/v tasks
-                               # fill one wave of the workers (at batch 1 on 132 workers: 132
-                               # tasks instead of 96)
     split_head_norm: bool = True   # heads with a head norm also split into pieces, which write
                                    # the raw projection; a head_norm_rope task per head finishes
                                    # (qwen3-8b at batch 1 on the H200: 4.515 ms against 4.713)
@@ -198,17 +195,6 @@ class Tiler:
                 d.head_dim // (4 * parts) >= self.cfg.min_qkv_dims:
             parts *= 2
         return parts
-
-    def qkv_extra(self, head_norm: bool) -> int:
-        """How many heads (the first ones) get one piece more than ``qkv_pieces``
-        (``TileConfig.qkv_fill``): as many as keep every piece in the first wave of the workers
-        and at least min_qkv_dims dims per RoPE half."""
-        d, base = self.graph.dims, self.qkv_pieces(head_norm)
-        heads = d.heads + 2 * d.kv_heads
-        if not self.cfg.qkv_fill or (head_norm and not self.cfg.split_head_norm) or \
-                d.head_dim // (2 * (base + 1)) < self.cfg.min_qkv_dims:
-            return 0
-        return max(0, min(heads, self.workers - heads * base))
 
     def split_k(self) -> int:
         """K slices asked of the projections without a norm (``TileConfig.split_k``)."""
@@ -351,10 +337,9 @@ def tile_qkv_rope(t: Tiler, op) -> None:
               for h in range(d.kv_heads) for kind in ("k", "v")]
     half = hd // 2
     raw = Buffer(f"{op.name}.raw", "act", (d.batch, (d.heads + d.kv_heads) * hd))
-    extra = t.qkv_extra(any(n is not None for *_, n in heads))
-    for i, (kind, h, w, head_norm) in enumerate(heads):
+    for kind, h, w, head_norm in heads:
         # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2)
-        pieces = t.qkv_pieces(head_norm is not None) + (i < extra)
+        pieces = t.qkv_pieces(head_norm is not None)
         part, split = -(-half // pieces), head_norm is not None and pieces > 1
         col = (h + d.heads * (kind == "k")) * hd if split else h * hd      # out column of dim 0
         for d0 in range(0, half, part):

@@ -4,8 +4,7 @@ sweep, the trace command and the autotuner.
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``: ``g`` GEMV
 projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN`` an N-stage
 projection pipeline (s1: none), ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head
-(none: as many as spread the heads over the workers), ``qf`` the first heads one piece more, so
-that the q/k/v tasks fill one wave of the workers, ``hn0`` heads with a head norm kept whole (by
+(none: as many as spread the heads over the workers), ``hn0`` heads with a head norm kept whole (by
 default they split into pieces too, then one task per head normalises and rotates it), ``ruN`` a
 row RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step),
 ``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it (the default),
@@ -68,14 +67,12 @@ class Variant:
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     attn_balance: bool = TileConfig.attn_balance
-    qkv_fill: bool = TileConfig.qkv_fill
 
     @property
     def label(self) -> str:
         flags = ["g"] * self.gemv + ["t"] * self.swap_ab
         flags += [f"s{self.stages}", f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
-        flags += ["qf"] * self.qkv_fill
         flags += ["hn0"] * (not self.split_head_norm)
         flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
         flags += [f"fo{self.fold}"] * (self.fold != TileConfig.fold)
@@ -129,7 +126,6 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "rn": {"reduce_norm": True},
-            "qf": {"qkv_fill": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
@@ -169,7 +165,7 @@ def effective(ops, v: Variant) -> Variant:
     norm keep the default), the attention task limit only where it changed the keys per task
     (balanced attention: never; its keys per task are a minimum there, kept as asked; and no
     balance where it cuts the keys as the plain tiling does), the fused reduce and norm only
-    with both norm first and split-K, filled q/k/v waves only where heads got more pieces.
+    with both norm first and split-K.
     Equal results build equal kernels."""
     tiler = Tiler(ops, v.tile, v.workers)
     if v.attn_balance and tiler.kv_pieces() == \
@@ -185,7 +181,6 @@ def effective(ops, v: Variant) -> Variant:
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at,
                    split_k=tiler.split_k(), norm_first=tiler.norm_first(),
                    reduce_norm=v.reduce_norm and tiler.norm_first() and tiler.split_k() > 1,
-                   qkv_fill=tiler.qkv_extra(head_norm) > 0,
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                    else TileConfig.split_head_norm)
 

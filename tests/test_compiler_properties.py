@@ -40,8 +40,7 @@ def small_models(draw):
                        split_head_norm=draw(st.booleans()), balance=draw(st.booleans()),
                        split_k=draw(st.sampled_from([1, 2, 3])),
                        attn_balance=draw(st.booleans()), norm_first=draw(st.booleans()),
-                       reduce_norm=draw(st.booleans()), qkv_fill=draw(st.booleans()),
-                       min_qkv_dims=draw(st.sampled_from([1, 8])))
+                       reduce_norm=draw(st.booleans()))
     spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
     return cfg, batch, seq, tiles, spread
 

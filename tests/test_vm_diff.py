@@ -85,20 +85,3 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
     ref = model(tokens, positions, cache_ref)
     torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_filled_qkv_wave_matches_eager(name):
-    """qkv_fill: the first heads get a piece more, as many as make one task per worker."""
-    model = load(name)
-    opts = CompileOptions(B, S, target="h200", num_workers=16,
-                          tile=TileConfig(qkv_parts=1, qkv_fill=True, min_qkv_dims=2))
-    compiled = compile_model(model, opts, name)
-    per_layer = [t for t in compiled.tasks.tasks if t.kind == "qkv_rope" and t.args["layer"] == 0]
-    assert len(per_layer) == 16
-    tokens, positions, cache = inputs(model)
-    cache_ref = cache.clone()
-    vm = run_vm(compiled, model, tokens, positions, cache)
-    ref = model(tokens, positions, cache_ref)
-    torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
