@@ -149,8 +149,6 @@ def cmd_trace(args) -> int:
         Path(args.json).write_text(json.dumps(rows))
     per_us, unit = (1e3, "ns") if step.trace_mode == 2 else (1.0, "ticks (interpreter order)")
     measured = "us" if step.trace_mode == 2 else "ticks"
-    draw_timeline(traces, Path(args.output), f"{loaded.name} batch {args.batch_size}, "
-                  f"context {args.context}, {device}", unit)
     print(f"{'kind':<14}{'tasks':>7}{'predicted us':>14}{'measured ' + measured:>16}"
           f"{'waited ' + measured:>14}")
     for r in kind_table(traces, step.compiled, per_us):
@@ -163,7 +161,9 @@ def cmd_trace(args) -> int:
               f"{r['task_us']:>14.2f}")
     print(f"step: {max(t.end for t in traces) / per_us:.1f} {measured} on {len(step.queues)} "
           f"workers (predicted {step.compiled.schedule.makespan_us:.1f} us); "
-          f"timeline -> {args.output}")
+          f"timeline -> {args.output}", flush=True)     # the tables first: drawing takes longest
+    draw_timeline(traces, Path(args.output), f"{loaded.name} batch {args.batch_size}, "
+                  f"context {args.context}, {device}", unit)
     return 0
 
 
