@@ -173,7 +173,8 @@ def effective(ops, v: Variant) -> Variant:
         return effective(ops, replace(v, attn_balance=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     pieces, span = tiler.qkv_pieces(head_norm), tiler.kv_span()
-    plain = replace(v.tile, attn_tasks_per_worker=TileConfig.attn_tasks_per_worker)
+    plain = replace(v.tile, kv_split=span,
+                    attn_tasks_per_worker=TileConfig.attn_tasks_per_worker)
     at = v.attn_tasks_per_worker if Tiler(ops, plain, v.workers).kv_span() != span \
         else TileConfig.attn_tasks_per_worker
     if v.attn_balance:

@@ -44,6 +44,9 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     with monkeypatch.context() as patch:  # the kept winners are not compiled or loaded again
         patch.setattr(tuning, "compile_cached", no_compiling)
         assert run(1) == winners
+        patch.setattr(tuning, "rules_hash", lambda: "other rules")
+        with pytest.raises(AssertionError, match="shortlist"):   # kept plans are rated again
+            run(1)
 
     library = KernelLibrary(folder, model)
     assert library.batch_sizes == [1, 2]
@@ -118,3 +121,30 @@ def test_variants_are_rated_as_they_will_be_built():
                  for a in (2, 8))
     assert more.kv_split < few.kv_split and more.attn_tasks_per_worker == 8
     assert tuning.effective(ops, replace(v, attn_tasks_per_worker=8)) == tuning.effective(ops, v)
+    # a limit that only raised the span to what the default limit keeps: the same kernel
+    low = tuning.effective(ops, replace(v, workers=4, attn_tasks_per_worker=1))
+    assert low.kv_split > 16
+    assert low == tuning.effective(ops, replace(v, workers=4, kv_split=low.kv_split))
+
+
+def test_shortlist_times_the_default_and_every_attention_layout_near_it():
+    from megakernel.compiler.capture import capture
+    from megakernel.compiler.lower import lower
+
+    ops = lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
+    space = dict(SPACE, block_n=(32, 64), block_k=(256,), stages=(3,), num_warps=(4, 8),
+                 kv_split=(16, 32, 64), split_k=(1, 2))        # the default's values too
+    picks = tuning.shortlist(ops, H200, space, 1)
+    default, variants = picks[0][0], [v for v, _ in picks]
+    home = tuning.schedule_class(default)
+    assert len(set(variants)) == len(variants)
+    # the default's schedule class with each code-level knob
+    assert {v.num_warps for v in variants if tuning.schedule_class(v) == home} == {4, 8}
+    layouts = {v.kv_split for v in tuning.candidates(H200, space)
+               for v in [tuning.effective(ops, v)] if v.workers == default.workers}
+    assert len(layouts) > 1 and {v.kv_split for v in variants} == layouts
+    # each layout's class is the one nearest the default: only the attention knobs differ
+    for span in layouts - {default.kv_split}:
+        nearest = [v for v in variants if v.kv_split == span and v.split_k == default.split_k
+                   and v.qkv_parts == default.qkv_parts and v.block_n == default.block_n]
+        assert nearest, span
