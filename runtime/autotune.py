@@ -11,13 +11,15 @@ with it), KV prefetch, the cap on each task's L2 prefetch of its weights (only t
 faster at batch 1; a space given by the caller may hold others). Variants whose
 pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
 (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
-code generated); the ``classes`` best, crossed with every code-level knob (block_k, stages,
-warps, KV prefetch, prefetch cap), and the default are compiled and built side by side
+code generated); the default's class, the ``classes`` best and, per attention layout, the
+class nearest the default (``shortlist``), each crossed with every code-level knob (block_k,
+stages, warps, KV prefetch, prefetch cap), are compiled and built side by side
 (``processes`` at once, as is the rating of each batch size: Triton builds one kernel per
 process), then timed one after another (a decode step at position ``max_seq_len - 1``, median
 of ``iters``).
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
-device, code version, variant), so a rerun times only what is missing, and each batch size's
+device, code version, variant) and each batch size's shortlist (kept while the rules that made
+it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
 winner as a compiled artifact in ``folder/b{B}`` (the layout ``megakernel compile`` writes, which
 ``KernelLibrary`` serves). A variant that fails to build, to fit or to finish is recorded with its
 error and skipped.
