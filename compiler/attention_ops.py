@@ -29,6 +29,19 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
 
 
 @triton.jit
+def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
+    """One step of keys k and values v [CHUNK, BLOCK_D] (``valid`` [CHUNK]) into the running
+    max m and sum l [BLOCK_G] and the unnormalised output acc [BLOCK_G, BLOCK_D] of queries q."""
+    scores = _dot(q, tl.trans(k.to(DT)), tl.zeros([q.shape[0], k.shape[0]], tl.float32), DT)
+    scores = tl.where(valid[None, :], scores * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
+    alpha = tl.exp(m - m_ref)
+    p = tl.exp(scores - m_ref[:, None])
+    return m_new, l * alpha + tl.sum(p, axis=1), _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
+
+
+@triton.jit
 def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row, kv_head,
                     slot, lo, span, layer, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
@@ -59,16 +72,7 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
         start = lo + c * CHUNK
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
                        CHUNK, BLOCK_D)
-        valid = (start + ss) < hi
-        scores = _dot(q, tl.trans(k.to(DT)), tl.zeros([BLOCK_G, CHUNK], tl.float32), DT) * scale
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # no key yet: adds nothing
-        alpha = tl.exp(m - m_ref)
-        p = tl.exp(scores - m_ref[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
-        m = m_new
+        m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
     if DIRECT:
         heads = row * HQ + kv_head * G + gs               # [BLOCK_G] rows of [B * HQ]
         out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
