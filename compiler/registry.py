@@ -143,6 +143,13 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
                 PF_KEYS=min(1024, p2(t.args["kv_split"])))
 
 
+def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
+    g = d.heads // d.kv_heads
+    return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
+                S=d.max_seq_len, D=d.head_dim, G=g, BS=c.kv_block, CHUNK=t.args["step"],
+                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=c.attn_stages or max(2, c.stages))
+
+
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(HQ=d.heads, D=d.head_dim, G=g, BLOCK_G=p2(g),
@@ -182,6 +189,9 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int"),
            _attn_partial, "attention_ops.attn_partial_prefetch"),
+    OpSpec("attn_stream", "attention_ops.attn_stream_op",
+           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
+                   "ml:f32 out:act f0:int f1:int layer:int slot0:int"), _attn_stream),
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),
            _attn_combine),

@@ -8,7 +8,8 @@ Tilings (``TileConfig`` sets the sizes):
                a head norm write the raw projection and head_norm_rope finishes each head
     attention  attn_partial per key range of each (row, kv head) into fp32 partials, then
                attn_combine per (row, kv head); a partial waits only for its q heads and its k/v
-               head; a single range writes the output itself (``tile_attention``)
+               head; a single range writes the output itself; or (``attn_stream``) one
+               attn_stream per equal share of all units' keys (``tile_attention``)
     linear     one task per output columns [n0, n1) (norm, residual fused in); with
                ``split_k`` S > 1 and no norm, linear_part per (column group, K slice) into
                fp32 partials {op}.part [S, B, N], then linear_reduce per column group
@@ -54,6 +55,8 @@ class TileConfig:
                                     # per worker (beyond one per row and kv head); 0: never
     attn_balance: bool = False # attention tasks cut from the (row, kv head) units' keys laid
                                # end to end, about one cut per worker (see Tiler.kv_pieces)
+    attn_stream: bool = False  # one attn_stream task per equal share of those keys, each one
+                               # pipelined loop across its units (see tile_attention)
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
     swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
     rms_unroll: int = 16384    # a row RMS issues all its loads at once up to this many elements

@@ -1,6 +1,8 @@
 """Tile the attention op: an attn_partial task per key range of each (row, kv head) unit
 (``Tiler.kv_pieces``), partials in fp32 slots merged by one attn_combine per unit of several
-ranges; a unit of one range writes its output itself."""
+ranges; a unit of one range writes its output itself. With ``attn_stream``, the units' keys laid
+end to end are cut into one equal share per worker (whole steps), an attn_stream task each;
+units cut between shares are merged by an attn_combine."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -12,6 +14,12 @@ if TYPE_CHECKING:
 
 
 def tile_attention(t: Tiler, op) -> None:
+    if t.cfg.attn_stream:
+        return tile_attention_stream(t, op)
+    tile_attention_pieces(t, op)
+
+
+def tile_attention_pieces(t: Tiler, op) -> None:
     """An attn_partial task per key range of ``Tiler.kv_pieces`` of each (row, kv head); a unit
     in one range writes its output itself, the others' ranges write consecutive slots of
     {op}.acc [P, G, D] and {op}.ml [P, G, 2] and an attn_combine per unit merges them."""
@@ -55,3 +63,68 @@ def tile_attention(t: Tiler, op) -> None:
                   [Region(acc.name, used + ((0, hd),)), Region(ml.name, used + ((0, 2),))],
                   [out_region], group * len(ranges) * (hd + 2) * 4 + group * hd * d.itemsize, 0)
             first += len(ranges)
+
+
+def stream_shares(keys: int, seq: int, workers: int, step_keys: int) -> tuple[int, int]:
+    """(keys per step, keys per stream) for ``keys`` = units * ``seq`` over ``workers``: the
+    largest power-of-two step of at most ``step_keys`` (at least 16, a tensor-core dot's least)
+    that divides ``seq``, and an equal share per worker rounded up to whole steps."""
+    step = 1 << (min(max(16, step_keys), seq).bit_length() - 1)
+    while seq % step:
+        step //= 2
+    if step < 16:
+        raise ValueError(f"streamed attention needs max_seq_len={seq} a multiple of 16")
+    share = -(-keys // workers)
+    return step, -(-share // step) * step
+
+
+def tile_attention_stream(t: Tiler, op) -> None:
+    """attn_stream task i: keys [i * cut, (i + 1) * cut) of the units laid end to end; a whole
+    unit writes its output, a unit's piece a partial slot of {op}.acc / {op}.ml (numbered in
+    stream order from the task's ``slot0``: each stream has at most a first and a last piece
+    cut, and a unit's pieces take consecutive slots), merged by an attn_combine per cut unit."""
+    d, s = t.graph.dims, t.graph.dims.max_seq_len
+    q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
+    group, hd, units = d.heads // d.kv_heads, d.head_dim, d.batch * d.kv_heads
+    step, cut = stream_shares(units * s, s, t.workers, t.cfg.kv_step // hd)
+    streams = [(f0, min(units * s, f0 + cut)) for f0 in range(0, units * s, cut)]
+    pieces = [[(u, max(f0, u * s) - u * s, min(f1, (u + 1) * s) - u * s)
+               for u in range(f0 // s, (f1 - 1) // s + 1)] for f0, f1 in streams]
+    slots: dict[int, list[int]] = {}                       # cut unit -> its pieces' slots
+    slot_of: dict[tuple[int, int], int] = {}               # (stream, unit) -> slot
+    for i, ps in enumerate(pieces):
+        for u, lo, hi in ps:
+            if hi - lo < s:
+                slot_of[i, u] = len(slot_of)
+                slots.setdefault(u, []).append(slot_of[i, u])
+    n = len(slot_of)
+    acc, ml = (Buffer(f"{op.name}.{k}", "f32", (n, group, w)) for k, w in (("acc", hd), ("ml", 2)))
+    if n:
+        t.buffers.update({acc.name: acc, ml.name: ml})
+    heads = lambda u: ((u // d.kv_heads, u // d.kv_heads + 1),
+                       (u % d.kv_heads * group * hd, (u % d.kv_heads + 1) * group * hd))
+    for i, ((f0, f1), ps) in enumerate(zip(streams, pieces)):
+        reads, writes = [Region("positions", ((0, d.batch),))], []
+        for u, lo, hi in ps:
+            b = u // d.kv_heads
+            reads += [Region(q.name, heads(u)), Region("kv_cache", (
+                (layer, layer + 1), (0, 2), (b, b + 1), (u % d.kv_heads, u % d.kv_heads + 1),
+                (lo, hi), (0, hd)))]
+            slot = slot_of.get((i, u))
+            writes += [Region(out.name, heads(u))] if slot is None else \
+                [Region(acc.name, ((slot, slot + 1), (0, group), (0, hd))),
+                 Region(ml.name, ((slot, slot + 1), (0, group), (0, 2)))]
+        nbytes = (2 * (f1 - f0) * hd + len(ps) * group * hd) * d.itemsize
+        t.add(op, "attn_stream", dict(q=q.name, out=out.name, acc=acc.name if n else None,
+                                      ml=ml.name if n else None, f0=f0, f1=f1, layer=layer,
+                                      slot0=min((v for (j, _), v in slot_of.items() if j == i),
+                                                default=0), step=step),
+              reads, writes, nbytes + group * (hd + 2) * 4, 4 * group * (f1 - f0) * hd)
+    for u, used in slots.items():
+        rows = ((used[0], used[-1] + 1), (0, group))
+        t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=u // d.kv_heads,
+                                       kv_head=u % d.kv_heads, first=used[0], count=len(used),
+                                       nsplit=max(map(len, slots.values()))),
+              [Region(acc.name, rows + ((0, hd),)), Region(ml.name, rows + ((0, 2),))],
+              [Region(out.name, heads(u))], group * len(used) * (hd + 2) * 4
+              + group * hd * d.itemsize, 0)

@@ -126,31 +126,51 @@ class VM:
             rows = torch.arange(d.batch, device=pos.device)[:, None]
             self.buf["kv_cache"][a["layer"], kind - 1, rows, h, pos[:, None], local[None]] = y.to(dt)
 
-    def attn_partial(self, a):
-        d, b, g = self.d, a["row"], a["kv_head"]
+    def attend(self, b, g, lo, hi, layer, q_name):
+        """Row b's query heads of kv head g over its keys [lo, min(hi, length)): unnormalised
+        acc [G, D] and (max, sum) [G, 2] in fp32 (max -inf and sum 0 where no key is left)."""
+        d = self.d
         group, hd = d.heads // d.kv_heads, d.head_dim
-        n = int(self.buf["positions"][b]) + 1
-        lo, hi = a["lo"], min(a["lo"] + a["span"], n)
-        q = self.buf[a["q"]][b].view(d.heads, hd)[g * group:(g + 1) * group].float()
-        if a["out"] is not None:                     # one split: the output itself
-            dev = self.buf["kv_cache"].device
-            acc, ml = torch.empty(group, hd, device=dev), torch.empty(group, 2, device=dev)
-        else:
-            acc, ml = self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]]   # [G, D], [G, 2]
+        hi = min(hi, int(self.buf["positions"][b]) + 1)
+        q = self.buf[q_name][b].view(d.heads, hd)[g * group:(g + 1) * group].float()
+        dev = self.buf["kv_cache"].device
+        acc, ml = torch.zeros(group, hd, device=dev), torch.zeros(group, 2, device=dev)
         if lo >= hi:
-            acc.zero_()
-            ml[:, 0], ml[:, 1] = float("-inf"), 0.0
-            return
-        k = self.buf["kv_cache"][a["layer"], 0, b, g, lo:hi].float()
-        v = self.buf["kv_cache"][a["layer"], 1, b, g, lo:hi].float()
+            ml[:, 0] = float("-inf")
+            return acc, ml
+        k = self.buf["kv_cache"][layer, 0, b, g, lo:hi].float()
+        v = self.buf["kv_cache"][layer, 1, b, g, lo:hi].float()
         scores = q @ k.T * hd ** -0.5                                          # [G, n]
         m = scores.max(-1).values
         p = torch.exp(scores - m[:, None])
         acc.copy_(p.to(self.dt).float() @ v)
         ml[:, 0], ml[:, 1] = m, p.sum(-1)
-        if a["out"] is not None:
-            out = acc / ml[:, 1:]
-            self.buf[a["out"]][b, g * group * hd:(g + 1) * group * hd] = out.flatten().to(self.dt)
+        return acc, ml
+
+    def attn_out(self, a, b, g, acc, ml):
+        d = self.d
+        width = d.heads // d.kv_heads * d.head_dim
+        out = acc / ml[:, 1:]
+        self.buf[a["out"]][b, g * width:(g + 1) * width] = out.flatten().to(self.dt)
+
+    def attn_partial(self, a):
+        b, g = a["row"], a["kv_head"]
+        acc, ml = self.attend(b, g, a["lo"], a["lo"] + a["span"], a["layer"], a["q"])
+        if a["out"] is not None:                     # one split: the output itself
+            self.attn_out(a, b, g, acc, ml)
+        else:
+            self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]] = acc, ml
+
+    def attn_stream(self, a):
+        s, hkv, slot = self.d.max_seq_len, self.d.kv_heads, a["slot0"]
+        for u in range(a["f0"] // s, (a["f1"] - 1) // s + 1):
+            lo, hi = max(a["f0"], u * s) - u * s, min(a["f1"], (u + 1) * s) - u * s
+            acc, ml = self.attend(u // hkv, u % hkv, lo, hi, a["layer"], a["q"])
+            if hi - lo == s:                         # the whole unit: its output
+                self.attn_out(a, u // hkv, u % hkv, acc, ml)
+            else:                                    # a piece: the stream's next slot
+                self.buf[a["acc"]][slot], self.buf[a["ml"]][slot] = acc, ml
+                slot += 1
 
     def attn_combine(self, a):
         d, b, g = self.d, a["row"], a["kv_head"]

@@ -8,7 +8,8 @@ per SM, keys per attention task, the attention task limit, tasks per q/k/v head,
 heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused
 with it), KV prefetch, the cap on each task's L2 prefetch of its weights (only the default,
 64 KiB, in ``SPACE``: 256 was slower at 1 to 64 rows of llama-3.2-1b on the H200, 16 and 32 no
-faster at batch 1; a space given by the caller may hold others). Variants whose
+faster at batch 1; a space given by the caller may hold others), streamed attention (only off
+in ``SPACE`` until measured). Variants whose
 pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
 (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
 code generated); the default's class, the ``classes`` best and, per attention layout, the
@@ -49,13 +50,13 @@ SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_w
          "split_head_norm": (False, True), "attn_tasks_per_worker": (1, 2, 4),
          "split_k": (1, 4), "norm_first": (False, True), "reduce_norm": (False, True),
          "prefetch_kv": (False, True),
-         "prefetch_kb": (CompileOptions.prefetch_kb,)}
+         "prefetch_kb": (CompileOptions.prefetch_kb,), "attn_stream": (TileConfig.attn_stream,)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
             "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,
             "reduce_norm": TileConfig.reduce_norm,
             "prefetch_kv": CompileOptions.prefetch_kv,
-            "prefetch_kb": CompileOptions.prefetch_kb}
+            "prefetch_kb": CompileOptions.prefetch_kb, "attn_stream": TileConfig.attn_stream}
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ def candidates(target: Target, space: dict) -> list[Variant]:
 def schedule_class(v: Variant) -> tuple:
     """The knobs that change the task graph and its schedule (the rest change only the code)."""
     return (v.block_n, v.workers, v.kv_split, v.qkv_parts, v.split_head_norm,
-            v.attn_tasks_per_worker, v.split_k, v.norm_first, v.reduce_norm)
+            v.attn_tasks_per_worker, v.split_k, v.norm_first, v.reduce_norm, v.attn_balance,
+            v.attn_stream)
 
 
 def alike_ops(ops) -> list[tuple]:
@@ -141,7 +143,7 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     layouts = {}
     for v in sorted(variants, key=lambda v: (near(schedule_class(v)), rank(schedule_class(v)))):
         if v.workers == default.workers:
-            layouts.setdefault(v.kv_split, schedule_class(v))
+            layouts.setdefault((v.kv_split, v.attn_balance, v.attn_stream), schedule_class(v))
     picked = dict.fromkeys([home, *sorted(rated, key=rank)[:classes], *layouts.values()])
     picks = [(default, predict(ops, default, target))]
     picks += [(v, rated[k]) for k in picked if k in rated for v in variants

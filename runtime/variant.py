@@ -67,6 +67,7 @@ class Variant:
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     attn_balance: bool = TileConfig.attn_balance
+    attn_stream: bool = TileConfig.attn_stream
 
     @property
     def label(self) -> str:
@@ -93,6 +94,7 @@ class Variant:
         flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
         flags += ["rn"] * self.reduce_norm
         flags += ["ab"] * self.attn_balance
+        flags += ["af"] * self.attn_stream
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
@@ -125,7 +127,8 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pn0": {"prefetch_next": False},
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
-            "ab": {"attn_balance": True}, "rn": {"reduce_norm": True},
+            "ab": {"attn_balance": True}, "af": {"attn_stream": True},
+            "rn": {"reduce_norm": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
@@ -164,9 +167,13 @@ def effective(ops, v: Variant) -> Variant:
     have a head norm, unless split; split only where that makes pieces; models without a head
     norm keep the default), the attention task limit only where it changed the keys per task
     (balanced attention: never; its keys per task are a minimum there, kept as asked; and no
-    balance where it cuts the keys as the plain tiling does), the fused reduce and norm only
-    with both norm first and split-K.
+    balance where it cuts the keys as the plain tiling does; streamed attention: none of the
+    three), the fused reduce and norm only with both norm first and split-K.
     Equal results build equal kernels."""
+    if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
+            (TileConfig.kv_split, TileConfig.attn_tasks_per_worker, False):
+        return effective(ops, replace(v, kv_split=TileConfig.kv_split, attn_balance=False,
+                                      attn_tasks_per_worker=TileConfig.attn_tasks_per_worker))
     tiler = Tiler(ops, v.tile, v.workers)
     if v.attn_balance and tiler.kv_pieces() == \
             Tiler(ops, replace(v.tile, attn_balance=False), v.workers).kv_pieces():
@@ -177,7 +184,7 @@ def effective(ops, v: Variant) -> Variant:
                     attn_tasks_per_worker=TileConfig.attn_tasks_per_worker)
     at = v.attn_tasks_per_worker if Tiler(ops, plain, v.workers).kv_span() != span \
         else TileConfig.attn_tasks_per_worker
-    if v.attn_balance:
+    if v.attn_balance or v.attn_stream:
         span, at = v.kv_split, TileConfig.attn_tasks_per_worker
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at,
                    split_k=tiler.split_k(), norm_first=tiler.norm_first(),

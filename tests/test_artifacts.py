@@ -56,12 +56,15 @@ from megakernel.models.weights import empty_model
 from megakernel.runtime.megakernel import load_kernel
 import torch
 from megakernel.compiler.tile import TileConfig
-for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3", 1, True, False),
-                                 ("qwen3-0.6b", 8, False, True)]:
+for name, batch, gemv, split, stream in [("tiny-llama", 3, False, False, False),
+                                         ("tiny-qwen3", 1, True, False, False),
+                                         ("qwen3-0.6b", 8, False, True, False),
+                                         ("tiny-llama", 5, False, False, True)]:
     model = empty_model(PRESETS[name]).to(torch.bfloat16)
-    opts = CompileOptions(batch, 64, target="h200",
-                          tile=TileConfig(gemv=gemv, split_head_norm=split, swap_ab=split))
+    opts = CompileOptions(batch, 64, target="h200", tile=TileConfig(
+        gemv=gemv, split_head_norm=split, swap_ab=split, attn_stream=stream))
     c = compile_model(model, opts, name)
+    assert ("attn_stream_op" in c.kernel.source) == stream, name
     kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
     # values that change every launch must not select another build
     assert [p.name for p in kernel.params if p.do_not_specialize] == ["epoch", "spin_limit"]
@@ -69,7 +72,7 @@ for name, batch, gemv, split in [("tiny-llama", 3, False, False), ("tiny-qwen3",
     ptx = out.asm["ptx"]
     assert "globaltimer" not in ptx
     assert "globaltimer" in compile_for_hopper(kernel, trace=2).asm["ptx"]
-    if name == "tiny-llama":
+    if name == "tiny-llama" and not stream:
         assert "nanosleep" in compile_for_hopper(kernel, switches={"BACKOFF": 128}).asm["ptx"]
         assert "ld.acquire.gpu" in compile_for_hopper(kernel, switches={"POLL": 1}).asm["ptx"]
         ptx_of = lambda **sw: compile_for_hopper(kernel, switches=sw).asm["ptx"]
@@ -102,7 +105,7 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
     proc = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], env=env, capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("sm_90 ok") == 4
+    assert proc.stdout.count("sm_90 ok") == 5
 
 
 def test_top_level_compile_gives_one_kernel_per_batch_size():

@@ -90,3 +90,59 @@ def test_flat_attention_probe_matches_sdpa():
         ref = torch.cat([sdpa(q[r:r + 1], cache[:, :, r:r + 1, :, :lengths[r]], HKV)
                          for r in range(B)])
         torch.testing.assert_close(outputs().cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
+@triton.jit
+def streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f_ptr, slot0_ptr,
+                   nstreams, merge_ptr, nmerge, layer, B: tl.constexpr, HQ: tl.constexpr,
+                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                   BS: tl.constexpr, STEP: tl.constexpr):
+    for i in range(nstreams):
+        attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
+                                     tl.load(f_ptr + i), tl.load(f_ptr + i + 1), layer,
+                                     tl.load(slot0_ptr + i), D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                     STEP, G, D, 2)
+    tl.debug_barrier()
+    for j in range(nmerge):                    # (unit, first slot, count) of each cut unit
+        u = tl.load(merge_ptr + 3 * j)
+        attention_ops.attn_combine_op(acc_ptr, ml_ptr, out_ptr, u // HKV, u % HKV,
+                                      tl.load(merge_ptr + 3 * j + 1),
+                                      tl.load(merge_ptr + 3 * j + 2), HQ, D, G, G, 4, D)
+
+
+@pytest.mark.parametrize("cut", [16, 48, 80])
+def test_streams_across_units_merge_to_attention(cut):
+    """The units' keys end to end, cut every ``cut`` keys: units in four pieces (16), streams
+    holding pieces of two units (48), whole units too (80); rows of unequal length through a
+    shuffled block table. Pieces go to slots in stream order, a cut unit's slots merged by the
+    combine."""
+    from megakernel.bench.attention import sdpa
+
+    gen = torch.Generator().manual_seed(cut)
+    lengths = [50, 64]
+    q = torch.randn(B, HQ * D, generator=gen)
+    cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
+    positions = torch.tensor(lengths, dtype=torch.int32) - 1
+    table = torch.randperm(B * S // BS, generator=gen).to(torch.int32).view(B, S // BS)
+    edges = list(range(0, B * HKV * S, cut)) + [B * HKV * S]
+    slots, slot0 = {}, []
+    for f0, f1 in zip(edges, edges[1:]):
+        slot0.append(sum(map(len, slots.values())))
+        for u in range(f0 // S, (f1 - 1) // S + 1):
+            if min(f1, (u + 1) * S) - max(f0, u * S) < S:
+                slots.setdefault(u, []).append(sum(map(len, slots.values())))
+    merge = [[u, used[0], len(used)] for u, used in slots.items()]
+    n = sum(map(len, slots.values()))
+    acc, ml = torch.full((n, G, D), float("nan")), torch.full((n, G, 2), float("nan"))
+    out = torch.full((B, HQ * D), float("nan"))
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out,
+                                   torch.tensor(edges, dtype=torch.int32),
+                                   torch.tensor(slot0, dtype=torch.int32))]
+    streams_kernel[(1,)](*args, len(edges) - 1, torch.tensor(merge, dtype=torch.int32).to(DEVICE),
+                         len(merge), 0, B, HQ, HKV, S, D, G, BS, 16)
+    blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // BS, 2, HKV, BS, D)                       # [block, 2, Hkv, BS, D]
+    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, HKV, S, D)
+    ref = torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], HKV)
+                     for r in range(B)])
+    torch.testing.assert_close(args[6].cpu(), ref, atol=1e-5, rtol=1e-5)

@@ -104,7 +104,8 @@ def test_rating_tiles_each_repeated_op_once_and_adds_up_to_the_whole_graph():
 def test_variants_are_rated_as_they_will_be_built():
     from megakernel.compiler.capture import capture
     from megakernel.compiler.lower import lower
-    from megakernel.runtime.variant import Variant
+    from megakernel.compiler.tile import TileConfig
+    from megakernel.runtime.variant import Variant, parse_variant
 
     v = Variant(32, 64, 4, 132, kv_split=16, qkv_parts=4)
     for name, hn, parts in [("tiny-llama", False, 4), ("tiny-qwen3", False, 1),  # head norms
@@ -125,6 +126,12 @@ def test_variants_are_rated_as_they_will_be_built():
     low = tuning.effective(ops, replace(v, workers=4, attn_tasks_per_worker=1))
     assert low.kv_split > 16
     assert low == tuning.effective(ops, replace(v, workers=4, kv_split=low.kv_split))
+    # streamed attention: keys per task, their limit and balance mean nothing there
+    streamed = tuning.effective(ops, replace(v, attn_stream=True))
+    assert streamed.attn_stream and streamed.kv_split == TileConfig.kv_split
+    assert tuning.effective(ops, replace(v, attn_stream=True, kv_split=32, attn_balance=True,
+                                         attn_tasks_per_worker=8)) == streamed
+    assert parse_variant(streamed.label) == streamed
 
 
 def test_shortlist_times_the_default_and_every_attention_layout_near_it():

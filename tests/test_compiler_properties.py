@@ -39,7 +39,9 @@ def small_models(draw):
                        qkv_parts=draw(st.sampled_from([1, 2, 3, 8])),
                        split_head_norm=draw(st.booleans()), balance=draw(st.booleans()),
                        split_k=draw(st.sampled_from([1, 2, 3])),
-                       attn_balance=draw(st.booleans()), norm_first=draw(st.booleans()),
+                       attn_balance=draw(st.booleans()), attn_stream=draw(st.booleans()),
+                       kv_step=16 * draw(st.sampled_from([16, 32, 512])),
+                       norm_first=draw(st.booleans()),
                        reduce_norm=draw(st.booleans()))
     spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
     return cfg, batch, seq, tiles, spread

@@ -87,7 +87,8 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 
 # batch 1 and 8 for the compiler; 2, 17 and 64 for the batch-size range; tile options other
 # than the default: qwen3's head-norm heads whole, weight rows as the dot's M, balanced
-# attention, no norm first at a batch where it is the default, split-K reduced with the norm
+# attention, no norm first at a batch where it is the default, split-K reduced with the norm,
+# streamed attention
 @pytest.mark.parametrize("name,batch,tiles", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -101,7 +102,9 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                             pytest.param("qwen3-0.6b", 17, TileConfig(norm_first=False),
                                          id="qwen3-0.6b-17-nf0"),
                             pytest.param("llama-3.2-1b", 17, TileConfig(reduce_norm=True),
-                                         id="llama-3.2-1b-17-rn")])
+                                         id="llama-3.2-1b-17-rn"),
+                            pytest.param("llama-3.2-1b", 17, TileConfig(attn_stream=True),
+                                         id="llama-3.2-1b-17-af")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, tiles):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to

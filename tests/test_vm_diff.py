@@ -41,7 +41,8 @@ def inputs(model):
                                               norm_first=True, split_k=2, reduce_norm=True),
                                    TileConfig(split_k=2, block_k=32),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
-                                              attn_tasks_per_worker=0, split_head_norm=True)])
+                                              attn_tasks_per_worker=0, split_head_norm=True),
+                                   TileConfig(attn_stream=True, kv_step=256)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load(name)
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
@@ -67,14 +68,21 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
 @pytest.mark.parametrize("name,workers,parts,slices,balance", [
     ("tiny-qwen3", 2, 1, 1, False), ("tiny-qwen3", 7, 1, 1, False), ("tiny-qwen3", 32, 1, 1, False),
     ("tiny-llama", 32, 3, 1, False), ("tiny-qwen3", 32, 4, 1, False),
-    ("tiny-llama", 32, 2, 2, False), ("tiny-llama", 8, 1, 1, True), ("tiny-qwen3", 5, 1, 1, True)])
+    ("tiny-llama", 32, 2, 2, False), ("tiny-llama", 8, 1, 1, True), ("tiny-qwen3", 5, 1, 1, True),
+    ("tiny-llama", 5, 1, 1, "stream"), ("tiny-qwen3", 32, 1, 1, "stream")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
+    stream = balance == "stream"
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
-                                          split_k=slices, attn_balance=balance, kv_split=16))
+                                          split_k=slices, attn_balance=balance is True,
+                                          kv_split=16, attn_stream=stream, kv_step=256))
     compiled = compile_model(model, opts, name)
-    if balance:     # each row's keys cut once, at places that leave unequal ranges
+    if stream:      # shares of whole 16-key steps, units cut between them, each merged once
+        kinds = [t.kind for t in compiled.tasks.tasks]
+        assert kinds.count("attn_stream") > compiled.ops.dims.layers
+        assert 0 < kinds.count("attn_combine") and "attn_partial" not in kinds
+    if balance is True:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
                    for p in pieces)
