@@ -1,15 +1,15 @@
-"""Decode attention as one flat stream per program, against the per-unit body, alone on the GPU.
+"""Streamed decode attention (``attention_ops.attn_stream_op``) alone on the GPU, beside the
+per-unit body the megakernel's workers otherwise walk, and SDPA.
 
     python -m megakernel.bench.attention_flat --batch-sizes 17,32,64 --context 1024
 
 The (row, kv head) units' keys are laid end to end and program t takes keys
-[t * cut, (t + 1) * cut) (cut: an equal share per SM, whole steps), one software-pipelined loop
-over its steps whatever units they belong to: no pipeline refill at a unit's start, every SM the
-same share. At the last step of a unit's piece the running (max, sum, acc) go to slot u + t
-(unique: along the stream u and t never both stay) and start again; the pieces of a unit are
-merged on the host here (an attn_combine in the megakernel). Beside it, ``attn_units`` of
-``bench.attention`` with one program per SM walking whole units, as the megakernel's workers do
-(its settings: 128-key steps, 6 stages, G heads unpadded). Both checked against SDPA.
+[t * cut, (t + 1) * cut) (cut: an equal share per SM, whole steps) in one software-pipelined
+loop, whatever units they belong to: no pipeline refill at a unit's start, every SM the same
+share. Pieces of units cut between programs go to partial slots (``tile_attention.stream_plan``)
+and are merged on the host here (by attn_combine tasks in the megakernel). Beside it,
+``attn_units`` of ``bench.attention``: one program per SM walking whole units (128-key steps,
+6 stages, as the megakernel's attention tasks). Each checked against SDPA.
 """
 from __future__ import annotations
 
@@ -21,82 +21,54 @@ import triton.language as tl
 
 from megakernel.bench.attention import attn_units, sdpa
 from megakernel.bench.sweep import rel_err
-from megakernel.compiler.attention_ops import load_kv
+from megakernel.compiler import attention_ops
+from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
+                                                 unit_slots)
 
 
 @triton.jit
-def attn_flat(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, units, cut, layer,
-              B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
-              D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
-              STAGES: tl.constexpr):
-    """Program t: steps of CHUNK keys from t * cut on -> acc [slots, G, D] and
-    (max, sum) [slots, G, 2] of each unit piece, in slot u + t."""
-    DT: tl.constexpr = q_ptr.dtype.element_ty
-    NCH: tl.constexpr = S // CHUNK
+def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cut, total,
+                 slot0_ptr, layer, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                 STEP: tl.constexpr, STAGES: tl.constexpr):
+    """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total))."""
     t = tl.program_id(0)
-    c0 = t * (cut // CHUNK)
-    c1 = tl.minimum(c0 + cut // CHUNK, units * NCH)
-    gs, ds, ss = tl.arange(0, G), tl.arange(0, D), tl.arange(0, CHUNK)
-    m = tl.full([G], float("-inf"), tl.float32)
-    l = tl.zeros([G], tl.float32)
-    acc = tl.zeros([G, D], tl.float32)
-    for c in tl.range(c0, c1, num_stages=STAGES):
-        u = c // NCH
-        row, kv_head, start = u // HKV, u % HKV, (c % NCH) * CHUNK
-        hi = tl.load(pos_ptr + row) + 1
-        q = tl.load(q_ptr + row * (HQ * D) + (kv_head * G + gs)[:, None] * D + ds[None, :])
-        k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS, CHUNK,
-                       D)                                                    # [CHUNK, D] each
-        scores = tl.dot(q, tl.trans(k)) * (D ** -0.5)                        # [G, CHUNK]
-        scores = tl.where((start + ss < hi)[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_ref)
-        p = tl.exp(scores - m_ref[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(DT), v, acc * alpha[:, None])
-        m = m_new
-        last = (c % NCH == NCH - 1) | (c == c1 - 1)                 # this unit's piece ends
-        part = (u + t) * G + gs
-        tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=last)
-        tl.store(ml_ptr + part * 2, m, mask=last)
-        tl.store(ml_ptr + part * 2 + 1, l, mask=last)
-        m = tl.where(last, float("-inf"), m)
-        l = tl.where(last, 0.0, l)
-        acc = tl.where(last, 0.0, acc)
+    attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
+                                 t * cut, tl.minimum(t * cut + cut, total), layer,
+                                 tl.load(slot0_ptr + t), D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                 STEP, max(16, G), D, STAGES)
 
 
-def flat_cut(units: int, s: int, programs: int, chunk: int) -> int:
-    """Keys per program: an equal share of units * s, rounded up to whole steps."""
-    return -(-(-(-units * s // programs)) // chunk) * chunk
-
-
-def merge_pieces(acc: torch.Tensor, ml: torch.Tensor, units: int, s: int, cut: int):
-    """acc [slots, G, D], ml [slots, G, 2] -> [units, G, D]: unit u's pieces are the slots u + t
-    for the programs t whose keys meet it."""
-    out = []
-    for u in range(units):
-        first, last = u * s // cut, ((u + 1) * s - 1) // cut
-        sl = slice(u + first, u + last + 1)
-        m, l, a = ml[sl, :, 0], ml[sl, :, 1], acc[sl]                   # [P, G], [P, G, D]
+def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
+                hkv: int) -> torch.Tensor:
+    """out [B, HQ * D] with each cut unit's output merged from its slots of acc [P, G, D] and
+    (max, sum) ml [P, G, 2], as attn_combine does."""
+    g, d = acc.shape[1], acc.shape[2]
+    out = out.clone()
+    for u, used in slots.items():
+        m, l, a = ml[used, :, 0], ml[used, :, 1], acc[used]                 # [P, G], [P, G, D]
         w = torch.exp(m - m.max(0).values)
-        out.append((w[:, :, None] * a).sum(0) / (w * l).sum(0)[:, None])
-    return torch.stack(out)
+        merged = (w[:, :, None] * a).sum(0) / (w * l).sum(0)[:, None]
+        row, head = divmod(u, hkv)
+        out[row, head * g * d:(head + 1) * g * d] = merged.flatten().to(out.dtype)
+    return out
 
 
-def run_flat(q, cache, pos, table, hkv: int, programs: int, chunk: int, stages: int,
+def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
              warps: int = 4):
-    """(launch, outputs): the launch fills fresh NaN-poisoned slots; outputs() merges them."""
-    b, s, d, hq = cache.shape[2], cache.shape[4], cache.shape[5], q.shape[1] // cache.shape[5]
-    g, units = hq // hkv, b * hkv
-    cut = flat_cut(units, s, programs, chunk)
-    grid = -(-units * s // cut)
-    acc = torch.full((units + grid, g, d), float("nan"), device=q.device)
-    ml = torch.full((units + grid, g, 2), float("nan"), device=q.device)
-    launch = lambda: attn_flat[(grid,)](q, cache, pos, table, acc, ml, units, cut, 0, b, hq, hkv,
-                                        s, d, g, s // table.shape[1], chunk, stages,
-                                        num_warps=warps)
-    return launch, lambda: merge_pieces(acc, ml, units, s, cut).view(b, -1)
+    """(launch, outputs): the launch fills NaN-poisoned outputs and slots; outputs() merges."""
+    b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
+    g, units = q.shape[1] // d // hkv, b * hkv
+    step, cut = stream_shares(units * s, s, programs, step)
+    streams, _, slot_of = stream_plan(units, s, cut)
+    slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
+    acc = torch.full((max(1, len(slot_of)), g, d), float("nan"), device=q.device)
+    ml = torch.full((max(1, len(slot_of)), g, 2), float("nan"), device=q.device)
+    out = torch.full_like(q, float("nan"))
+    launch = lambda: attn_streams[(len(streams),)](
+        q, cache, pos, table, acc, ml, out, cut, units * s, slot0, 0, b, q.shape[1] // d, hkv,
+        s, d, g, s // table.shape[1], step, stages, num_warps=warps)
+    return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,14 +90,13 @@ def main(argv: list[str] | None = None) -> None:
         show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache, hkv)), 0.0)
         out = torch.full_like(q, float("nan"))
         units_run = lambda: attn_units[(min(units, sms),)](
-            q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, hq // hkv, bs, 128,
-            hq // hkv, 6)
+            q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, hq // hkv, bs, 128, 16, 6)
         ms = triton.testing.do_bench(units_run)
         show("per unit c128 s6", ms, rel_err(out, ref))
-        for chunk, stages, warps in ((64, 6, 4), (128, 3, 4), (128, 6, 4), (128, 6, 8)):
-            launch, outputs = run_flat(q, cache, pos, table, hkv, sms, chunk, stages, warps)
+        for step, stages, warps in ((64, 6, 4), (128, 3, 4), (128, 6, 4), (128, 6, 8)):
+            launch, outputs = run_flat(q, cache, pos, table, hkv, sms, step, stages, warps)
             ms = triton.testing.do_bench(launch)
-            show(f"flat c{chunk} s{stages} w{warps}", ms, rel_err(outputs(), ref))
+            show(f"streams c{step} s{stages} w{warps}", ms, rel_err(outputs(), ref))
 
 
 if __name__ == "__main__":

@@ -78,6 +78,36 @@ def stream_shares(keys: int, seq: int, workers: int, step_keys: int) -> tuple[in
     return step, -(-share // step) * step
 
 
+def stream_plan(units: int, seq: int, cut: int):
+    """Streams [(f0, f1)] of ``cut`` keys over ``units`` x ``seq`` keys laid end to end, each
+    stream's pieces [(unit, lo, hi)], and the partial slot of each piece short of a whole unit,
+    {(stream, unit): slot}, numbered in stream order (a unit's pieces in consecutive slots)."""
+    total = units * seq
+    streams = [(f0, min(total, f0 + cut)) for f0 in range(0, total, cut)]
+    pieces = [[(u, max(f0, u * seq) - u * seq, min(f1, (u + 1) * seq) - u * seq)
+               for u in range(f0 // seq, (f1 - 1) // seq + 1)] for f0, f1 in streams]
+    slot_of: dict[tuple[int, int], int] = {}
+    for i, ps in enumerate(pieces):
+        for u, lo, hi in ps:
+            if hi - lo < seq:
+                slot_of[i, u] = len(slot_of)
+    return streams, pieces, slot_of
+
+
+def unit_slots(slot_of: dict) -> dict[int, list[int]]:
+    """{unit: its pieces' slots} of the units cut between streams."""
+    slots: dict[int, list[int]] = {}
+    for (_, u), slot in sorted(slot_of.items(), key=lambda kv: kv[1]):
+        slots.setdefault(u, []).append(slot)
+    return slots
+
+
+def first_slots(streams: list, slot_of: dict) -> list[int]:
+    """Each stream's ``slot0``: its first piece's slot (0 where it has none)."""
+    return [min((v for (j, _), v in slot_of.items() if j == i), default=0)
+            for i in range(len(streams))]
+
+
 def tile_attention_stream(t: Tiler, op) -> None:
     """attn_stream task i: keys [i * cut, (i + 1) * cut) of the units laid end to end; a whole
     unit writes its output, a unit's piece a partial slot of {op}.acc / {op}.ml (numbered in
@@ -87,22 +117,15 @@ def tile_attention_stream(t: Tiler, op) -> None:
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
     group, hd, units = d.heads // d.kv_heads, d.head_dim, d.batch * d.kv_heads
     step, cut = stream_shares(units * s, s, t.workers, t.cfg.kv_step // hd)
-    streams = [(f0, min(units * s, f0 + cut)) for f0 in range(0, units * s, cut)]
-    pieces = [[(u, max(f0, u * s) - u * s, min(f1, (u + 1) * s) - u * s)
-               for u in range(f0 // s, (f1 - 1) // s + 1)] for f0, f1 in streams]
-    slots: dict[int, list[int]] = {}                       # cut unit -> its pieces' slots
-    slot_of: dict[tuple[int, int], int] = {}               # (stream, unit) -> slot
-    for i, ps in enumerate(pieces):
-        for u, lo, hi in ps:
-            if hi - lo < s:
-                slot_of[i, u] = len(slot_of)
-                slots.setdefault(u, []).append(slot_of[i, u])
+    streams, pieces, slot_of = stream_plan(units, s, cut)
+    slots = unit_slots(slot_of)
     n = len(slot_of)
     acc, ml = (Buffer(f"{op.name}.{k}", "f32", (n, group, w)) for k, w in (("acc", hd), ("ml", 2)))
     if n:
         t.buffers.update({acc.name: acc, ml.name: ml})
     heads = lambda u: ((u // d.kv_heads, u // d.kv_heads + 1),
                        (u % d.kv_heads * group * hd, (u % d.kv_heads + 1) * group * hd))
+    slot0s = first_slots(streams, slot_of)
     for i, ((f0, f1), ps) in enumerate(zip(streams, pieces)):
         reads, writes = [Region("positions", ((0, d.batch),))], []
         for u, lo, hi in ps:
@@ -117,8 +140,7 @@ def tile_attention_stream(t: Tiler, op) -> None:
         nbytes = (2 * (f1 - f0) * hd + len(ps) * group * hd) * d.itemsize
         t.add(op, "attn_stream", dict(q=q.name, out=out.name, acc=acc.name if n else None,
                                       ml=ml.name if n else None, f0=f0, f1=f1, layer=layer,
-                                      slot0=min((v for (j, _), v in slot_of.items() if j == i),
-                                                default=0), step=step),
+                                      slot0=slot0s[i], step=step),
               reads, writes, nbytes + group * (hd + 2) * 4, 4 * group * (f1 - f0) * hd)
     for u, used in slots.items():
         rows = ((used[0], used[-1] + 1), (0, group))

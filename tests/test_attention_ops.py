@@ -74,7 +74,7 @@ def test_attention_probe_matches_sdpa():
 def test_flat_attention_probe_matches_sdpa():
     """``bench/attention_flat.py``: units' keys laid end to end, each program an equal share in
     one loop (3 programs of 96 keys over 4 units of 64: pieces of two units in one program),
-    pieces in slot u + t merged on the host; rows of shorter sequences too."""
+    pieces merged on the host; rows of shorter sequences too."""
     from megakernel.bench.attention import sdpa
     from megakernel.bench.attention_flat import run_flat
 
@@ -85,7 +85,7 @@ def test_flat_attention_probe_matches_sdpa():
     for lengths in ([S] * B, [S - 5 - 7 * r for r in range(B)]):
         positions = torch.tensor(lengths, dtype=torch.int32) - 1
         args = [t.to(DEVICE) for t in (q, cache, positions, table)]
-        launch, outputs = run_flat(*args, HKV, programs=3, chunk=16, stages=2)
+        launch, outputs = run_flat(*args, HKV, programs=3, step=16, stages=2)
         launch()
         ref = torch.cat([sdpa(q[r:r + 1], cache[:, :, r:r + 1, :, :lengths[r]], HKV)
                          for r in range(B)])
@@ -117,6 +117,7 @@ def test_streams_across_units_merge_to_attention(cut):
     shuffled block table. Pieces go to slots in stream order, a cut unit's slots merged by the
     combine."""
     from megakernel.bench.attention import sdpa
+    from megakernel.compiler.tile_attention import first_slots, stream_plan, unit_slots
 
     gen = torch.Generator().manual_seed(cut)
     lengths = [50, 64]
@@ -124,15 +125,10 @@ def test_streams_across_units_merge_to_attention(cut):
     cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
     positions = torch.tensor(lengths, dtype=torch.int32) - 1
     table = torch.randperm(B * S // BS, generator=gen).to(torch.int32).view(B, S // BS)
-    edges = list(range(0, B * HKV * S, cut)) + [B * HKV * S]
-    slots, slot0 = {}, []
-    for f0, f1 in zip(edges, edges[1:]):
-        slot0.append(sum(map(len, slots.values())))
-        for u in range(f0 // S, (f1 - 1) // S + 1):
-            if min(f1, (u + 1) * S) - max(f0, u * S) < S:
-                slots.setdefault(u, []).append(sum(map(len, slots.values())))
-    merge = [[u, used[0], len(used)] for u, used in slots.items()]
-    n = sum(map(len, slots.values()))
+    streams, _, slot_of = stream_plan(B * HKV, S, cut)
+    edges, slot0 = [f0 for f0, _ in streams] + [B * HKV * S], first_slots(streams, slot_of)
+    merge = [[u, used[0], len(used)] for u, used in unit_slots(slot_of).items()]
+    n = len(slot_of)
     acc, ml = torch.full((n, G, D), float("nan")), torch.full((n, G, 2), float("nan"))
     out = torch.full((B, HQ * D), float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out,
