@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
                               **v.options(sms))
         c = compile_model(model, opts, args.model)
         kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
-        built = compile_for_hopper(kernel, num_warps=v.num_warps, switches=opts.switches())
+        built = compile_for_hopper(kernel, num_warps=v.num_warps, switches=opts.switches(),
+                                   max_registers=opts.max_registers)
         use = cubin_usage(built.asm["cubin"])
         fit = programs_per_sm(use["regs"], built.metadata.shared, v.num_warps)
         print(f"{text:<28} regs {use['regs']:3d}  stack {use['stack']:4d}  smem "

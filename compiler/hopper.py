@@ -24,9 +24,10 @@ DEFAULT_SWITCHES = CompileOptions(1, 16).switches()      # those of the default 
 
 
 def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stages: int = 3,
-                       trace: int = 0, switches: dict | None = None):
+                       trace: int = 0, switches: dict | None = None, max_registers: int = 0):
     """The sm_90 build of a generated kernel; ``switches``: its GPU-only constexprs
-    (``CompileOptions.switches``), by default those of the default options."""
+    (``CompileOptions.switches``), by default those of the default options; ``max_registers``
+    as ``CompileOptions.max_registers``."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_hopper needs a process without TRITON_INTERPRET=1")
     signature = {k: v.format(dt=dtype) for k, v in POINTERS.items()}
@@ -36,5 +37,6 @@ def compile_for_hopper(kernel, dtype: str = "bf16", num_warps: int = 4, num_stag
     constexprs = {"NWORDS": NUM_WORDS, "TRACE": trace, **DEFAULT_SWITCHES, **(switches or {})}
     src = ASTSource(kernel, signature, constexprs=constexprs, attrs=aligned)
     compiled = triton_compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+                              options={"num_warps": num_warps, "num_stages": num_stages,
+                                       **({"maxnreg": max_registers} if max_registers else {})})
     return compiled

@@ -43,6 +43,10 @@ class CompileOptions:
     prefetch_start: int = 0              # with prefetch_wait: a waiting task asks for its weights
                                          # only once this percentage of the producers it polls
                                          # has signalled (0: from its first poll)
+    max_registers: int = 0               # registers per thread ptxas may use (0: its choice;
+                                         # llama-3.2-1b at 16 rows, 8 warps: 128 and 72 bytes of
+                                         # stack, with 255 none beyond libdevice's 32; but 4 warps
+                                         # there, or 8 at 17 rows, spill with 255 and not without)
 
     def switches(self, cuda: bool = True) -> dict:
         """The kernel's GPU-only constexprs (all 0 under the interpreter): PREFETCH bits (1 each
@@ -61,6 +65,8 @@ class CompileOptions:
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise ValueError(f"target {self.target!r} unknown; choose one of {', '.join(TARGETS)}")
+        if self.max_registers and not 24 <= self.max_registers <= 255:
+            raise ValueError(f"max_registers={self.max_registers}: ptxas takes 24 to 255 (or 0)")
         if not 0 <= self.prefetch_start <= 100:
             raise ValueError(f"prefetch_start={self.prefetch_start} is not a percentage (0-100)")
         if self.max_seq_len % self.tile.kv_block:

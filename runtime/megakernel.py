@@ -85,7 +85,9 @@ def launch_args(s, kv_cache: torch.Tensor, options, trace_mode: int) -> tuple[tu
     return ((s.ins, s.waits, s.queues, s.counters, s.error, s.weights, s.act, s.f32,
              kv_cache, s.tokens, s.positions, s.block_table, s.epoch, s.spin_limit, s.stamps[1:]),
             dict(NWORDS=NUM_WORDS, TRACE=trace_mode, num_warps=options.num_warps,
-                 **options.switches(kv_cache.is_cuda)))
+                 **options.switches(kv_cache.is_cuda),
+                 **({"maxnreg": options.max_registers}
+                    if kv_cache.is_cuda and options.max_registers else {})))
 
 
 def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:

@@ -68,6 +68,7 @@ class Variant:
     reduce_norm: bool = TileConfig.reduce_norm
     attn_balance: bool = TileConfig.attn_balance
     attn_stream: bool = TileConfig.attn_stream
+    max_registers: int = CompileOptions.max_registers
 
     @property
     def label(self) -> str:
@@ -97,6 +98,7 @@ class Variant:
         flags += ["af"] * self.attn_stream
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
+        flags += [f"rg{self.max_registers}"] * bool(self.max_registers)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
     @property
@@ -118,7 +120,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
-                 "prefetch_start": "prefetch_start"}
+                 "prefetch_start": "prefetch_start", "max_registers": "max_registers"}
 
 
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
@@ -136,7 +138,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "as": lambda n: {"attn_stages": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
-           "sk": lambda n: {"split_k": n},
+           "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},

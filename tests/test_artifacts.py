@@ -75,6 +75,7 @@ for name, batch, gemv, split, stream in [("tiny-llama", 3, False, False, False),
     if name == "tiny-llama" and not stream:
         assert "nanosleep" in compile_for_hopper(kernel, switches={"BACKOFF": 128}).asm["ptx"]
         assert "ld.acquire.gpu" in compile_for_hopper(kernel, switches={"POLL": 1}).asm["ptx"]
+        assert ".maxnreg 255" in compile_for_hopper(kernel, max_registers=255).asm["ptx"]
         ptx_of = lambda **sw: compile_for_hopper(kernel, switches=sw).asm["ptx"]
         before = ptx_of(PREFETCH=1).count("prefetch.global.L2")    # weights before the waits
         assert ptx_of(PREFETCH=3).count("prefetch.global.L2") > before    # + the next words

@@ -88,6 +88,11 @@ def test_variant_labels():
     assert parse_variant(knobs.label) == knobs
     slow = parse_variant("64x64x4x132xbo128")
     assert slow.options(132)["spin_backoff_ns"] == 128 and parse_variant(slow.label) == slow
+    wide = parse_variant("64x64x8x132xrg255xaf")
+    assert wide.options(132)["max_registers"] == 255 and wide.options(132)["tile"].attn_stream
+    assert parse_variant(wide.label) == wide
+    with pytest.raises(ValueError, match="max_registers"):
+        CompileOptions(1, 64, max_registers=300)
     with pytest.raises(ValueError, match="unknown flag"):
         parse_variant("64x64x4x132xq")
 
