@@ -24,6 +24,7 @@ from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
 from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
                                                  unit_slots)
+from megakernel.compiler.vm import merge_partials
 
 
 @triton.jit
@@ -43,14 +44,12 @@ def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: d
                 hkv: int) -> torch.Tensor:
     """out [B, HQ * D] with each cut unit's output merged from its slots of acc [P, G, D] and
     (max, sum) ml [P, G, 2], as attn_combine does."""
-    g, d = acc.shape[1], acc.shape[2]
+    width = acc.shape[1] * acc.shape[2]
     out = out.clone()
     for u, used in slots.items():
-        m, l, a = ml[used, :, 0], ml[used, :, 1], acc[used]                 # [P, G], [P, G, D]
-        w = torch.exp(m - m.max(0).values)
-        merged = (w[:, :, None] * a).sum(0) / (w * l).sum(0)[:, None]
         row, head = divmod(u, hkv)
-        out[row, head * g * d:(head + 1) * g * d] = merged.flatten().to(out.dtype)
+        out[row, head * width:(head + 1) * width] = \
+            merge_partials(acc[used], ml[used]).flatten().to(out.dtype)
     return out
 
 

@@ -103,9 +103,12 @@ def unit_slots(slot_of: dict) -> dict[int, list[int]]:
 
 
 def first_slots(streams: list, slot_of: dict) -> list[int]:
-    """Each stream's ``slot0``: its first piece's slot (0 where it has none)."""
-    return [min((v for (j, _), v in slot_of.items() if j == i), default=0)
-            for i in range(len(streams))]
+    """Each stream's ``slot0``: its first piece's slot (0 where it has none; slots are numbered
+    in stream order, so a stream's first in ``slot_of`` is its lowest)."""
+    first: dict[int, int] = {}
+    for (i, _), slot in slot_of.items():
+        first.setdefault(i, slot)
+    return [first.get(i, 0) for i in range(len(streams))]
 
 
 def tile_attention_stream(t: Tiler, op) -> None:
@@ -142,11 +145,12 @@ def tile_attention_stream(t: Tiler, op) -> None:
                                       ml=ml.name if n else None, f0=f0, f1=f1, layer=layer,
                                       slot0=slot0s[i], step=step),
               reads, writes, nbytes + group * (hd + 2) * 4, 4 * group * (f1 - f0) * hd)
+    most = max(map(len, slots.values()), default=0)
     for u, used in slots.items():
         rows = ((used[0], used[-1] + 1), (0, group))
         t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=u // d.kv_heads,
                                        kv_head=u % d.kv_heads, first=used[0], count=len(used),
-                                       nsplit=max(map(len, slots.values()))),
+                                       nsplit=most),
               [Region(acc.name, rows + ((0, hd),)), Region(ml.name, rows + ((0, 2),))],
               [Region(out.name, heads(u))], group * len(used) * (hd + 2) * 4
               + group * hd * d.itemsize, 0)

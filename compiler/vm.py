@@ -26,6 +26,13 @@ def mm(x: torch.Tensor, w: torch.Tensor, dt) -> torch.Tensor:
     return (x.float() @ w.float().T).to(dt)
 
 
+def merge_partials(acc: torch.Tensor, ml: torch.Tensor) -> torch.Tensor:
+    """Partials of one (row, kv head) over several key ranges, acc [P, G, D] and (max, sum)
+    ml [P, G, 2] -> the normalised output [G, D]."""
+    w = torch.exp(ml[..., 0] - ml[..., 0].max(0).values)                      # [P, G]
+    return (w[..., None] * acc).sum(0) / (w * ml[..., 1]).sum(0)[:, None]
+
+
 class VM:
     def __init__(self, compiled, model, tokens, positions, kv_cache):
         self.c, self.d = compiled, compiled.ops.dims
@@ -147,17 +154,16 @@ class VM:
         ml[:, 0], ml[:, 1] = m, p.sum(-1)
         return acc, ml
 
-    def attn_out(self, a, b, g, acc, ml):
-        d = self.d
-        width = d.heads // d.kv_heads * d.head_dim
-        out = acc / ml[:, 1:]
+    def attn_out(self, a, b, g, out):
+        """Row b's output heads of kv head g: out [G, D] into the task's out [B, HQ * D]."""
+        width = self.d.heads // self.d.kv_heads * self.d.head_dim
         self.buf[a["out"]][b, g * width:(g + 1) * width] = out.flatten().to(self.dt)
 
     def attn_partial(self, a):
         b, g = a["row"], a["kv_head"]
         acc, ml = self.attend(b, g, a["lo"], a["lo"] + a["span"], a["layer"], a["q"])
         if a["out"] is not None:                     # one split: the output itself
-            self.attn_out(a, b, g, acc, ml)
+            self.attn_out(a, b, g, acc / ml[:, 1:])
         else:
             self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]] = acc, ml
 
@@ -167,20 +173,15 @@ class VM:
             lo, hi = max(a["f0"], u * s) - u * s, min(a["f1"], (u + 1) * s) - u * s
             acc, ml = self.attend(u // hkv, u % hkv, lo, hi, a["layer"], a["q"])
             if hi - lo == s:                         # the whole unit: its output
-                self.attn_out(a, u // hkv, u % hkv, acc, ml)
+                self.attn_out(a, u // hkv, u % hkv, acc / ml[:, 1:])
             else:                                    # a piece: the stream's next slot
                 self.buf[a["acc"]][slot], self.buf[a["ml"]][slot] = acc, ml
                 slot += 1
 
     def attn_combine(self, a):
-        d, b, g = self.d, a["row"], a["kv_head"]
-        group, hd = d.heads // d.kv_heads, d.head_dim
         used = slice(a["first"], a["first"] + a["count"])
-        acc = self.buf[a["acc"]][used].transpose(0, 1)                         # [G, NS, D]
-        ml = self.buf[a["ml"]][used].transpose(0, 1)                           # [G, NS, 2]
-        w = torch.exp(ml[..., 0] - ml[..., 0].max(-1, keepdim=True).values)
-        out = (w[..., None] * acc).sum(1) / (w * ml[..., 1]).sum(1, keepdim=True)
-        self.buf[a["out"]][b, g * group * hd:(g + 1) * group * hd] = out.flatten().to(self.dt)
+        self.attn_out(a, a["row"], a["kv_head"],
+                      merge_partials(self.buf[a["acc"]][used], self.buf[a["ml"]][used]))
 
     def run(self) -> dict:
         tasks, deps, queues = self.c.tasks.tasks, self.c.tasks.deps, self.c.schedule.queues
