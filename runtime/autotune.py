@@ -6,11 +6,12 @@ best on the device, keep the fastest.
 Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
 per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
 heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused
-with it), KV prefetch, the cap on each task's L2 prefetch of its weights (only the default,
-64 KiB, in ``SPACE``: 256 was slower at 1 to 64 rows of llama-3.2-1b on the H200, 16 and 32 no
-faster at batch 1; a space given by the caller may hold others), streamed attention (only off
-in ``SPACE`` until measured). Variants whose
-pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task graph
+with it), streamed attention, KV prefetch and the cap on each task's L2 prefetch of its
+weights (only the defaults of these two in ``SPACE``, as measured on the H200 with llama-3.2-1b:
+KV prefetch at most 1% faster at 1 to 8 rows and slower from 13 on, in the autotune ledger of
+bench/results; the cap's 256 KiB slower than 64 at every size, 16 and 32 no faster at batch 1;
+a space given by the caller may hold others). Variants whose pipeline stages cannot fit in
+shared memory are dropped. The knobs that shape the task graph
 (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
 code generated); the default's class, the ``classes`` best and, per attention layout, the
 class nearest the default (``shortlist``), each crossed with every code-level knob (block_k,
@@ -49,8 +50,8 @@ SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_w
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
          "split_head_norm": (False, True), "attn_tasks_per_worker": (1, 2, 4),
          "split_k": (1, 4), "norm_first": (False, True), "reduce_norm": (False, True),
-         "prefetch_kv": (False, True),
-         "prefetch_kb": (CompileOptions.prefetch_kb,), "attn_stream": (TileConfig.attn_stream,)}
+         "prefetch_kv": (CompileOptions.prefetch_kv,),
+         "prefetch_kb": (CompileOptions.prefetch_kb,), "attn_stream": (False, True)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
             "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,
