@@ -31,13 +31,14 @@ from megakernel.compiler.vm import merge_partials
 def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cut, total,
                  slot0_ptr, layer, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                 STEP: tl.constexpr, STAGES: tl.constexpr):
-    """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total))."""
+                 STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total)), the
+    query heads of a kv head padded to BLOCK_G as the megakernel's registry pads them."""
     t = tl.program_id(0)
     attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                  t * cut, tl.minimum(t * cut + cut, total), layer,
                                  tl.load(slot0_ptr + t), D ** -0.5, B, HQ, HKV, S, D, G, BS,
-                                 STEP, max(16, G), D, STAGES)
+                                 STEP, BLOCK_G, D, STAGES)
 
 
 def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
@@ -66,7 +67,7 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
     out = torch.full_like(q, float("nan"))
     launch = lambda: attn_streams[(len(streams),)](
         q, cache, pos, table, acc, ml, out, cut, units * s, slot0, 0, b, q.shape[1] // d, hkv,
-        s, d, g, s // table.shape[1], step, stages, num_warps=warps)
+        s, d, g, s // table.shape[1], step, stages, triton.next_power_of_2(g), num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
 
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache, hkv)), 0.0)
         out = torch.full_like(q, float("nan"))
         units_run = lambda: attn_units[(min(units, sms),)](
-            q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, hq // hkv, bs, 128, 16, 6)
+            q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, hq // hkv, bs, 128,
+            triton.next_power_of_2(hq // hkv), 6)
         ms = triton.testing.do_bench(units_run)
         show("per unit c128 s6", ms, rel_err(out, ref))
         for step, stages, warps in ((64, 6, 4), (128, 3, 4), (128, 6, 4), (128, 6, 8)):
