@@ -55,8 +55,9 @@ def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: d
 
 
 def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
-             warps: int = 4):
-    """(launch, outputs): the launch fills NaN-poisoned outputs and slots; outputs() merges."""
+             warps: int = 4, layer: int = 0):
+    """(launch, outputs): the launch fills NaN-poisoned outputs and slots from layer ``layer``
+    of the cache; outputs() merges."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, units = q.shape[1] // d // hkv, b * hkv
     step, cut = stream_shares(units * s, s, programs, step)
@@ -66,7 +67,7 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
     ml = torch.full((max(1, len(slot_of)), g, 2), float("nan"), device=q.device)
     out = torch.full_like(q, float("nan"))
     launch = lambda: attn_streams[(len(streams),)](
-        q, cache, pos, table, acc, ml, out, cut, units * s, slot0, 0, b, q.shape[1] // d, hkv,
+        q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, b, q.shape[1] // d, hkv,
         s, d, g, s // table.shape[1], step, stages, triton.next_power_of_2(g), num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
@@ -75,27 +76,30 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", default="17,32,64")
     p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=1,
+                   help="cache layers, the last one read (the megakernel's cache holds all)")
     args = p.parse_args(argv)
     hq, hkv, d, bs, dev = 32, 8, 64, 16, "cuda"
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for b in (int(x) for x in args.batch_sizes.split(",")):
         s, units = args.context, b * hkv
-        cache = torch.randn(1, 2, b, hkv, s, d, device=dev, dtype=torch.bfloat16)
+        layer = args.layers - 1
+        cache = torch.randn(args.layers, 2, b, hkv, s, d, device=dev, dtype=torch.bfloat16)
         q = torch.randn(b, hq * d, device=dev, dtype=torch.bfloat16)
         pos = torch.full((b,), s - 1, device=dev, dtype=torch.int32)
         table = torch.arange(b * s // bs, device=dev, dtype=torch.int32).view(b, s // bs)
-        nbytes, ref = cache.numel() * cache.element_size(), sdpa(q, cache, hkv)
+        nbytes, ref = cache[layer].numel() * 2, sdpa(q, cache[layer:], hkv)
         show = lambda name, ms, err: print(f"B={b:2d} {name:<24} {ms * 1e3:7.1f} us "
                                            f"{nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
-        show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache, hkv)), 0.0)
+        show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache[layer:], hkv)), 0.0)
         out = torch.full_like(q, float("nan"))
         units_run = lambda: attn_units[(min(units, sms),)](
-            q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, hq // hkv, bs, 128,
+            q, cache, pos, table, out, units, layer, b, hq, hkv, s, d, hq // hkv, bs, 128,
             triton.next_power_of_2(hq // hkv), 6)
         ms = triton.testing.do_bench(units_run)
         show("per unit c128 s6", ms, rel_err(out, ref))
         for step, stages, warps in ((64, 6, 4), (128, 3, 4), (128, 6, 4), (128, 6, 8)):
-            launch, outputs = run_flat(q, cache, pos, table, hkv, sms, step, stages, warps)
+            launch, outputs = run_flat(q, cache, pos, table, hkv, sms, step, stages, warps, layer)
             ms = triton.testing.do_bench(launch)
             show(f"streams c{step} s{stages} w{warps}", ms, rel_err(outputs(), ref))
 
