@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         q = torch.randn(b, hq * d, device=dev, dtype=torch.bfloat16)
         pos = torch.full((b,), s - 1, device=dev, dtype=torch.int32)
         table = torch.arange(b * s // bs, device=dev, dtype=torch.int32).view(b, s // bs)
-        nbytes, ref = cache[layer].numel() * 2, sdpa(q, cache[layer:], hkv)
+        nbytes, ref = cache[layer].numel() * cache.element_size(), sdpa(q, cache[layer:], hkv)
         show = lambda name, ms, err: print(f"B={b:2d} {name:<24} {ms * 1e3:7.1f} us "
                                            f"{nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
         show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache[layer:], hkv)), 0.0)
