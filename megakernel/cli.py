@@ -194,7 +194,7 @@ def cmd_autotune(args) -> int:
     folder = Path(args.output or cache_dir() / "autotune" / loaded.name)
     winners = autotune(loaded.model, loaded.name, parse_batch_sizes(args.batch_sizes),
                        args.max_seq_len, folder, classes=args.classes, iters=args.iters,
-                       processes=args.jobs)
+                       processes=args.jobs, max_rel_err=args.max_rel_err)
     table = Table(title=f"{loaded.name} on {device}, context {args.max_seq_len}: {folder}")
     for col in ("batch", "winner", "ms/token", "predicted us", "timed", "failed"):
         table.add_column(col, justify="left" if col == "winner" else "right")
@@ -239,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--classes", type=int, default=2,
                       help="best schedules (by the cost model) whose kernel knobs are all timed")
     tune.add_argument("--iters", type=int, default=20, help="timed steps per variant")
+    tune.add_argument("--max-rel-err", type=float, default=0.1,
+                      help="a variant whose logits differ more from eager's (relative norm) is "
+                           "recorded as wrong and never kept (a bf16 step differs by ~3e-2)")
     tune.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                       help="variants compiled and built at once, one process each")
     tune.add_argument("--device", choices=["cpu", "cuda"], default=None)

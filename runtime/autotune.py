@@ -18,7 +18,8 @@ class nearest the default (``shortlist``), each crossed with every code-level kn
 stages, warps, KV prefetch, prefetch cap), are compiled and built side by side
 (``processes`` at once, as is the rating of each batch size: Triton builds one kernel per
 process), then timed one after another (a decode step at position ``max_seq_len - 1``, median
-of ``iters``).
+of ``iters``), each step's logits checked against the eager model's on the same step: a variant
+farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -66,8 +67,8 @@ class Winner:
     label: str
     ms: float
     predicted_us: float
-    timed: int          # variants timed for this batch size (this run and earlier ones)
-    failed: int
+    timed: int          # variants timed and right for this batch size (this run and earlier)
+    failed: int         # variants that failed to build, fit or finish, or gave wrong logits
 
 
 def candidates(target: Target, space: dict) -> list[Variant]:
@@ -186,8 +187,9 @@ class Ledger:
 
 
 def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int,
-                 state: tuple) -> float:
-    """Median ms of one decode step on ``state`` = (tokens, positions, cache) of the batch."""
+                 state: tuple, expected: torch.Tensor) -> tuple[float, float]:
+    """Median ms of one decode step on ``state`` = (tokens, positions, cache) of the batch,
+    and the relative distance of that step's logits from ``expected`` (eager's)."""
     from megakernel.bench.decode import median_step_ms
 
     from .megakernel import MegakernelStep
@@ -198,8 +200,38 @@ def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int,
     with torch.inference_mode():
         ms = median_step_ms(lambda: step(tokens, positions, cache), cache.device,
                             min(3, iters), iters)
+        out = step(tokens, positions, cache).float()
     step.synchronize()
-    return ms
+    return ms, ((out - expected).norm() / expected.norm()).item()
+
+
+def step_inputs(model, batch: int, max_seq_len: int) -> tuple:
+    """(state, expected): one decode step's (tokens, positions, cache) at position
+    ``max_seq_len - 1`` and the eager model's fp32 logits [B, V] of it (which writes the same
+    cache slot every variant's step writes)."""
+    from megakernel.bench.decode import decode_state
+
+    state = decode_state(model, batch, max_seq_len)
+    with torch.inference_mode():
+        return state, model(*state).float()
+
+
+def wrong(rel_err: float, max_rel_err: float) -> str | None:
+    """Why a variant's logits are rejected (NaN included), or None."""
+    if rel_err <= max_rel_err:
+        return None
+    return f"wrong logits: relative distance {rel_err:.2e} from eager's (at most {max_rel_err})"
+
+
+def measure(model, name: str, opts: CompileOptions, root: Path, iters: int, inputs: tuple,
+            max_rel_err: float) -> dict:
+    """A variant's ledger fields: ms, its logits' distance from eager's and the error that
+    rejects it (wrong logits, or a kernel that cannot fit or finish)."""
+    try:
+        ms, err = time_variant(model, name, opts, root, iters, *inputs)
+        return dict(ms=ms, rel_err=err, error=wrong(err, max_rel_err))
+    except Exception as err:  # a variant that cannot fit or finish: skip it
+        return dict(ms=None, error=f"{type(err).__name__}: {err}"[:300])
 
 
 def _prepare(job) -> str | None:
@@ -267,10 +299,10 @@ def _plans(ledger: Ledger, model, batch_sizes, max_seq_len, target, space, class
 
 def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder: Path,
              space: dict = SPACE, classes: int = 2, iters: int = 20, progress: bool = True,
-             cache_root: Path | None = None, processes: int = 1) -> list[Winner]:
+             cache_root: Path | None = None, processes: int = 1,
+             max_rel_err: float = 0.1) -> list[Winner]:
     from tqdm import tqdm
 
-    from megakernel.bench.decode import decode_state
     from megakernel.interpreter import kernel_target
 
     from .megakernel import cache_dir
@@ -293,21 +325,17 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     bar = tqdm(total=len(opts), desc="autotune", disable=not progress)
     winners = []
     for b, picks in plans.items():
-        rows, state = [], None                 # one set of decode inputs serves every variant
+        rows, inputs = [], None                # one set of decode inputs serves every variant
         for v, predicted in picks:
             row = ledger.get(key[b, v])
-            if row is None and (b, v) in failed:
+            if row is None:
+                if (b, v) in failed:
+                    fields = dict(ms=None, error=failed[b, v])
+                else:
+                    inputs = inputs or step_inputs(model, b, max_seq_len)
+                    fields = measure(model, name, opts[b, v], root, iters, inputs, max_rel_err)
                 row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,
-                                 ms=None, error=failed[b, v])
-            elif row is None:
-                state = state or decode_state(model, b, max_seq_len)
-                try:
-                    row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,
-                                     ms=time_variant(model, name, opts[b, v], root, iters, state),
-                                     error=None)
-                except Exception as err:  # a variant that cannot fit or finish: skip it
-                    row = ledger.add(key[b, v], batch=b, variant=v.label, predicted_us=predicted,
-                                     ms=None, error=f"{type(err).__name__}: {err}"[:300])
+                                 **fields)
             rows.append((v, row))
             bar.update()
         winners.append(_keep_winner(model, name, b, max_seq_len, target, rows, folder, root))
@@ -316,7 +344,7 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
 
 
 def _keep_winner(model, name, batch, max_seq_len, target, rows, folder, root) -> Winner:
-    ok = [(row["ms"], v.label, v, row) for v, row in rows if row["ms"] is not None]
+    ok = [(row["ms"], v.label, v, row) for v, row in rows if row["error"] is None]
     if not ok:
         raise RuntimeError(f"autotune: every variant failed at batch {batch}: "
                            f"{rows[0][1]['error']}")

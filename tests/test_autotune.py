@@ -64,6 +64,33 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     assert megakernel_backend(model, cache, num_warps=8).compiled.options.num_warps == 8
 
 
+def test_autotune_never_keeps_a_variant_with_wrong_logits(tmp_path, monkeypatch):
+    """Each timed step's logits are checked against eager's: a variant whose kernel computes
+    something else (here: every 16-column projection step's logits doubled) is recorded as wrong
+    with its distance, and the winner is a right one."""
+    from megakernel.runtime.megakernel import MegakernelStep
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    model = load_model("tiny-llama", progress=False).model
+    call = MegakernelStep.__call__
+
+    def corrupt(self, *args):
+        out = call(self, *args)
+        return out * 2 if self.compiled.options.tile.block_n == 16 else out
+
+    monkeypatch.setattr(MegakernelStep, "__call__", corrupt)
+    space = dict(SPACE, stages=(1,), kv_split=(32,), qkv_parts=(1,))
+    folder = tmp_path / "tuned"
+    [winner] = tuning.autotune(model, "tiny-llama", [1], 64, folder, space=space, classes=2,
+                               iters=1, progress=False, cache_root=tmp_path / "c")
+    rows = tuning.Ledger(folder / "autotune.json").rows
+    bad = [r for r in rows if r["variant"].startswith("16x")]
+    assert bad and all(r["error"].startswith("wrong logits") and r["rel_err"] > 0.5
+                       for r in bad)
+    assert not winner.label.startswith("16x") and winner.failed == len(bad)
+    assert all(r["rel_err"] < 1e-4 for r in rows if r not in bad)
+
+
 def test_candidates_respect_shared_memory_and_the_interpreter():
     big = dict(SPACE, block_n=(128,), block_k=(512,), stages=(4,), workers_per_sm=(1, 2))
     assert tuning.candidates(H200, big) == []                 # 1 MB of stages per program
