@@ -15,8 +15,14 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="preset name or local Hugging Face folder")
+def _add_model_args(p: argparse.ArgumentParser, positional: bool = False) -> None:
+    """--model (or, with ``positional``, MODEL first as autotune and compile take it), device,
+    dtype and seed."""
+    if positional:
+        p.add_argument("model_first", nargs="?", metavar="MODEL",
+                       help="preset name or local Hugging Face folder (or --model)")
+    p.add_argument("--model", required=not positional,
+                   help="preset name or local Hugging Face folder")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when available, else cpu")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
@@ -262,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.set_defaults(func=cmd_compile)
 
     tr = sub.add_parser("trace", help="per-task stamps from inside the kernel, drawn as a timeline")
-    _add_model_args(tr)
+    _add_model_args(tr, positional=True)
     tr.add_argument("--batch-size", type=int, default=1)
     tr.add_argument("--context", type=int, default=1024)
     tr.add_argument("--steps", type=int, default=3, help="steps run; the last is drawn")
@@ -290,7 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if hasattr(args, "model_first"):
+        first = args.model_first
+        if first and args.model and first != args.model:
+            parser.error(f"two models named: {first} and --model {args.model}")
+        args.model = args.model or first
+        if not args.model:
+            parser.error(f"{args.command}: a model is required (MODEL or --model)")
     try:
         return args.func(args)
     except DivergenceError as err:

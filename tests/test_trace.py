@@ -47,7 +47,7 @@ def test_untraced_step_writes_no_stamps():
 
 def test_trace_cli_draws_a_timeline(tmp_path, capsys):
     png, stamps = tmp_path / "timeline.png", tmp_path / "trace.json"
-    assert main(["trace", "--model", "tiny-llama", "--batch-size", "2", "--context", "64",
+    assert main(["trace", "tiny-llama", "--batch-size", "2", "--context", "64",
                  "--device", "cpu", "--steps", "1", "-o", str(png), "--json", str(stamps),
                  "--variant", "32x64x4x1xgxs1xkv32"]) == 0
     out = capsys.readouterr().out
@@ -56,6 +56,15 @@ def test_trace_cli_draws_a_timeline(tmp_path, capsys):
     rows = json.loads(stamps.read_text())
     assert sorted(r["task"] for r in rows) == list(range(len(rows)))
     assert {"linear", "gate_up"} <= {r["kind"] for r in rows}
+
+
+def test_trace_cli_takes_one_model_first_or_by_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["trace", "tiny-llama", "--model", "tiny-qwen3", "-o", "t.png"])
+    assert "two models named" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["trace", "-o", "t.png"])
+    assert "a model is required" in capsys.readouterr().err
 
 
 def test_variant_labels():
