@@ -22,6 +22,7 @@ import triton.language as tl
 from megakernel.bench.attention import attn_units, sdpa
 from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
+from megakernel.compiler.tile import TileConfig
 from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
                                                  unit_slots)
 from megakernel.compiler.vm import merge_partials
@@ -33,7 +34,7 @@ def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cu
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
                  STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr):
     """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total)), the
-    query heads of a kv head padded to BLOCK_G as the megakernel's registry pads them."""
+    query heads of a kv head padded to BLOCK_G rows."""
     t = tl.program_id(0)
     attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                  t * cut, tl.minimum(t * cut + cut, total), layer,
@@ -55,9 +56,10 @@ def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: d
 
 
 def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
-             warps: int = 4, layer: int = 0):
+             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows):
     """(launch, outputs): the launch fills NaN-poisoned outputs and slots from layer ``layer``
-    of the cache; outputs() merges."""
+    of the cache, the query heads of a kv head padded to ``rows`` (at least) as
+    ``TileConfig.attn_rows`` pads them; outputs() merges."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, units = q.shape[1] // d // hkv, b * hkv
     step, cut = stream_shares(units * s, s, programs, step)
@@ -68,7 +70,8 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
     out = torch.full_like(q, float("nan"))
     launch = lambda: attn_streams[(len(streams),)](
         q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, b, q.shape[1] // d, hkv,
-        s, d, g, s // table.shape[1], step, stages, triton.next_power_of_2(g), num_warps=warps)
+        s, d, g, s // table.shape[1], step, stages, max(rows, triton.next_power_of_2(g)),
+        num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
 
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", default="17,32,64")
     p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--rows", default="4,16", help="attention rows (TileConfig.attn_rows) timed")
     p.add_argument("--layers", type=int, default=1,
                    help="cache layers, the last one read (the megakernel's cache holds all)")
     args = p.parse_args(argv)
@@ -89,19 +93,22 @@ def main(argv: list[str] | None = None) -> None:
         pos = torch.full((b,), s - 1, device=dev, dtype=torch.int32)
         table = torch.arange(b * s // bs, device=dev, dtype=torch.int32).view(b, s // bs)
         nbytes, ref = cache[layer].numel() * cache.element_size(), sdpa(q, cache[layer:], hkv)
-        show = lambda name, ms, err: print(f"B={b:2d} {name:<24} {ms * 1e3:7.1f} us "
+        show = lambda name, ms, err: print(f"B={b:2d} {name:<30} {ms * 1e3:7.1f} us "
                                            f"{nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
         show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache[layer:], hkv)), 0.0)
-        out = torch.full_like(q, float("nan"))
-        units_run = lambda: attn_units[(min(units, sms),)](
-            q, cache, pos, table, out, units, layer, b, hq, hkv, s, d, hq // hkv, bs, 128,
-            triton.next_power_of_2(hq // hkv), 6)
-        ms = triton.testing.do_bench(units_run)
-        show("per unit c128 s6", ms, rel_err(out, ref))
-        for step, stages, warps in ((64, 6, 4), (128, 3, 4), (128, 6, 4), (128, 6, 8)):
-            launch, outputs = run_flat(q, cache, pos, table, hkv, sms, step, stages, warps, layer)
-            ms = triton.testing.do_bench(launch)
-            show(f"streams c{step} s{stages} w{warps}", ms, rel_err(outputs(), ref))
+        for rows in (int(r) for r in args.rows.split(",")):
+            block_g = max(rows, triton.next_power_of_2(hq // hkv))
+            out = torch.full_like(q, float("nan"))
+            units_run = lambda: attn_units[(min(units, sms),)](
+                q, cache, pos, table, out, units, layer, b, hq, hkv, s, d, hq // hkv, bs, 128,
+                block_g, 6)
+            ms = triton.testing.do_bench(units_run)
+            show(f"per unit c128 s6 ar{rows}", ms, rel_err(out, ref))
+            for step, stages, warps in ((64, 6, 4), (128, 3, 4), (128, 6, 4), (128, 6, 8)):
+                launch, outputs = run_flat(q, cache, pos, table, hkv, sms, step, stages, warps,
+                                           layer, rows)
+                ms = triton.testing.do_bench(launch)
+                show(f"streams c{step} s{stages} w{warps} ar{rows}", ms, rel_err(outputs(), ref))
 
 
 if __name__ == "__main__":

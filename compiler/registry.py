@@ -138,7 +138,7 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, D=d.head_dim, G=g, KV_SPLIT=t.args["kv_split"], BS=c.kv_block,
-                CHUNK=kv_chunk(t, d, c), BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim),
+                CHUNK=kv_chunk(t, d, c), BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
                 STAGES=c.attn_stages or max(2, c.stages), DIRECT=t.args["direct"],
                 PF_KEYS=min(1024, p2(t.args["kv_split"])))
 
@@ -147,7 +147,8 @@ def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, D=d.head_dim, G=g, BS=c.kv_block, CHUNK=t.args["step"],
-                BLOCK_G=p2(g), BLOCK_D=p2(d.head_dim), STAGES=c.attn_stages or max(2, c.stages))
+                BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
+                STAGES=c.attn_stages or max(2, c.stages))
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -57,6 +57,8 @@ class TileConfig:
                                # end to end, about one cut per worker (see Tiler.kv_pieces)
     attn_stream: bool = False  # one attn_stream task per equal share of those keys, each one
                                # pipelined loop across its units (see tile_attention)
+    attn_rows: int = 16        # a kv head's query heads padded to at least this many rows in
+                               # the attention bodies' dots (4, 8 or 16)
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
     swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
     rms_unroll: int = 16384    # a row RMS issues all its loads at once up to this many elements
@@ -90,6 +92,8 @@ class TileConfig:
             raise ValueError(f"stages={self.stages}: a projection pipeline needs at least 1")
         if self.fold < 1 or self.fold & (self.fold - 1):
             raise ValueError(f"fold={self.fold} is not a power of two")
+        if self.attn_rows not in (4, 8, 16):
+            raise ValueError(f"attn_rows={self.attn_rows}: the attention dots take 4, 8 or 16 rows")
         if self.kv_split % self.kv_block:
             raise ValueError(f"kv_split={self.kv_split} is not a multiple of kv_block={self.kv_block}")
 

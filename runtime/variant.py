@@ -24,14 +24,17 @@ in near-equal spans filling whole waves, ``skN`` projections without a norm in N
 sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x written once by rms_norm tasks (norm first;
 ``nf0`` never; default: from 5 batch rows on), ``rn`` with norm first and split-K, the K slices
 reduced by whole rows and each row normalised in the same task, ``ab`` attention tasks cut from all
-rows' keys laid end to end, about one cut per worker, ``pk`` attention tasks asking L2 for earlier
-steps' keys and values before their waits.
+rows' keys laid end to end, about one cut per worker, ``af`` attention as one stream of keys per
+worker (an equal share of all units' keys), ``arN`` a kv head's query heads padded to at least N
+rows in the attention dots (default 16), ``pk`` attention tasks asking L2 for earlier steps' keys
+and values before their waits, ``rgN`` at most N registers per thread.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
 from megakernel.compiler.pipeline import CompileOptions
+from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig, Tiler
 
 
@@ -68,6 +71,7 @@ class Variant:
     reduce_norm: bool = TileConfig.reduce_norm
     attn_balance: bool = TileConfig.attn_balance
     attn_stream: bool = TileConfig.attn_stream
+    attn_rows: int = TileConfig.attn_rows
     max_registers: int = CompileOptions.max_registers
 
     @property
@@ -96,6 +100,7 @@ class Variant:
         flags += ["rn"] * self.reduce_norm
         flags += ["ab"] * self.attn_balance
         flags += ["af"] * self.attn_stream
+        flags += [f"ar{self.attn_rows}"] * (self.attn_rows != TileConfig.attn_rows)
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         flags += [f"rg{self.max_registers}"] * bool(self.max_registers)
@@ -137,6 +142,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "as": lambda n: {"attn_stages": n},
+           "ar": lambda n: {"attn_rows": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
@@ -170,8 +176,8 @@ def effective(ops, v: Variant) -> Variant:
     norm keep the default), the attention task limit only where it changed the keys per task
     (balanced attention: never; its keys per task are a minimum there, kept as asked; and no
     balance where it cuts the keys as the plain tiling does; streamed attention: none of the
-    three), the fused reduce and norm only with both norm first and split-K.
-    Equal results build equal kernels."""
+    three), the fused reduce and norm only with both norm first and split-K, the attention rows
+    only where they pad the heads otherwise. Equal results build equal kernels."""
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (TileConfig.kv_split, TileConfig.attn_tasks_per_worker, False):
         return effective(ops, replace(v, kv_split=TileConfig.kv_split, attn_balance=False,
@@ -188,7 +194,10 @@ def effective(ops, v: Variant) -> Variant:
         else TileConfig.attn_tasks_per_worker
     if v.attn_balance or v.attn_stream:
         span, at = v.kv_split, TileConfig.attn_tasks_per_worker
-    return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at,
+    group = ops.dims.heads // ops.dims.kv_heads
+    rows = v.attn_rows if p2(group, v.attn_rows) != p2(group, TileConfig.attn_rows) \
+        else TileConfig.attn_rows
+    return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
                    split_k=tiler.split_k(), norm_first=tiler.norm_first(),
                    reduce_norm=v.reduce_norm and tiler.norm_first() and tiler.split_k() > 1,
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm

@@ -74,7 +74,8 @@ def test_attention_probe_matches_sdpa():
 def test_flat_attention_probe_matches_sdpa():
     """``bench/attention_flat.py``: units' keys laid end to end, each program an equal share in
     one loop (3 programs of 96 keys over 4 units of 64: pieces of two units in one program),
-    pieces merged on the host; rows of shorter sequences too; the second layer of the cache."""
+    pieces merged on the host; rows of shorter sequences too (and 4 query rows); the second
+    layer of the cache."""
     from megakernel.bench.attention import sdpa
     from megakernel.bench.attention_flat import run_flat
 
@@ -82,10 +83,10 @@ def test_flat_attention_probe_matches_sdpa():
     cache = torch.randn(2, 2, B, HKV, S, D, generator=gen)
     q = torch.randn(B, HQ * D, generator=gen)
     table = torch.arange(B * S // BS, dtype=torch.int32).view(B, S // BS)
-    for lengths in ([S] * B, [S - 5 - 7 * r for r in range(B)]):
+    for lengths, rows in (([S] * B, 16), ([S - 5 - 7 * r for r in range(B)], 4)):
         positions = torch.tensor(lengths, dtype=torch.int32) - 1
         args = [t.to(DEVICE) for t in (q, cache, positions, table)]
-        launch, outputs = run_flat(*args, HKV, programs=3, step=16, stages=2, layer=1)
+        launch, outputs = run_flat(*args, HKV, programs=3, step=16, stages=2, layer=1, rows=rows)
         launch()
         ref = torch.cat([sdpa(q[r:r + 1], cache[1:, :, r:r + 1, :, :lengths[r]], HKV)
                          for r in range(B)])

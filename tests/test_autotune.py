@@ -159,6 +159,12 @@ def test_variants_are_rated_as_they_will_be_built():
     assert tuning.effective(ops, replace(v, attn_stream=True, kv_split=32, attn_balance=True,
                                          attn_tasks_per_worker=8)) == streamed
     assert parse_variant(streamed.label) == streamed
+    # attention rows: kept where they pad a kv head's query heads to another size
+    group = ops.dims.heads // ops.dims.kv_heads
+    for rows in (4, 8):
+        kept = tuning.effective(ops, replace(v, attn_rows=rows)).attn_rows
+        assert kept == (rows if max(rows, 1 << (group - 1).bit_length()) < 16
+                        else TileConfig.attn_rows)
 
 
 def test_shortlist_times_the_default_and_every_attention_layout_near_it():
