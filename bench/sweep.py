@@ -7,7 +7,9 @@ and check each against the eager model on the same step.
 Per batch size, one decode state (position context - 1): the baseline's median step, then per
 variant its median step and the relative norm of its logits' difference from eager's on that
 step (a variant beyond ``--max-rel-err`` is reported as wrong; a bf16 step differs by ~1e-2).
-Prints one row per variant and writes them all to --json FILE.
+Prints one row per variant and writes them all to --json FILE. With ``--winners autotune.json``
+the variants of each batch size are that ledger's fastest right one and it with each of
+``--flags`` added (e.g. ``--flags ar4,af``): a knob tried on every batch size's own winner.
 """
 from __future__ import annotations
 
@@ -57,9 +59,23 @@ def sweep_batch(model, batch: int, context: int, variants: list[str], baseline: 
     return rows
 
 
-def build_all(model, batches: list[int], context: int, variants: list[str], jobs: int) -> None:
-    """Compile every (batch size, variant) and build its kernel into Triton's cache in ``jobs``
-    worker processes, so that the timing loop only loads them (a failure shows there again)."""
+def winner_variants(ledger: str, batch: int, flags: list[str]) -> list[str]:
+    """The fastest variant of ``batch`` without an error in an autotune ledger, then it with
+    each flag added (labels as parsed: a flag it already has adds nothing)."""
+    with open(ledger) as f:
+        rows = [r for r in json.load(f)["runs"] if r["batch"] == batch and not r.get("error")]
+    if not rows:
+        raise ValueError(f"{ledger} holds no timed variant of batch {batch}")
+    best = variant.parse_variant(min(rows, key=lambda r: r["ms"])["variant"]).label
+    labels = [variant.parse_variant(best + "".join(f"x{f}" for f in flag.split("+"))).label
+              for flag in flags]
+    return list(dict.fromkeys([best, *labels]))
+
+
+def build_all(model, plan: dict[int, list[str]], context: int, jobs: int) -> None:
+    """Compile every (batch size, variant) of ``plan`` and build its kernel into Triton's cache
+    in ``jobs`` worker processes, so that the timing loop only loads them (a failure shows
+    there again)."""
     from megakernel.compiler.pipeline import CompileOptions
     from megakernel.runtime.autotune import _prepare, fan_out
     from megakernel.runtime.megakernel import cache_dir
@@ -67,7 +83,7 @@ def build_all(model, batches: list[int], context: int, variants: list[str], jobs
     dtype, root = next(model.parameters()).dtype, str(cache_dir() / "artifacts")
     fan_out(_prepare, [(model.config, dtype, model.config.arch,
                         CompileOptions(b, context, target="h200", **parse_variant(v)), root, "cuda")
-                       for b in batches for v in variants], jobs)
+                       for b, variants in plan.items() for v in variants], jobs)
 
 
 def describe(model_name: str, row: dict, baseline: str, max_rel_err: float) -> str:
@@ -92,16 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--jobs", type=int, default=1,
                    help="build the kernels in this many processes first")
+    p.add_argument("--winners", default=None,
+                   help="an autotune.json: each batch size's winner instead of --variants")
+    p.add_argument("--flags", default="",
+                   help="with --winners: flags each also timed with, e.g. ar4,af+ar4")
     args = p.parse_args(argv)
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     model = load_model(args.model, device=args.device, dtype=dtype, progress=False).model
     rows, batches = [], [int(b) for b in args.batch_sizes.split(",")]
+    flags = [f for f in args.flags.split(",") if f]
+    plan = {b: winner_variants(args.winners, b, flags) if args.winners
+            else args.variants.split(",") for b in batches}
     if args.jobs > 1 and args.device == "cuda":
-        build_all(model, batches, args.context, args.variants.split(","), args.jobs)
+        build_all(model, plan, args.context, args.jobs)
     with torch.inference_mode():
         for batch in batches:
-            for row in sweep_batch(model, batch, args.context, args.variants.split(","),
-                                   args.baseline, args.iters):
+            for row in sweep_batch(model, batch, args.context, plan[batch], args.baseline,
+                                   args.iters):
                 print(describe(args.model, row, args.baseline, args.max_rel_err), flush=True)
                 rows.append(row)
     if args.json:

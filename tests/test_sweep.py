@@ -25,6 +25,28 @@ def test_sweep_times_and_checks_every_variant(tmp_path, capsys):
     assert "WRONG" not in capsys.readouterr().out
 
 
+def test_sweep_tries_flags_on_each_batch_sizes_autotune_winner(tmp_path):
+    from megakernel.bench.sweep import winner_variants
+
+    ledger = tmp_path / "autotune.json"
+    run = lambda b, v, ms, err=None: dict(key=f"{b}{v}", batch=b, variant=v, predicted_us=1.0,
+                                          ms=ms, error=err)
+    ledger.write_text(json.dumps({"plans": {}, "runs": [
+        run(1, "32x64x4x1xs1xkv64", 2.0), run(1, "16x64x4x1xs1xkv64", 1.0, "wrong logits"),
+        run(1, "32x64x4x1xs2xkv64", 3.0), run(2, "16x64x4x1xs1xkv64", 1.5)]}))
+    assert winner_variants(str(ledger), 1, ["fo1", "s1", "af+ar4"]) == [
+        "32x64x4x1xs1xkv64", "32x64x4x1xs1xkv64xfo1", "32x64x4x1xs1xkv64xafxar4"]
+    with pytest.raises(ValueError, match="no timed variant of batch 3"):
+        winner_variants(str(ledger), 3, [])
+    out = tmp_path / "sweep.json"
+    assert main(["--model", "tiny-llama", "--device", "cpu", "--baseline", "eager",
+                 "--batch-sizes", "2", "--context", "32", "--iters", "1", "--json", str(out),
+                 "--winners", str(ledger), "--flags", "fo1"]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["variant"] for r in rows] == ["16x64x4x1xs1xkv64", "16x64x4x1xs1xkv64xfo1"]
+    assert all(r["rel_err"] < 1e-4 for r in rows)
+
+
 def test_ncu_summary_adds_up_stall_samples_by_reason_instruction_and_region():
     from megakernel.bench.ncu_step import summarize
 
