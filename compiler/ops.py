@@ -56,15 +56,21 @@ def _result(acc, FORM: tl.constexpr):
 @triton.jit
 def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N: tl.constexpr,
            HALF: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1,
-           KEND: tl.constexpr = 0):
+           KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0):
     """Weight rows base + j % HALF + (j // HALF) * STRIDE for j < BLOCK_N (rows with
     j % HALF >= end read as 0), columns [k0, k0 + BLOCK_K) of W [N, K] -> [BLOCK_N, BLOCK_K];
     from KEND (0: K) on nothing is read. FOLD > 1: [FOLD * BLOCK_N, BLOCK_K / FOLD], row
-    q * BLOCK_N + j holding row j's q-th slice of the columns."""
+    q * BLOCK_N + j holding row j's q-th slice of the columns. WRAP > 0: base + j % HALF counts
+    pairs of rows laid end to end over heads of WRAP rows (pair p: row (p // STRIDE) * WRAP +
+    p % STRIDE, its partner STRIDE rows further)."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     j, ks = step_index(k0, BLOCK_N, BLOCK_K, FOLD)
     if HALF == BLOCK_N:
         ns, nmask = base + j, j < end
+    elif WRAP > 0:
+        pair = base + j % HALF
+        ns = (pair // STRIDE) * WRAP + pair % STRIDE + (j // HALF) * STRIDE
+        nmask = j % HALF < end
     else:
         ns, nmask = base + j % HALF + (j // HALF) * STRIDE, j % HALF < end
     return tl.load(w_ptr + ns[:, None] * K + ks, mask=nmask[:, None] & (ks < LIM), other=0.0)
@@ -97,7 +103,7 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
                 K: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
-                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0):
+                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
     Triton's software pipeliner stages STAGES chunks through shared memory.
@@ -105,13 +111,13 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     so that a narrow task's dot is [FOLD * BLOCK_B, BLOCK_K / FOLD] @ [.., FOLD * BLOCK_N]: the
     same bytes, no batch rows padded to 16 when FOLD * BLOCK_B >= 16, and no warp re-reading
     the whole x step from shared memory for a few columns each. KEND > 0: only the first KEND
-    columns of each row (rows still K apart), for a K slice."""
+    columns of each row (rows still K apart), for a K slice. WRAP: as ``load_w``'s."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
         a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD, KEND)
-        w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND)
+        w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND, WRAP)
         acc = _mac(a, w.to(DT), acc, FORM, DT)
     return unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
 
@@ -206,25 +212,37 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
                 HALF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                 FORM: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
                 OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
-                HAS_NORM: tl.constexpr = 1):
+                HAS_NORM: tl.constexpr = 1, CROSS: tl.constexpr = 0):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
     head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to out [B, OUT_COLS]
     from column ``col``, K and V into the cache. RAW: the projection alone goes to out (a
-    head_norm_rope task finishes the head)."""
+    head_norm_rope task finishes the head). CROSS (no head norm): PART pairs from pair d0 of
+    ``head`` on, the kind's pairs laid end to end over its heads (the last piece fewer)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
     rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM)
-    end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
-    # rows of both halves in one pipeline
-    both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K, HAS_NORM,
-                              BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
+    if CROSS:
+        pairs = tl.where(kind == 0, HQ * D2, HKV * D2) - head * D2 - d0     # left from d0 on
+        end = tl.minimum(pairs, PART)
+        both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D2 + d0, end, D2, B, K,
+                                  HAS_NORM, BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES,
+                                  FOLD, 0, D), DT)
+    else:
+        end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
+        # rows of both halves in one pipeline
+        both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K,
+                                  HAS_NORM, BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES,
+                                  FOLD), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     if RAW:
         rows = tl.arange(0, BLOCK_B)
         ds = tl.arange(0, HALF)
         offs = rows[:, None] * OUT_COLS + col + d0 + ds[None, :]
         _store_halves(out_ptr, offs, lo, hi, (rows[:, None] < B) & (ds[None, :] < end), D2)
+    elif CROSS:
+        cross_rope_store(lo, hi, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr, kind, head, layer,
+                         col, d0, end, B, D, HKV, S, BS, BLOCK_B, HALF, OUT_COLS)
     else:
         norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr, kind, head,
                         layer, col, d0, end, qk_eps, B, D, HQ, HKV, S, BS, HAS_HEAD_NORM, BLOCK_B,
@@ -283,6 +301,37 @@ def norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, 
         safe_rows = tl.minimum(rows, B - 1)
         slot = cache_slots(safe_rows, pos, bt_ptr, layer, kind - 1, head, B, HKV, S, D, BS)
         _store_halves(cache_ptr, slot[:, None] + d0 + ds[None, :], lo, hi, mask, D2)
+
+
+@triton.jit
+def cross_rope_store(lo, hi, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, head, layer, col,
+                     d0, end, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr,
+                     S: tl.constexpr, BS: tl.constexpr, BLOCK_B: tl.constexpr,
+                     HALF: tl.constexpr, Q_COLS: tl.constexpr):
+    """``norm_rope_store`` without a head norm for pairs d0 + i (i < end) counted from
+    ``head``'s first on, each in head + (d0 + i) // (D / 2) at dim (d0 + i) % (D / 2)."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    D2: tl.constexpr = D // 2
+    rows = tl.arange(0, BLOCK_B)
+    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)
+    pair = d0 + tl.arange(0, HALF)                                          # [HALF]
+    over, dim = pair // D2, pair % D2                   # heads past ``head``, dim in the head
+    if kind < 2:
+        inv = tl.load(inv_ptr + dim, mask=pair < d0 + end, other=0.0)
+        freqs = pos.to(tl.float32)[:, None] * inv[None, :]
+        cos, sin = _round(tl.cos(freqs), DT), _round(tl.sin(freqs), DT)
+        new_lo = _round(_round(lo * cos, DT) + _round(-hi * sin, DT), DT)
+        hi = _round(_round(hi * cos, DT) + _round(lo * sin, DT), DT)
+        lo = new_lo
+    mask = (rows[:, None] < B) & (pair[None, :] < d0 + end)
+    if kind == 0:
+        offs = rows[:, None] * Q_COLS + col + (over * D + dim)[None, :]
+        _store_halves(q_ptr, offs, lo, hi, mask, D2)
+    else:
+        safe_rows = tl.minimum(rows, B - 1)[:, None]                        # [BB, 1]
+        slot = cache_slots(safe_rows, pos[:, None], bt_ptr, layer, kind - 1,
+                           head + over[None, :], B, HKV, S, D, BS)           # [BB, HALF]
+        _store_halves(cache_ptr, slot + dim[None, :], lo, hi, mask, D2)
 
 
 @triton.jit

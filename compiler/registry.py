@@ -119,7 +119,8 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, PART=t.args["part"], HALF=half,
                 HAS_NORM=t.args["norm"] is not None,
                 RAW=t.args["raw"], OUT_COLS=(d.heads + d.kv_heads * t.args["raw"]) * d.head_dim,
-                **_projection(d.hidden, 2 * half, t.args["bk"], d, c))
+                **_projection(d.hidden, 2 * half, t.args["bk"], d, c),
+                **({"CROSS": 1} if t.args.get("cross") else {}))
 
 
 def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:

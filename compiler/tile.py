@@ -30,6 +30,7 @@ from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 from .tile_attention import tile_attention
 from .tile_norm import norm_first, norm_reader, tile_reduce_norm
+from .tile_qkv import tile_qkv_cross
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class TileConfig:
     qkv_parts: int = 0         # tasks per q/k/v head (pieces of dims; heads without a head
                                # norm); 0: doubled while the tasks fit in one wave
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
+    qkv_cross: bool = False    # without head norms: each kind's RoPE pairs laid end to end over
+                               # its heads, cut into equal pieces that fill one wave
     split_head_norm: bool = True   # heads with a head norm also split into pieces, which write
                                    # the raw projection; a head_norm_rope task per head finishes
                                    # (qwen3-8b at batch 1 on the H200: 4.515 ms against 4.713)
@@ -337,6 +340,8 @@ def tile_qkv_rope(t: Tiler, op) -> None:
     they write the raw projection into ``{op}.raw`` [B, (HQ + HKV) * D] and one head_norm_rope
     task per q/k head normalises, rotates and stores it."""
     p, d = op.params, t.graph.dims
+    if t.cfg.qkv_cross and not (p["q_norm"] or p["k_norm"]):
+        return tile_qkv_cross(t, op)
     x, q = t.b(p["x"]), t.b(op.outputs[0])
     hd, layer = d.head_dim, p["layer"]
     heads = [("q", h, p["wq"], p["q_norm"]) for h in range(d.heads)]

@@ -99,6 +99,8 @@ class VM:
         self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)
 
     def qkv_rope(self, a):
+        if a.get("cross"):
+            return self.qkv_cross(a)
         d, dt, h = self.d, self.dt, a["head"]
         half, d0 = d.head_dim // 2, a["d0"]
         n = min(a["part"], half - d0)
@@ -109,6 +111,31 @@ class VM:
             self.buf[a["out"]][:, a["col"] + local] = y
         else:
             self.norm_rope_store(y, a, d0, n, local)
+
+    def qkv_cross(self, a):
+        """A piece of ``part`` RoPE pairs from pair d0 of head ``head`` on, its kind's pairs laid
+        end to end over the heads (no head norm)."""
+        d, dt, hd = self.d, self.dt, self.d.head_dim
+        half, heads = hd // 2, d.heads if a["kind"] == 0 else d.kv_heads
+        pair = torch.arange(a["head"] * half + a["d0"], heads * half)[:a["part"]]   # [n]
+        head, dim = pair // half, pair % half
+        local = torch.cat([dim, dim + half])                                # dims in the head
+        row = torch.cat([head, head]) * hd + local                          # weight rows
+        x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], dt)
+        y = mm(x, self.buf[a["weight"]][row], dt)                           # [B, 2n]: lo, hi
+        pos = self.buf["positions"]
+        if a["kind"] < 2:
+            freqs = pos.float()[:, None] * self.buf[a["inv_freq"]][dim]
+            emb = torch.cat((freqs, freqs), -1)
+            cos, sin = emb.cos().to(dt), emb.sin().to(dt)
+            n = len(pair)
+            y = (y * cos).to(dt) + (torch.cat((-y[:, n:], y[:, :n]), -1) * sin).to(dt)
+        if a["kind"] == 0:
+            self.buf[a["out"]][:, row] = y
+        else:
+            rows = torch.arange(d.batch, device=pos.device)[:, None]
+            self.buf["kv_cache"][a["layer"], a["kind"] - 1, rows, torch.cat([head, head])[None],
+                                 pos[:, None], local[None]] = y.to(dt)
 
     def head_norm_rope(self, a):
         hd = self.d.head_dim

@@ -4,8 +4,10 @@ sweep, the trace command and the autotuner.
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``: ``g`` GEMV
 projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN`` an N-stage
 projection pipeline (s1: none), ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head
-(none: as many as spread the heads over the workers), ``hn0`` heads with a head norm kept whole (by
-default they split into pieces too, then one task per head normalises and rotates it), ``ruN`` a
+(none: as many as spread the heads over the workers), ``qc`` q/k/v pieces across heads (each
+kind's RoPE pairs end to end, equal pieces filling one wave; models without head norms), ``hn0``
+heads with a head norm kept whole (by default they split into pieces too, then one task per head
+normalises and rotates it), ``ruN`` a
 row RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step),
 ``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it (the default),
 ``pfN`` with at most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching
@@ -72,6 +74,7 @@ class Variant:
     attn_balance: bool = TileConfig.attn_balance
     attn_stream: bool = TileConfig.attn_stream
     attn_rows: int = TileConfig.attn_rows
+    qkv_cross: bool = TileConfig.qkv_cross
     max_registers: int = CompileOptions.max_registers
 
     @property
@@ -79,6 +82,7 @@ class Variant:
         flags = ["g"] * self.gemv + ["t"] * self.swap_ab
         flags += [f"s{self.stages}", f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
+        flags += ["qc"] * self.qkv_cross
         flags += ["hn0"] * (not self.split_head_norm)
         flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
         flags += [f"fo{self.fold}"] * (self.fold != TileConfig.fold)
@@ -135,6 +139,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
+            "qc": {"qkv_cross": True},
             "rn": {"reduce_norm": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
@@ -177,7 +182,8 @@ def effective(ops, v: Variant) -> Variant:
     (balanced attention: never; its keys per task are a minimum there, kept as asked; and no
     balance where it cuts the keys as the plain tiling does; streamed attention: none of the
     three), the fused reduce and norm only with both norm first and split-K, the attention rows
-    only where they pad the heads otherwise. Equal results build equal kernels."""
+    only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
+    (their pieces per head then mean nothing). Equal results build equal kernels."""
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (TileConfig.kv_split, TileConfig.attn_tasks_per_worker, False):
         return effective(ops, replace(v, kv_split=TileConfig.kv_split, attn_balance=False,
@@ -187,7 +193,14 @@ def effective(ops, v: Variant) -> Variant:
             Tiler(ops, replace(v.tile, attn_balance=False), v.workers).kv_pieces():
         return effective(ops, replace(v, attn_balance=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
+    if v.qkv_cross and head_norm:
+        return effective(ops, replace(v, qkv_cross=False))
+    if v.qkv_cross and (v.qkv_parts, v.split_head_norm) != (TileConfig.qkv_parts,
+                                                            TileConfig.split_head_norm):
+        return effective(ops, replace(v, qkv_parts=TileConfig.qkv_parts,
+                                      split_head_norm=TileConfig.split_head_norm))
     pieces, span = tiler.qkv_pieces(head_norm), tiler.kv_span()
+    pieces = TileConfig.qkv_parts if v.qkv_cross else pieces
     plain = replace(v.tile, kv_split=span,
                     attn_tasks_per_worker=TileConfig.attn_tasks_per_worker)
     at = v.attn_tasks_per_worker if Tiler(ops, plain, v.workers).kv_span() != span \

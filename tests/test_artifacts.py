@@ -56,15 +56,18 @@ from megakernel.models.weights import empty_model
 from megakernel.runtime.megakernel import load_kernel
 import torch
 from megakernel.compiler.tile import TileConfig
-# (the attention dots of 4 query rows: tiny-qwen3's 2 heads per kv head, tiny-llama's 3)
+# (the attention dots of 4 query rows: tiny-qwen3's 2 heads per kv head, tiny-llama's 3;
+# streamed attention with q/k/v pieces across heads)
 for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, False, 16),
                                                ("tiny-qwen3", 1, True, False, False, 4),
                                                ("qwen3-0.6b", 8, False, True, False, 16),
                                                ("tiny-llama", 5, False, False, True, 4)]:
     model = empty_model(PRESETS[name]).to(torch.bfloat16)
     opts = CompileOptions(batch, 64, target="h200", tile=TileConfig(
-        gemv=gemv, split_head_norm=split, swap_ab=split, attn_stream=stream, attn_rows=rows))
+        gemv=gemv, split_head_norm=split, swap_ab=split, attn_stream=stream, attn_rows=rows,
+        qkv_cross=stream))
     c = compile_model(model, opts, name)
+    assert ("CROSS=1" in c.kernel.source) == stream, name
     assert ("attn_stream_op" in c.kernel.source) == stream, name
     assert f"BLOCK_G={rows}," in c.kernel.source, name
     kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)

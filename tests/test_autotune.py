@@ -159,6 +159,13 @@ def test_variants_are_rated_as_they_will_be_built():
     assert tuning.effective(ops, replace(v, attn_stream=True, kv_split=32, attn_balance=True,
                                          attn_tasks_per_worker=8)) == streamed
     assert parse_variant(streamed.label) == streamed
+    # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
+    # pieces per head mean nothing
+    assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)
+    llama = lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
+    cross = tuning.effective(llama, replace(v, qkv_cross=True, qkv_parts=4))
+    assert cross.qkv_cross and cross.qkv_parts == TileConfig.qkv_parts
+    assert parse_variant(cross.label) == cross and "xqc" in cross.label
     # attention rows: kept where they pad a kv head's query heads to another size
     group = ops.dims.heads // ops.dims.kv_heads
     for rows in (4, 8):

@@ -88,7 +88,7 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # batch 1 and 8 for the compiler; 2, 17 and 64 for the batch-size range; tile options other
 # than the default: qwen3's head-norm heads whole, weight rows as the dot's M, balanced
 # attention, no norm first at a batch where it is the default, split-K reduced with the norm,
-# streamed attention, the attention dots' query rows padded to 4 only
+# streamed attention, the attention dots' query rows padded to 4 only, q/k/v pieces across heads
 @pytest.mark.parametrize("name,batch,tiles", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -109,7 +109,11 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                                                         attn_rows=4),
                                          id="llama-3.2-1b-64-af-ar4"),
                             pytest.param("qwen3-0.6b", 2, TileConfig(attn_rows=4),
-                                         id="qwen3-0.6b-2-ar4")])
+                                         id="qwen3-0.6b-2-ar4"),
+                            pytest.param("llama-3.2-1b", 1, TileConfig(qkv_cross=True,
+                                                                       attn_stream=True,
+                                                                       attn_rows=4),
+                                         id="llama-3.2-1b-1-qc-af-ar4")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, tiles):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to

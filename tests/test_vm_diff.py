@@ -39,7 +39,7 @@ def inputs(model):
                                               split_head_norm=False, attn_rows=4),
                                    TileConfig(block_k=32, stages=2, swap_ab=True, balance=True,
                                               norm_first=True, split_k=2, reduce_norm=True),
-                                   TileConfig(split_k=2, block_k=32),
+                                   TileConfig(split_k=2, block_k=32, qkv_cross=True),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True),
                                    TileConfig(attn_stream=True, kv_step=256, attn_rows=4)])
@@ -69,15 +69,24 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     ("tiny-qwen3", 2, 1, 1, False), ("tiny-qwen3", 7, 1, 1, False), ("tiny-qwen3", 32, 1, 1, False),
     ("tiny-llama", 32, 3, 1, False), ("tiny-qwen3", 32, 4, 1, False),
     ("tiny-llama", 32, 2, 2, False), ("tiny-llama", 8, 1, 1, True), ("tiny-qwen3", 5, 1, 1, True),
-    ("tiny-llama", 5, 1, 1, "stream"), ("tiny-qwen3", 32, 1, 1, "stream")])
+    ("tiny-llama", 5, 1, 1, "stream"), ("tiny-qwen3", 32, 1, 1, "stream"),
+    ("tiny-llama", 5, 1, 1, "cross"), ("tiny-llama", 13, 1, 1, "cross"),
+    ("tiny-qwen3", 7, 1, 1, "cross")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
-    stream = balance == "stream"
+    stream, cross = balance == "stream", balance == "cross"
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
                                           split_k=slices, attn_balance=balance is True,
-                                          kv_split=16, attn_stream=stream, kv_step=256))
+                                          kv_split=16, attn_stream=stream, kv_step=256,
+                                          qkv_cross=cross))
     compiled = compile_model(model, opts, name)
+    if cross:       # pieces across heads in one wave (not where heads have a head norm)
+        qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
+        per_layer = len(qkv) // compiled.ops.dims.layers
+        half = compiled.ops.dims.head_dim // 2
+        crossing = [a for a in qkv if a.get("cross") and a["d0"] + a["part"] > half]
+        assert (per_layer <= workers and crossing) if name == "tiny-llama" else not crossing
     if stream:      # shares of whole 16-key steps, units cut between them, each merged once
         kinds = [t.kind for t in compiled.tasks.tasks]
         assert kinds.count("attn_stream") > compiled.ops.dims.layers
