@@ -289,11 +289,7 @@ def norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, 
             lo = _round(w_lo[None, :] * _round(lo * hr[:, None], DT), DT)
             hi = _round(w_hi[None, :] * _round(hi * hr[:, None], DT), DT)
         inv = tl.load(inv_ptr + d0 + ds, mask=ds < end, other=0.0)
-        freqs = pos.to(tl.float32)[:, None] * inv[None, :]
-        cos, sin = _round(tl.cos(freqs), DT), _round(tl.sin(freqs), DT)
-        new_lo = _round(_round(lo * cos, DT) + _round(-hi * sin, DT), DT)
-        hi = _round(_round(hi * cos, DT) + _round(lo * sin, DT), DT)
-        lo = new_lo
+        lo, hi = rope(lo, hi, pos, inv, DT)
     mask = (rows[:, None] < B) & (ds[None, :] < end)
     if kind == 0:
         _store_halves(q_ptr, rows[:, None] * Q_COLS + col + d0 + ds[None, :], lo, hi, mask, D2)
@@ -301,6 +297,16 @@ def norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, 
         safe_rows = tl.minimum(rows, B - 1)
         slot = cache_slots(safe_rows, pos, bt_ptr, layer, kind - 1, head, B, HKV, S, D, BS)
         _store_halves(cache_ptr, slot[:, None] + d0 + ds[None, :], lo, hi, mask, D2)
+
+
+@triton.jit
+def rope(lo, hi, pos, inv, DT: tl.constexpr):
+    """Pairs (lo, hi) [BB, HALF] rotated by positions pos [BB] times frequencies inv [HALF],
+    each product rounded to DT as eager's bf16 RoPE rounds it."""
+    freqs = pos.to(tl.float32)[:, None] * inv[None, :]
+    cos, sin = _round(tl.cos(freqs), DT), _round(tl.sin(freqs), DT)
+    return (_round(_round(lo * cos, DT) + _round(-hi * sin, DT), DT),
+            _round(_round(hi * cos, DT) + _round(lo * sin, DT), DT))
 
 
 @triton.jit
@@ -318,11 +324,7 @@ def cross_rope_store(lo, hi, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, h
     over, dim = pair // D2, pair % D2                   # heads past ``head``, dim in the head
     if kind < 2:
         inv = tl.load(inv_ptr + dim, mask=pair < d0 + end, other=0.0)
-        freqs = pos.to(tl.float32)[:, None] * inv[None, :]
-        cos, sin = _round(tl.cos(freqs), DT), _round(tl.sin(freqs), DT)
-        new_lo = _round(_round(lo * cos, DT) + _round(-hi * sin, DT), DT)
-        hi = _round(_round(hi * cos, DT) + _round(lo * sin, DT), DT)
-        lo = new_lo
+        lo, hi = rope(lo, hi, pos, inv, DT)
     mask = (rows[:, None] < B) & (pair[None, :] < d0 + end)
     if kind == 0:
         offs = rows[:, None] * Q_COLS + col + (over * D + dim)[None, :]
