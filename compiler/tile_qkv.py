@@ -16,10 +16,10 @@ if TYPE_CHECKING:
     from .tile import Tiler
 
 
-def cross_pairs(kinds: list[int], workers: int) -> int:
-    """Pairs per piece for kinds of ``kinds`` pairs each: the fewest whose pieces (each kind
-    cut on its own) fit in one wave of ``workers``, or one piece per kind."""
-    n = max(1, -(-sum(kinds) // workers))
+def cross_pairs(kinds: list[int], workers: int, least: int = 1) -> int:
+    """Pairs per piece for kinds of ``kinds`` pairs each: the fewest, at least ``least``, whose
+    pieces (each kind cut on its own) fit in one wave of ``workers``, or one piece per kind."""
+    n = max(least, -(-sum(kinds) // workers))
     while sum(-(-k // n) for k in kinds) > workers and n < max(kinds):
         n += 1
     return n
@@ -43,7 +43,8 @@ def tile_qkv_cross(t: Tiler, op) -> None:
     x, q = t.b(p["x"]), t.b(op.outputs[0])
     hd, half, layer = d.head_dim, d.head_dim // 2, p["layer"]
     kinds = [("q", d.heads), ("k", d.kv_heads), ("v", d.kv_heads)]
-    n = cross_pairs([heads * half for _, heads in kinds], t.workers)
+    # at least min_qkv_dims pairs: a tensor-core dot's 16 weight rows
+    n = cross_pairs([heads * half for _, heads in kinds], t.workers, t.cfg.min_qkv_dims)
     for kind, heads in kinds:
         w = t.b(p[f"w{kind}"])
         for p0 in range(0, heads * half, n):

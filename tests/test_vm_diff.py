@@ -71,6 +71,7 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     ("tiny-llama", 32, 2, 2, False), ("tiny-llama", 8, 1, 1, True), ("tiny-qwen3", 5, 1, 1, True),
     ("tiny-llama", 5, 1, 1, "stream"), ("tiny-qwen3", 32, 1, 1, "stream"),
     ("tiny-llama", 5, 1, 1, "cross"), ("tiny-llama", 13, 1, 1, "cross"),
+    ("tiny-llama", 64, 1, 1, "cross"),
     ("tiny-qwen3", 7, 1, 1, "cross")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
@@ -86,7 +87,13 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
         per_layer = len(qkv) // compiled.ops.dims.layers
         half = compiled.ops.dims.head_dim // 2
         crossing = [a for a in qkv if a.get("cross") and a["d0"] + a["part"] > half]
-        assert (per_layer <= workers and crossing) if name == "tiny-llama" else not crossing
+        least = opts.tile.min_qkv_dims                  # pairs: a tensor-core dot's 16 rows
+        assert all(a["part"] >= least for a in qkv)
+        if name == "tiny-llama":    # 8 pairs a head: pieces of 8 cross none (13, 64 workers)
+            assert per_layer <= workers or all(a["part"] == least for a in qkv)
+            assert bool(crossing) == (workers == 5)
+        else:
+            assert not crossing
     if stream:      # shares of whole 16-key steps, units cut between them, each merged once
         kinds = [t.kind for t in compiled.tasks.tasks]
         assert kinds.count("attn_stream") > compiled.ops.dims.layers
