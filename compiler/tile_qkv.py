@@ -1,7 +1,8 @@
 """q/k/v pieces that span heads (``TileConfig.qkv_cross``, models without head norms): each
 kind's RoPE pairs (dim i with i + D/2 of a head) laid end to end over its heads and cut into
-pieces of equal pair counts, the fewest that fill one wave of the workers; a piece may end in
-the next head (or further), so the q/k/v phase need not be as long as a head's half.
+pieces of equal pair counts, the fewest that fill one wave of the workers (at least
+``min_qkv_dims`` pairs each); a piece may end in the next head (or further), so the q/k/v phase
+need not be as long as a head's half.
 
 Input: a qkv_rope op; output: qkv_rope tasks with ``cross`` set, ``head``/``d0`` their first
 pair, ``part`` the pairs of every piece (the kind's last one fewer). Their regions are the
