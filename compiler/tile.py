@@ -5,7 +5,8 @@ Tilings (``TileConfig`` sets the sizes):
     embed      one task per ``block_n`` columns of the hidden size
     qkv_rope   one task per head (or per ``qkv_parts`` piece of one): each q head, each k head,
                each v head (k/v write the cache); with ``split_head_norm``, pieces of heads with
-               a head norm write the raw projection and head_norm_rope finishes each head
+               a head norm write the raw projection and head_norm_rope finishes each head; or
+               (``qkv_cross``) pieces across heads that fill one wave (``tile_qkv``)
     attention  attn_partial per key range of each (row, kv head) into fp32 partials, then
                attn_combine per (row, kv head); a partial waits only for its q heads and its k/v
                head; a single range writes the output itself; or (``attn_stream``) one
@@ -30,7 +31,7 @@ from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 from .tile_attention import tile_attention
 from .tile_norm import norm_first, norm_reader, tile_reduce_norm
-from .tile_qkv import tile_qkv_cross
+from .tile_qkv import tile_qkv_rope
 
 
 @dataclass(frozen=True)
@@ -321,67 +322,6 @@ def tile_gate_up(t: Tiler, op) -> None:
                                   out=out.name, n0=lo, n1=hi, bn=block,
                                   bk=t.depth(k, block, weights=2), eps=p["eps"]),
               reads, [cols(out, lo, hi)], nbytes, 4 * d.batch * (hi - lo) * k)
-
-
-def qkv_writes(t: Tiler, q: Buffer, kind: str, h: int, layer: int, spans) -> list[Region]:
-    """Where a q/k/v piece's columns ``spans`` (of the head's weight rows) end up: q columns, or
-    the head's dims in the cache plane of this layer."""
-    d = t.graph.dims
-    if kind == "q":
-        return [cols(q, lo, hi) for lo, hi in spans]
-    plane = ((layer, layer + 1), (int(kind == "v"), int(kind == "v") + 1), (0, d.batch), (h, h + 1),
-             (0, d.max_seq_len))
-    return [Region("kv_cache", plane + ((lo - h * d.head_dim, hi - h * d.head_dim),))
-            for lo, hi in spans]
-
-
-def tile_qkv_rope(t: Tiler, op) -> None:
-    """Pieces of each head; where a head norm needs the whole head and its pieces are split,
-    they write the raw projection into ``{op}.raw`` [B, (HQ + HKV) * D] and one head_norm_rope
-    task per q/k head normalises, rotates and stores it."""
-    p, d = op.params, t.graph.dims
-    if t.cfg.qkv_cross and not (p["q_norm"] or p["k_norm"]):
-        return tile_qkv_cross(t, op)
-    x, q = t.b(p["x"]), t.b(op.outputs[0])
-    hd, layer = d.head_dim, p["layer"]
-    heads = [("q", h, p["wq"], p["q_norm"]) for h in range(d.heads)]
-    heads += [(kind, h, p[f"w{kind}"], p["k_norm"] if kind == "k" else None)
-              for h in range(d.kv_heads) for kind in ("k", "v")]
-    half = hd // 2
-    raw = Buffer(f"{op.name}.raw", "act", (d.batch, (d.heads + d.kv_heads) * hd))
-    for kind, h, w, head_norm in heads:
-        # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2)
-        pieces = t.qkv_pieces(head_norm is not None)
-        part, split = -(-half // pieces), head_norm is not None and pieces > 1
-        col = (h + d.heads * (kind == "k")) * hd if split else h * hd      # out column of dim 0
-        for d0 in range(0, half, part):
-            n = min(part, half - d0)
-            spans = ((h * hd + d0, h * hd + d0 + n), (h * hd + half + d0, h * hd + half + d0 + n))
-            reads = [Region(x.name, full(x)), *(rows(t.b(w), lo, hi) for lo, hi in spans),
-                     Region("positions", ((0, d.batch),)), Region(p["inv_freq"], ((d0, d0 + n),))]
-            reads += [Region(head_norm, ((0, hd),))] if head_norm and not split else []
-            reads += [Region(p["norm"], ((0, d.hidden),))] if p["norm"] else []
-            writes = [cols(raw, lo - h * hd + col, hi - h * hd + col) for lo, hi in spans] \
-                if split else qkv_writes(t, q, kind, h, layer, spans)
-            nbytes = (2 * n * d.hidden + d.batch * d.hidden + 2 * d.batch * n) * d.itemsize
-            t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w,
-                                       head_norm=None if split else head_norm,
-                                       inv_freq=p["inv_freq"], out=raw.name if split else q.name,
-                                       kind="qkv".index(kind), head=h, layer=layer, d0=d0,
-                                       col=col, part=part, eps=p["eps"], qk_eps=p["qk_eps"],
-                                       raw=split,
-                                       bk=t.depth(d.hidden, 2 * max(p2(part), 16))),
-                  reads, writes, nbytes, 4 * d.batch * n * d.hidden)
-        if split:
-            t.buffers[raw.name] = raw
-            spans = ((h * hd, h * hd + half), (h * hd + half, (h + 1) * hd))
-            t.add(op, "head_norm_rope", dict(raw=raw.name, head_norm=head_norm,
-                                             inv_freq=p["inv_freq"], out=q.name,
-                                             kind="qkv".index(kind), head=h, layer=layer,
-                                             col=col, qk_eps=p["qk_eps"]),
-                  [cols(raw, col, col + hd), Region(head_norm, ((0, hd),)),
-                   Region("positions", ((0, d.batch),)), Region(p["inv_freq"], ((0, half),))],
-                  qkv_writes(t, q, kind, h, layer, spans), 4 * d.batch * hd * d.itemsize, 0)
 
 
 TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,

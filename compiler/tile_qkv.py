@@ -1,20 +1,103 @@
-"""q/k/v pieces that span heads (``TileConfig.qkv_cross``, models without head norms): each
-kind's RoPE pairs (dim i with i + D/2 of a head) laid end to end over its heads and cut into
-pieces of equal pair counts, the fewest that fill one wave of the workers (at least
-``min_qkv_dims`` pairs each); a piece may end in the next head (or further), so the q/k/v phase
-need not be as long as a head's half.
+"""Tile the qkv_rope op: pieces of RoPE pairs (dim i with i + D/2 of a head), each a qkv_rope
+task that projects, rotates and stores its pairs of q, k or v.
 
-Input: a qkv_rope op; output: qkv_rope tasks with ``cross`` set, ``head``/``d0`` their first
-pair, ``part`` the pairs of every piece (the kind's last one fewer). Their regions are the
-union of the heads' pieces they touch, so dependencies follow as for whole-head pieces."""
+Per head (``tile_qkv_rope``): ``Tiler.qkv_pieces`` pieces of each head; where a head norm needs
+the whole head and its pieces are split, they write the raw projection and a head_norm_rope task
+per head finishes it. Across heads (``TileConfig.qkv_cross``, models without head norms): each
+kind's pairs laid end to end over its heads and cut into pieces of equal pair counts, the fewest
+that fill one wave of the workers (at least ``min_qkv_dims`` pairs each); a piece may end in
+the next head (or further), so the q/k/v phase need not be as long as a head's half. Such
+tasks have ``cross`` set, ``head``/``d0`` their first pair, ``part`` the pairs of every piece
+(the kind's last one fewer); their regions are the union of the heads' pieces they touch, so
+dependencies follow as for pieces of one head."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .ir import Region
+from .ir import Buffer, Region
 
 if TYPE_CHECKING:
     from .tile import Tiler
+
+
+def qkv_writes(t: Tiler, q: Buffer, kind: str, h: int, layer: int, spans) -> list[Region]:
+    """Where a q/k/v piece's columns ``spans`` (of the head's weight rows) end up: q columns, or
+    the head's dims in the cache plane of this layer."""
+    from .tile import cols
+
+    d = t.graph.dims
+    if kind == "q":
+        return [cols(q, lo, hi) for lo, hi in spans]
+    plane = ((layer, layer + 1), (int(kind == "v"), int(kind == "v") + 1), (0, d.batch), (h, h + 1),
+             (0, d.max_seq_len))
+    return [Region("kv_cache", plane + ((lo - h * d.head_dim, hi - h * d.head_dim),))
+            for lo, hi in spans]
+
+
+def add_qkv_piece(t: Tiler, op, kind: str, spans: dict, n: int, part: int, inv: tuple,
+                  args: dict, reads: tuple = (), writes: list | None = None) -> None:
+    """A qkv_rope task of ``n`` RoPE pairs (of pieces of ``part``) whose weight rows are
+    ``spans`` {head: (lo half, hi half)}: it reads x, those rows, the positions, the frequencies
+    ``inv`` (a box), ``reads`` and the norm, and writes its heads' q columns or cache dims (or
+    ``writes``); ``args`` join the common ones."""
+    from .tile import full, p2, rows
+
+    p, d = op.params, t.graph.dims
+    x, q, w = t.b(p["x"]), t.b(op.outputs[0]), t.b(p[f"w{kind}"])
+    reads = [Region(x.name, full(x)), *(rows(w, lo, hi) for s in spans.values() for lo, hi in s),
+             Region("positions", ((0, d.batch),)), Region(p["inv_freq"], inv), *reads]
+    reads += [Region(p["norm"], ((0, d.hidden),))] if p["norm"] else []
+    if writes is None:
+        writes = [r for h, s in spans.items() for r in qkv_writes(t, q, kind, h, p["layer"], s)]
+    nbytes = (2 * n * d.hidden + d.batch * d.hidden + 2 * d.batch * n) * d.itemsize
+    t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w.name, inv_freq=p["inv_freq"],
+                               kind="qkv".index(kind), layer=p["layer"], part=part,
+                               eps=p["eps"], qk_eps=p["qk_eps"],
+                               bk=t.depth(d.hidden, 2 * max(p2(part), 16)), **args),
+          reads, writes, nbytes, 4 * d.batch * n * d.hidden)
+
+
+def tile_qkv_rope(t: Tiler, op) -> None:
+    """Pieces of each head; where a head norm needs the whole head and its pieces are split,
+    they write the raw projection into ``{op}.raw`` [B, (HQ + HKV) * D] and one head_norm_rope
+    task per q/k head normalises, rotates and stores it."""
+    from .tile import cols
+
+    p, d = op.params, t.graph.dims
+    if t.cfg.qkv_cross and not (p["q_norm"] or p["k_norm"]):
+        return tile_qkv_cross(t, op)
+    q, hd, layer = t.b(op.outputs[0]), d.head_dim, p["layer"]
+    heads = [("q", h, p["q_norm"]) for h in range(d.heads)]
+    heads += [(kind, h, p["k_norm"] if kind == "k" else None)
+              for h in range(d.kv_heads) for kind in ("k", "v")]
+    half = hd // 2
+    raw = Buffer(f"{op.name}.raw", "act", (d.batch, (d.heads + d.kv_heads) * hd))
+    for kind, h, head_norm in heads:
+        # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2)
+        pieces = t.qkv_pieces(head_norm is not None)
+        part, split = -(-half // pieces), head_norm is not None and pieces > 1
+        col = (h + d.heads * (kind == "k")) * hd if split else h * hd      # out column of dim 0
+        for d0 in range(0, half, part):
+            n = min(part, half - d0)
+            spans = ((h * hd + d0, h * hd + d0 + n), (h * hd + half + d0, h * hd + half + d0 + n))
+            whole = head_norm and not split
+            writes = [cols(raw, lo - h * hd + col, hi - h * hd + col) for lo, hi in spans] \
+                if split else None
+            add_qkv_piece(t, op, kind, {h: spans}, n, part, ((d0, d0 + n),),
+                          dict(head_norm=None if split else head_norm,
+                               out=raw.name if split else q.name, head=h, d0=d0, col=col,
+                               raw=split),
+                          [Region(head_norm, ((0, hd),))] if whole else (), writes)
+        if split:
+            t.buffers[raw.name] = raw
+            spans = ((h * hd, h * hd + half), (h * hd + half, (h + 1) * hd))
+            t.add(op, "head_norm_rope", dict(raw=raw.name, head_norm=head_norm,
+                                             inv_freq=p["inv_freq"], out=q.name,
+                                             kind="qkv".index(kind), head=h, layer=layer,
+                                             col=col, qk_eps=p["qk_eps"]),
+                  [cols(raw, col, col + hd), Region(head_norm, ((0, hd),)),
+                   Region("positions", ((0, d.batch),)), Region(p["inv_freq"], ((0, half),))],
+                  qkv_writes(t, q, kind, h, layer, spans), 4 * d.batch * hd * d.itemsize, 0)
 
 
 def cross_pairs(kinds: list[int], workers: int, least: int = 1) -> int:
@@ -38,30 +121,14 @@ def head_spans(p0: int, p1: int, half: int) -> dict[int, tuple]:
 
 def tile_qkv_cross(t: Tiler, op) -> None:
     """The qkv_rope op's pieces across heads (see the module docstring)."""
-    from .tile import full, p2, qkv_writes, rows
-
-    p, d = op.params, t.graph.dims
-    x, q = t.b(p["x"]), t.b(op.outputs[0])
-    hd, half, layer = d.head_dim, d.head_dim // 2, p["layer"]
+    d = t.graph.dims
+    hd, half = d.head_dim, d.head_dim // 2
     kinds = [("q", d.heads), ("k", d.kv_heads), ("v", d.kv_heads)]
     # at least min_qkv_dims pairs: a tensor-core dot's 16 weight rows
     n = cross_pairs([heads * half for _, heads in kinds], t.workers, t.cfg.min_qkv_dims)
     for kind, heads in kinds:
-        w = t.b(p[f"w{kind}"])
         for p0 in range(0, heads * half, n):
             p1 = min(p0 + n, heads * half)
-            spans = head_spans(p0, p1, half)
-            reads = [Region(x.name, full(x)), Region("positions", ((0, d.batch),)),
-                     Region(p["inv_freq"], ((0, half),))]
-            reads += [rows(w, lo, hi) for s in spans.values() for lo, hi in s]
-            reads += [Region(p["norm"], ((0, d.hidden),))] if p["norm"] else []
-            writes = [r for h, s in spans.items() for r in qkv_writes(t, q, kind, h, layer, s)]
-            m = p1 - p0
-            nbytes = (2 * m * d.hidden + d.batch * d.hidden + 2 * d.batch * m) * d.itemsize
-            t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w.name, head_norm=None,
-                                       inv_freq=p["inv_freq"], out=q.name,
-                                       kind="qkv".index(kind), head=p0 // half, layer=layer,
-                                       d0=p0 % half, col=p0 // half * hd, part=n, eps=p["eps"],
-                                       qk_eps=p["qk_eps"], raw=False, cross=True,
-                                       bk=t.depth(d.hidden, 2 * max(p2(n), 16))),
-                  reads, writes, nbytes, 4 * d.batch * m * d.hidden)
+            add_qkv_piece(t, op, kind, head_spans(p0, p1, half), p1 - p0, n, ((0, half),),
+                          dict(head_norm=None, out=op.outputs[0], head=p0 // half, d0=p0 % half,
+                               col=p0 // half * hd, raw=False, cross=True))

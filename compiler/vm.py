@@ -33,6 +33,14 @@ def merge_partials(acc: torch.Tensor, ml: torch.Tensor) -> torch.Tensor:
     return (w[..., None] * acc).sum(0) / (w * ml[..., 1]).sum(0)[:, None]
 
 
+def pair_rows(pair: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE pairs [n] of heads of 2 * half dims laid end to end -> their rows of the heads'
+    weight (or columns of q) [2n], lo halves then hi halves, and those dims within each head."""
+    head, dim = pair // half, pair % half
+    local = torch.cat([dim, dim + half])
+    return torch.cat([head, head]) * 2 * half + local, local
+
+
 class VM:
     def __init__(self, compiled, model, tokens, positions, kv_cache):
         self.c, self.d = compiled, compiled.ops.dims
@@ -99,66 +107,47 @@ class VM:
         self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)
 
     def qkv_rope(self, a):
-        if a.get("cross"):
-            return self.qkv_cross(a)
-        d, dt, h = self.d, self.dt, a["head"]
-        half, d0 = d.head_dim // 2, a["d0"]
-        n = min(a["part"], half - d0)
-        local = torch.cat([torch.arange(d0, d0 + n), torch.arange(half + d0, half + d0 + n)])
+        """``part`` RoPE pairs (dim i with i + D/2 of a head) from pair d0 of head ``head`` on:
+        within the head, or (``cross``) on through the kind's next heads."""
+        d, dt, half = self.d, self.dt, self.d.head_dim // 2
+        kind_heads = d.heads if a["kind"] == 0 else d.kv_heads
+        end = (kind_heads if a.get("cross") else a["head"] + 1) * half      # pairs it may reach
+        pair = torch.arange(a["head"] * half + a["d0"], end)[:a["part"]]            # [n]
+        row, local = pair_rows(pair, half)
         x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], dt)
-        y = mm(x, self.buf[a["weight"]][h * d.head_dim + local], dt)       # [B, 2n]: lo, hi
+        y = mm(x, self.buf[a["weight"]][row], dt)                          # [B, 2n]: lo, hi
         if a["raw"]:                                 # head_norm_rope finishes the head
             self.buf[a["out"]][:, a["col"] + local] = y
         else:
-            self.norm_rope_store(y, a, d0, n, local)
-
-    def qkv_cross(self, a):
-        """A piece of ``part`` RoPE pairs from pair d0 of head ``head`` on, its kind's pairs laid
-        end to end over the heads (no head norm)."""
-        d, dt, hd = self.d, self.dt, self.d.head_dim
-        half, heads = hd // 2, d.heads if a["kind"] == 0 else d.kv_heads
-        pair = torch.arange(a["head"] * half + a["d0"], heads * half)[:a["part"]]   # [n]
-        head, dim = pair // half, pair % half
-        local = torch.cat([dim, dim + half])                                # dims in the head
-        row = torch.cat([head, head]) * hd + local                          # weight rows
-        x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], dt)
-        y = mm(x, self.buf[a["weight"]][row], dt)                           # [B, 2n]: lo, hi
-        pos = self.buf["positions"]
-        if a["kind"] < 2:
-            freqs = pos.float()[:, None] * self.buf[a["inv_freq"]][dim]
-            emb = torch.cat((freqs, freqs), -1)
-            cos, sin = emb.cos().to(dt), emb.sin().to(dt)
-            n = len(pair)
-            y = (y * cos).to(dt) + (torch.cat((-y[:, n:], y[:, :n]), -1) * sin).to(dt)
-        if a["kind"] == 0:
-            self.buf[a["out"]][:, row] = y
-        else:
-            rows = torch.arange(d.batch, device=pos.device)[:, None]
-            self.buf["kv_cache"][a["layer"], a["kind"] - 1, rows, torch.cat([head, head])[None],
-                                 pos[:, None], local[None]] = y.to(dt)
+            self.norm_rope_store(y, a, pair)
 
     def head_norm_rope(self, a):
         hd = self.d.head_dim
         y = self.buf[a["raw"]][:, a["col"]:a["col"] + hd]                  # [B, D]
-        self.norm_rope_store(y, a, 0, hd // 2, torch.arange(hd))
+        self.norm_rope_store(y, a, a["head"] * (hd // 2) + torch.arange(hd // 2))
 
-    def norm_rope_store(self, y, a, d0, n, local):
-        """y [B, 2n]: dims local = [d0, d0 + n) of each half of a head."""
-        d, dt, h, kind = self.d, self.dt, a["head"], a["kind"]
+    def norm_rope_store(self, y, a, pair):
+        """y [B, 2n]: RoPE pairs ``pair`` [n] of the kind's heads laid end to end (lo halves,
+        then hi halves)."""
+        d, dt, kind, half = self.d, self.dt, a["kind"], self.d.head_dim // 2
+        row, local = pair_rows(pair, half)
         pos = self.buf["positions"]
         if kind < 2:
             if a["head_norm"] is not None:                                 # whole heads only
                 y = rms(y, self.buf[a["head_norm"]], a["qk_eps"], dt)
-            freqs = pos.float()[:, None] * self.buf[a["inv_freq"]][d0:d0 + n]
+            freqs = pos.float()[:, None] * self.buf[a["inv_freq"]][pair % half]
             emb = torch.cat((freqs, freqs), -1)
             cos, sin = emb.cos().to(dt), emb.sin().to(dt)
+            n = len(pair)
             rot = torch.cat((-y[:, n:], y[:, :n]), -1)
             y = (y * cos).to(dt) + (rot * sin).to(dt)
         if kind == 0:
-            self.buf[a["out"]][:, h * d.head_dim + local] = y
+            self.buf[a["out"]][:, row] = y
         else:
             rows = torch.arange(d.batch, device=pos.device)[:, None]
-            self.buf["kv_cache"][a["layer"], kind - 1, rows, h, pos[:, None], local[None]] = y.to(dt)
+            heads = (row // d.head_dim)[None]
+            self.buf["kv_cache"][a["layer"], kind - 1, rows, heads, pos[:, None],
+                                 local[None]] = y.to(dt)
 
     def attend(self, b, g, lo, hi, layer, q_name):
         """Row b's query heads of kv head g over its keys [lo, min(hi, length)): unnormalised
