@@ -22,6 +22,7 @@ import triton.language as tl
 from megakernel.bench.attention import attn_units, sdpa
 from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
+from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig
 from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
                                                  unit_slots)
@@ -70,8 +71,7 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
     out = torch.full_like(q, float("nan"))
     launch = lambda: attn_streams[(len(streams),)](
         q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, b, q.shape[1] // d, hkv,
-        s, d, g, s // table.shape[1], step, stages, max(rows, triton.next_power_of_2(g)),
-        num_warps=warps)
+        s, d, g, s // table.shape[1], step, stages, p2(g, rows), num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                                            f"{nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
         show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache[layer:], hkv)), 0.0)
         for rows in (int(r) for r in args.rows.split(",")):
-            block_g = max(rows, triton.next_power_of_2(hq // hkv))
+            block_g = p2(hq // hkv, rows)
             out = torch.full_like(q, float("nan"))
             units_run = lambda: attn_units[(min(units, sms),)](
                 q, cache, pos, table, out, units, layer, b, hq, hkv, s, d, hq // hkv, bs, 128,
