@@ -9,7 +9,7 @@ variant its median step and the relative norm of its logits' difference from eag
 step (a variant beyond ``--max-rel-err`` is reported as wrong; a bf16 step differs by ~1e-2).
 Prints one row per variant and writes them all to --json FILE. With ``--winners autotune.json``
 the variants of each batch size are that ledger's fastest right one and it with each of
-``--flags`` added (e.g. ``--flags ar4,af``): a knob tried on every batch size's own winner.
+``--flags`` added (e.g. ``--flags ar16,af``): a knob tried on every batch size's own winner.
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--winners", default=None,
                    help="an autotune.json: each batch size's winner instead of --variants")
     p.add_argument("--flags", default="",
-                   help="with --winners: flags each also timed with, e.g. ar4,af+ar4")
+                   help="with --winners: flags each also timed with, e.g. ar16,af+ar16")
     args = p.parse_args(argv)
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     model = load_model(args.model, device=args.device, dtype=dtype, progress=False).model

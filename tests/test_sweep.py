@@ -34,8 +34,8 @@ def test_sweep_tries_flags_on_each_batch_sizes_autotune_winner(tmp_path):
     ledger.write_text(json.dumps({"plans": {}, "runs": [
         run(1, "32x64x4x1xs1xkv64", 2.0), run(1, "16x64x4x1xs1xkv64", 1.0, "wrong logits"),
         run(1, "32x64x4x1xs2xkv64", 3.0), run(2, "16x64x4x1xs1xkv64", 1.5)]}))
-    assert winner_variants(str(ledger), 1, ["fo1", "s1", "af+ar4"]) == [
-        "32x64x4x1xs1xkv64", "32x64x4x1xs1xkv64xfo1", "32x64x4x1xs1xkv64xafxar4"]
+    assert winner_variants(str(ledger), 1, ["fo1", "s1", "af+ar16"]) == [
+        "32x64x4x1xs1xkv64", "32x64x4x1xs1xkv64xfo1", "32x64x4x1xs1xkv64xafxar16"]
     with pytest.raises(ValueError, match="no timed variant of batch 3"):
         winner_variants(str(ledger), 3, [])
     out = tmp_path / "sweep.json"

@@ -75,8 +75,8 @@ def test_variant_labels():
     assert opts["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
     assert parse_variant(v.label) == v and parse_variant("64x64x4x132").prefetch
     assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
-    rows = parse_variant("64x64x4x132xafxar4")
-    assert rows.tile.attn_rows == 4 and rows.label.endswith("xafxar4")
+    rows = parse_variant("64x64x4x132xafxar16")
+    assert rows.tile.attn_rows == 16 and rows.label.endswith("xafxar16")
     assert parse_variant(rows.label) == rows
     with pytest.raises(ValueError, match="attn_rows=2"):
         parse_variant("64x64x4x132xar2").tile

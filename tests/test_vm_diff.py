@@ -36,13 +36,13 @@ def inputs(model):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("tiles", [TileConfig(),
                                    TileConfig(gemv=True, block_n=16, rms_unroll=0,
-                                              split_head_norm=False, attn_rows=4),
+                                              split_head_norm=False, attn_rows=16),
                                    TileConfig(block_k=32, stages=2, swap_ab=True, balance=True,
                                               norm_first=True, split_k=2, reduce_norm=True),
                                    TileConfig(split_k=2, block_k=32, qkv_cross=True),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True),
-                                   TileConfig(attn_stream=True, kv_step=256, attn_rows=4)])
+                                   TileConfig(attn_stream=True, kv_step=256, attn_rows=8)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load(name)
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
