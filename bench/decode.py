@@ -123,6 +123,16 @@ def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
     return times
 
 
+def timing_order(batch_sizes: list[int], backends: list[str]) -> list[tuple[int, list[str]]]:
+    """(batch size, backends) in the order they are timed: eager after every other backend of
+    every batch size, because eager steps earlier in a process slowed torch-compile's later
+    ones (llama-3.2-1b at batch 1 on the H200: 1.35 ms in both processes that ran eager first,
+    1.26 in three that did not; bench/NOTES.md)."""
+    first = [b for b in backends if b != "eager"]
+    order = [(batch, first) for batch in batch_sizes if first]
+    return order + [(batch, ["eager"]) for batch in batch_sizes if "eager" in backends]
+
+
 def environment(device: torch.device) -> dict:
     import triton
 
@@ -143,9 +153,9 @@ def run_decode_bench(args) -> dict:
         get_backend(name)  # fail before any timing on an unknown name
     report = environment(device) | {"copy_TBps": round(copy_bandwidth_TBps(device), 4)}
     rows = []
-    for batch in batch_sizes:
+    for batch, group in timing_order(batch_sizes, backends):
         nbytes = step_bytes(loaded.model, batch, args.context)
-        for name, (ms, label) in bench_batch(loaded.model, backends, batch, args.context,
+        for name, (ms, label) in bench_batch(loaded.model, group, batch, args.context,
                                              args.warmup, args.iters, args.kernels).items():
             rows.append({"model": loaded.name, "batch_size": batch, "context": args.context,
                          "backend": name, "dtype": dtype, "ms_per_token": round(ms, 4),

@@ -140,6 +140,16 @@ def test_bench_decode_writes_json_and_plot(tmp_path, capsys):
     assert len(json.loads(out.read_text())["results"]) == 3
 
 
+def test_bench_decode_times_eager_after_every_other_backend():
+    from megakernel.bench.decode import timing_order
+
+    assert timing_order([1, 8], ["eager", "torch-compile", "megakernel"]) == [
+        (1, ["torch-compile", "megakernel"]), (8, ["torch-compile", "megakernel"]),
+        (1, ["eager"]), (8, ["eager"])]
+    assert timing_order([2], ["eager"]) == [(2, ["eager"])]
+    assert timing_order([2], ["megakernel"]) == [(2, ["megakernel"])]
+
+
 def test_bench_decode_times_the_kernels_of_a_folder(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["compile", "tiny-qwen3", "--batch-sizes", "2", "--max-seq-len", "16",
