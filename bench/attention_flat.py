@@ -14,6 +14,7 @@ and are merged on the host here (by attn_combine tasks in the megakernel). Besid
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import triton
@@ -33,13 +34,14 @@ from megakernel.compiler.vm import merge_partials
 def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cut, total,
                  slot0_ptr, layer, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                 STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr):
+                 STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr,
+                 AHEAD: tl.constexpr):
     """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total)), the
-    query heads of a kv head padded to BLOCK_G rows."""
+    query heads of a kv head padded to BLOCK_G rows, L2 asked for keys AHEAD steps ahead."""
     t = tl.program_id(0)
     attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                  t * cut, tl.minimum(t * cut + cut, total), layer,
-                                 tl.load(slot0_ptr + t), D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                 tl.load(slot0_ptr + t), AHEAD, D ** -0.5, B, HQ, HKV, S, D, G, BS,
                                  STEP, BLOCK_G, D, STAGES)
 
 
@@ -57,10 +59,11 @@ def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: d
 
 
 def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
-             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows):
+             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows, ahead: int = 0):
     """(launch, outputs): the launch fills NaN-poisoned outputs and slots from layer ``layer``
     of the cache, the query heads of a kv head padded to ``rows`` (at least) as
-    ``TileConfig.attn_rows`` pads them; outputs() merges."""
+    ``TileConfig.attn_rows`` pads them, keys asked of L2 ``ahead`` steps ahead as
+    ``CompileOptions.kv_ahead`` asks; outputs() merges."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, units = q.shape[1] // d // hkv, b * hkv
     step, cut = stream_shares(units * s, s, programs, step)
@@ -71,7 +74,7 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
     out = torch.full_like(q, float("nan"))
     launch = lambda: attn_streams[(len(streams),)](
         q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, b, q.shape[1] // d, hkv,
-        s, d, g, s // table.shape[1], step, stages, p2(g, rows), num_warps=warps)
+        s, d, g, s // table.shape[1], step, stages, p2(g, rows), ahead, num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
 
@@ -80,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-sizes", default="17,32,64")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--rows", default="4,16", help="attention rows (TileConfig.attn_rows) timed")
+    p.add_argument("--ahead", default="0",
+                   help="steps ahead keys are asked of L2 (CompileOptions.kv_ahead) timed")
     p.add_argument("--layers", type=int, default=1,
                    help="cache layers, the last one read (the megakernel's cache holds all)")
     args = p.parse_args(argv)
@@ -96,19 +101,20 @@ def main(argv: list[str] | None = None) -> None:
         show = lambda name, ms, err: print(f"B={b:2d} {name:<30} {ms * 1e3:7.1f} us "
                                            f"{nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
         show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache[layer:], hkv)), 0.0)
-        for rows in (int(r) for r in args.rows.split(",")):
-            block_g = p2(hq // hkv, rows)
+        for rows, ahead in itertools.product(*(map(int, v.split(","))
+                                               for v in (args.rows, args.ahead))):
+            block_g, tag = p2(hq // hkv, rows), f"ar{rows} ka{ahead}"
             out = torch.full_like(q, float("nan"))
             units_run = lambda: attn_units[(min(units, sms),)](
                 q, cache, pos, table, out, units, layer, b, hq, hkv, s, d, hq // hkv, bs, 128,
-                block_g, 6)
+                block_g, 6, ahead)
             ms = triton.testing.do_bench(units_run)
-            show(f"per unit c128 s6 ar{rows}", ms, rel_err(out, ref))
+            show(f"per unit c128 s6 {tag}", ms, rel_err(out, ref))
             for step, stages, warps in ((64, 6, 4), (128, 3, 4), (128, 6, 4), (128, 6, 8)):
                 launch, outputs = run_flat(q, cache, pos, table, hkv, sms, step, stages, warps,
-                                           layer, rows)
+                                           layer, rows, ahead)
                 ms = triton.testing.do_bench(launch)
-                show(f"streams c{step} s{stages} w{warps} ar{rows}", ms, rel_err(outputs(), ref))
+                show(f"streams c{step} s{stages} w{warps} {tag}", ms, rel_err(outputs(), ref))
 
 
 if __name__ == "__main__":

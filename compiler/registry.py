@@ -4,8 +4,9 @@ back into pointers and sizes), so the two cannot drift.
 
 A field is one runtime argument of the op body, in order: ``act``/``f32`` words are element offsets
 into those arenas, ``weight`` words the weight's offset in its arena in units of ALIGN elements
-(written when a model is bound), ``int`` words pass through, ``kernel`` fields name a pointer the kernel itself receives (no word). Compile-time
-sizes come from ``constexprs(task, dims, cfg)``; tasks with equal kind and sizes share an opcode.
+(written when a model is bound), ``int`` words pass through, ``kernel`` fields name an argument
+the kernel itself receives, a pointer or a GPU-only switch (no word). Compile-time sizes come
+from ``constexprs(task, dims, cfg)``; tasks with equal kind and sizes share an opcode.
 """
 from __future__ import annotations
 
@@ -189,11 +190,13 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "col:int"), _head_norm_rope),
     OpSpec("attn_partial", "attention_ops.attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int"),
+                   "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int "
+                   "KV_AHEAD:kernel"),
            _attn_partial, "attention_ops.attn_partial_prefetch"),
     OpSpec("attn_stream", "attention_ops.attn_stream_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act f0:int f1:int layer:int slot0:int"), _attn_stream),
+                   "ml:f32 out:act f0:int f1:int layer:int slot0:int KV_AHEAD:kernel"),
+           _attn_stream),
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),
            _attn_combine),

@@ -69,6 +69,7 @@ class Variant:
     split_k: int = TileConfig.split_k
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
+    kv_ahead: int = CompileOptions.kv_ahead
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     attn_balance: bool = TileConfig.attn_balance
@@ -97,6 +98,7 @@ class Variant:
         flags += ["pn0"] * (self.prefetch and not self.prefetch_next)
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
+        flags += [f"ka{self.kv_ahead}"] * bool(self.kv_ahead)
         flags += ["pl"] * self.poll_load
         flags += [f"pt{self.prefetch_start}"] * bool(self.prefetch_start)
         flags += ["bal"] * self.balance
@@ -127,7 +129,7 @@ TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__da
 OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
-                 "prefetch_kv": "prefetch_kv",
+                 "prefetch_kv": "prefetch_kv", "kv_ahead": "kv_ahead",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers"}
 
@@ -147,7 +149,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "as": lambda n: {"attn_stages": n},
-           "ar": lambda n: {"attn_rows": n},
+           "ar": lambda n: {"attn_rows": n}, "ka": lambda n: {"kv_ahead": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},

@@ -88,7 +88,8 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # batch 1 and 8 for the compiler; 2, 17 and 64 for the batch-size range; tile options other
 # than the default: qwen3's head-norm heads whole, weight rows as the dot's M, balanced
 # attention, no norm first at a batch where it is the default, split-K reduced with the norm,
-# streamed attention, the attention dots' query rows padded to 4 only, q/k/v pieces across heads
+# streamed attention, the attention dots' query rows padded to 16, q/k/v pieces across heads,
+# keys asked of L2 steps ahead in either attention body
 @pytest.mark.parametrize("name,batch,tiles", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -111,12 +112,17 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                          id="qwen3-0.6b-2-ar16"),
                             pytest.param("llama-3.2-1b", 1, TileConfig(qkv_cross=True,
                                                                        attn_stream=True),
-                                         id="llama-3.2-1b-1-qc-af")])
+                                         id="llama-3.2-1b-1-qc-af"),
+                            pytest.param("llama-3.2-1b", 64, dict(kv_ahead=2),
+                                         id="llama-3.2-1b-64-ka2"),
+                            pytest.param("llama-3.2-1b", 17, dict(tile=TileConfig(
+                                attn_stream=True), kv_ahead=3), id="llama-3.2-1b-17-af-ka3")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, tiles):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
     eager's own distance from the fp32 reference."""
-    options = dict(tile=tiles) if tiles else {}
+    # tiles: a TileConfig, or CompileOptions fields
+    options = tiles if isinstance(tiles, dict) else dict(tile=tiles) if tiles else {}
     s = teacher_forced(name, batch, with_compile=batch == 1 and not tiles, **options)
     eager_err, _ = s["bf16 vs fp32"]
     mk_err, _ = s["megakernel vs fp32"]
