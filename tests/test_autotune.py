@@ -94,6 +94,9 @@ def test_autotune_never_keeps_a_variant_with_wrong_logits(tmp_path, monkeypatch)
 def test_candidates_respect_shared_memory_and_the_interpreter():
     big = dict(SPACE, block_n=(128,), block_k=(512,), stages=(4,), workers_per_sm=(1, 2))
     assert tuning.candidates(H200, big) == []                 # 1 MB of stages per program
+    wide = dict(SPACE, block_n=(128,), block_k=(128, 256), stages=(2, 3))
+    assert {(v.block_k, v.stages) for v in tuning.candidates(H200, wide)} == {
+        (128, 2), (128, 3), (256, 2)}                         # 128 x 256 in 3 stages: 295 KB
     fits = tuning.candidates(H200, dict(SPACE, workers_per_sm=(1, 2), prefetch_kv=(False, True),
                                         prefetch_kb=(64, 256)))
     assert {v.workers for v in fits} == {132, 264}
