@@ -242,6 +242,7 @@ def tuned_kernel(model, batch: int, seq: int, target: str):
     """The kernel ``megakernel autotune`` kept for this model, batch size, length and target
     under $MEGAKERNEL_CACHE/autotune, or None."""
     import json
+    import warnings
 
     from megakernel.compiler.artifact import load, model_hash
 
@@ -249,7 +250,10 @@ def tuned_kernel(model, batch: int, seq: int, target: str):
     for path in sorted((cache_dir() / "autotune").glob(f"*/b{batch}/manifest.json")):
         info = json.loads(path.read_text())
         if (info["model_hash"], info["max_seq_len"], info["target"]) == (want, seq, target):
-            return load(path.parent)
+            try:
+                return load(path.parent)
+            except ValueError as err:                  # tuned by an earlier version
+                warnings.warn(f"tuned kernel not used: {err}", stacklevel=2)
     return None
 
 
@@ -275,7 +279,7 @@ class KernelLibrary:
     def __init__(self, folder, model):
         import json
 
-        from megakernel.compiler.artifact import load, model_hash
+        from megakernel.compiler.artifact import check_current, load, model_hash
 
         self.folder, self.by_batch = Path(folder), {}
         manifests = sorted(self.folder.glob("*/manifest.json"))
@@ -287,6 +291,7 @@ class KernelLibrary:
             if info["model_hash"] != expected:
                 raise ValueError(f"{path.parent} was compiled for another model "
                                  f"({info['model']}, hash {info['model_hash']} != {expected})")
+            check_current(info, path.parent)
             self.by_batch[info["batch_size"]] = path.parent
         self._load = load
 
