@@ -1,15 +1,27 @@
-"""One megakernel step of tiny-llama on the GPU, for ``compute-sanitizer --tool memcheck``."""
+"""One megakernel step of tiny-llama on the GPU, for ``compute-sanitizer --tool memcheck``.
+
+    compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step [--kv-ahead 2]
+        [--attn-stream]
+"""
+import argparse
+
 import torch
 
+from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kv-ahead", type=int, default=0, help="CompileOptions.kv_ahead")
+    p.add_argument("--attn-stream", action="store_true", help="TileConfig.attn_stream")
+    args = p.parse_args(argv)
     model = load_model("tiny-llama", device="cuda", dtype="bfloat16", progress=False).model
     cache = allocate_kv_cache(model.config, 3, 64, dtype=torch.bfloat16, device="cuda")
-    step = megakernel_backend(model, cache, num_workers=24)
+    step = megakernel_backend(model, cache, num_workers=24, kv_ahead=args.kv_ahead,
+                              tile=TileConfig(attn_stream=args.attn_stream))
     tokens = torch.tensor([[1], [2], [3]], device="cuda")
     positions = torch.tensor([[0], [5], [63]], device="cuda")
     logits = step(tokens, positions, cache)
