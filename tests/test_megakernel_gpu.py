@@ -90,7 +90,7 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # attention, no norm first at a batch where it is the default, split-K reduced with the norm,
 # streamed attention, the attention dots' query rows padded to 16, q/k/v pieces across heads,
 # keys asked of L2 steps ahead in either attention body
-@pytest.mark.parametrize("name,batch,tiles", [(name, batch, None)
+@pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
                          + [("llama-3.2-1b", batch, None) for batch in (2, 17, 64)]
@@ -117,13 +117,13 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                          id="llama-3.2-1b-64-ka2"),
                             pytest.param("llama-3.2-1b", 17, dict(tile=TileConfig(
                                 attn_stream=True), kv_ahead=3), id="llama-3.2-1b-17-af-ka3")])
-def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, tiles):
+def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
     eager's own distance from the fp32 reference."""
-    # tiles: a TileConfig, or CompileOptions fields
-    options = tiles if isinstance(tiles, dict) else dict(tile=tiles) if tiles else {}
-    s = teacher_forced(name, batch, with_compile=batch == 1 and not tiles, **options)
+    # config: a TileConfig, or CompileOptions fields
+    options = config if isinstance(config, dict) else dict(tile=config) if config else {}
+    s = teacher_forced(name, batch, with_compile=batch == 1 and not config, **options)
     eager_err, _ = s["bf16 vs fp32"]
     mk_err, _ = s["megakernel vs fp32"]
     assert mk_err <= 1.25 * eager_err + 2e-3
