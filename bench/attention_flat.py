@@ -9,7 +9,8 @@ loop, whatever units they belong to: no pipeline refill at a unit's start, every
 share. Pieces of units cut between programs go to partial slots (``tile_attention.stream_plan``)
 and are merged on the host here (by attn_combine tasks in the megakernel). Beside it,
 ``attn_units`` of ``bench.attention``: one program per SM walking whole units (128-key steps,
-6 stages, as the megakernel's attention tasks). Each checked against SDPA.
+as the megakernel's attention tasks). Each checked against SDPA, for every combination of
+``--rows``, ``--ahead`` and ``--stages``.
 """
 from __future__ import annotations
 
@@ -85,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default="4,16", help="attention rows (TileConfig.attn_rows) timed")
     p.add_argument("--ahead", default="0",
                    help="steps ahead keys are asked of L2 (CompileOptions.kv_ahead) timed")
+    p.add_argument("--stages", default="6",
+                   help="pipeline stages (TileConfig.attn_stages) timed; the block-table gather "
+                        "keeps (stages - 1) // 2 steps in flight: 6 two, 9 four")
     p.add_argument("--layers", type=int, default=1,
                    help="cache layers, the last one read (the megakernel's cache holds all)")
     args = p.parse_args(argv)
@@ -101,20 +105,20 @@ def main(argv: list[str] | None = None) -> None:
         show = lambda name, ms, err: print(f"B={b:2d} {name:<30} {ms * 1e3:7.1f} us "
                                            f"{nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
         show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache[layer:], hkv)), 0.0)
-        for rows, ahead in itertools.product(*(map(int, v.split(","))
-                                               for v in (args.rows, args.ahead))):
-            block_g, tag = p2(hq // hkv, rows), f"ar{rows} ka{ahead}"
+        for rows, ahead, stages in itertools.product(*(map(int, v.split(",")) for v in (
+                args.rows, args.ahead, args.stages))):
+            block_g, tag = p2(hq // hkv, rows), f"s{stages} ar{rows} ka{ahead}"
             out = torch.full_like(q, float("nan"))
             units_run = lambda: attn_units[(min(units, sms),)](
                 q, cache, pos, table, out, units, layer, b, hq, hkv, s, d, hq // hkv, bs, 128,
-                block_g, 6, ahead)
+                block_g, stages, ahead)
             ms = triton.testing.do_bench(units_run)
-            show(f"per unit c128 s6 {tag}", ms, rel_err(out, ref))
-            for step, stages, warps in ((64, 6, 4), (128, 3, 4), (128, 6, 4), (128, 6, 8)):
-                launch, outputs = run_flat(q, cache, pos, table, hkv, sms, step, stages, warps,
+            show(f"per unit c128 {tag}", ms, rel_err(out, ref))
+            for warps in (4, 8):
+                launch, outputs = run_flat(q, cache, pos, table, hkv, sms, 128, stages, warps,
                                            layer, rows, ahead)
                 ms = triton.testing.do_bench(launch)
-                show(f"streams c{step} s{stages} w{warps} {tag}", ms, rel_err(outputs(), ref))
+                show(f"streams c128 w{warps} {tag}", ms, rel_err(outputs(), ref))
 
 
 if __name__ == "__main__":
