@@ -6,7 +6,8 @@ same cache: where the decode attention's time goes without the rest of the megak
 Each (row, kv head) unit's whole span is one ``attn_partial_op`` call (DIRECT: its output
 normalised), either one program per unit on an ordinary grid (several programs per SM hide each
 other's latencies) or, ``persistent``, one program per SM walking the units in turn as a
-megakernel worker does. Prints ms and TB/s of keys and values read per configuration
+megakernel worker does, a kv head's query heads padded as the megakernel pads them
+(``TileConfig.attn_rows``). Prints ms and TB/s of keys and values read per configuration
 (warps, keys per step, pipeline stages), and checks each output against SDPA's (relative norm of
 the difference).
 """
@@ -21,6 +22,8 @@ import triton.language as tl
 
 from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
+from megakernel.compiler.registry import p2
+from megakernel.compiler.tile import TileConfig
 
 
 @triton.jit
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         out = torch.full_like(q, float("nan"))
         grid = (min(units, sms) if persistent else units,)
         run = lambda: attn_units[grid](q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, g,
-                                       bs, chunk, max(16, g), stages, num_warps=warps)
+                                       bs, chunk, p2(g, TileConfig.attn_rows), stages,
+                                       num_warps=warps)
         try:
             ms = triton.testing.do_bench(run)
         except Exception as err:  # shared memory beyond the SM's: report and go on

@@ -28,8 +28,9 @@ sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x written once by rms_norm
 reduced by whole rows and each row normalised in the same task, ``ab`` attention tasks cut from all
 rows' keys laid end to end, about one cut per worker, ``af`` attention as one stream of keys per
 worker (an equal share of all units' keys), ``arN`` a kv head's query heads padded to at least N
-rows in the attention dots (default 16), ``pk`` attention tasks asking L2 for earlier steps' keys
-and values before their waits, ``rgN`` at most N registers per thread.
+rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps' keys
+and values before their waits, ``kaN`` attention asking L2 for keys and values N steps ahead of
+each step, ``rgN`` at most N registers per thread.
 """
 from __future__ import annotations
 
