@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--block", type=int, default=16, help="cache block (tokens)")
+    p.add_argument("--warps", default="4,8")
+    p.add_argument("--chunks", default="64,128,256", help="keys per step")
+    p.add_argument("--stages", default="3,6")
+    p.add_argument("--persistent", default="0,1", help="0: a program per unit; 1: per SM")
     args = p.parse_args(argv)
     b, s, d, hq, hkv, bs = (args.batch_size, args.context, args.head_dim, args.heads,
                             args.kv_heads, args.block)
@@ -70,22 +74,22 @@ def main(argv: list[str] | None = None) -> None:
     ms = triton.testing.do_bench(lambda: sdpa(q, cache, hkv))
     print(f"B={b} S={s} sdpa {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s")
     units, sms = b * hkv, torch.cuda.get_device_properties(dev).multi_processor_count
-    for persistent, warps, chunk, stages in itertools.product((False, True), (4, 8),
-                                                              (64, 128, 256), (3, 6)):
+    ints = lambda text: [int(x) for x in text.split(",")]
+    for persistent, warps, chunk, stages in itertools.product(
+            ints(args.persistent), ints(args.warps), ints(args.chunks), ints(args.stages)):
         out = torch.full_like(q, float("nan"))
         grid = (min(units, sms) if persistent else units,)
         run = lambda: attn_units[grid](q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, g,
                                        bs, chunk, p2(g, TileConfig.attn_rows), stages,
                                        num_warps=warps)
+        name = f"persistent={persistent:d} warps={warps} chunk={chunk:3d} stages={stages}"
         try:
             ms = triton.testing.do_bench(run)
         except Exception as err:  # shared memory beyond the SM's: report and go on
-            print(f"persistent={persistent:d} warps={warps} chunk={chunk} stages={stages}: "
-                  f"{type(err).__name__}")
+            print(f"{name}: {type(err).__name__}")
             continue
         err = rel_err(out, ref)
-        print(f"persistent={persistent:d} warps={warps} chunk={chunk:3d} stages={stages} "
-              f"{ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
+        print(f"{name} {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
 
 
 if __name__ == "__main__":
