@@ -199,7 +199,7 @@ def cache_slots(row, pos, bt_ptr, layer, kv, head, B: tl.constexpr, HKV: tl.cons
     NBPR: tl.constexpr = S // BS
     block = tl.load(bt_ptr + row * NBPR + pos // BS).to(tl.int64)
     phys_row, phys_blk = block // NBPR, block % NBPR
-    plane = ((layer.to(tl.int64) * 2 + kv) * B + phys_row) * HKV + head
+    plane = ((tl.cast(layer, tl.int64) * 2 + kv) * B + phys_row) * HKV + head
     return (plane * S + phys_blk * BS + pos % BS) * D
 
 
