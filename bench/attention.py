@@ -9,7 +9,8 @@ other's latencies) or, ``persistent``, one program per SM walking the units in t
 megakernel worker does, a kv head's query heads padded as the megakernel pads them
 (``TileConfig.attn_rows``). Prints ms and TB/s of keys and values read per configuration
 (warps, keys per step, pipeline stages), and checks each output against SDPA's (relative norm of
-the difference).
+the difference). ``--loads``: the same loop's loads alone (``kv_loads``), through the block
+table and at plain offsets: what the loads cost without the attention's arithmetic.
 """
 from __future__ import annotations
 
@@ -40,6 +41,36 @@ def attn_units(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, layer, B: tl.c
         u += tl.num_programs(0)
 
 
+@triton.jit
+def kv_loads(cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr, HKV: tl.constexpr,
+             S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+             STAGES: tl.constexpr, TABLE: tl.constexpr):
+    """The attention loop's loads alone, units walked as ``attn_units`` walks them: each unit's
+    keys plus values summed -> out [units, D] fp32 (so that no load is dropped); TABLE: through
+    the block table as ``attn_partial_op`` reads them, else at their plain offsets (the cache
+    rows in order, as an identity table lays them)."""
+    u = tl.program_id(0)
+    ss = tl.arange(0, CHUNK)
+    ds = tl.arange(0, D)
+    while u < units:
+        row, head = u // HKV, u % HKV
+        hi = tl.load(pos_ptr + row) + 1
+        acc = tl.zeros([CHUNK, D], tl.float32)
+        for c in tl.range(0, S // CHUNK, num_stages=STAGES):
+            if TABLE:
+                k, v = attention_ops.load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, 0, head, B,
+                                             HKV, S, D, BS, CHUNK, D)
+            else:
+                keys = c * CHUNK + ss
+                offs = ((row * HKV + head) * S + keys)[:, None] * D + ds[None, :]
+                k = tl.load(cache_ptr + offs, mask=(keys < hi)[:, None], other=0.0)
+                v = tl.load(cache_ptr + offs + B * HKV * S * D, mask=(keys < hi)[:, None],
+                            other=0.0)
+            acc += k.to(tl.float32) + v.to(tl.float32)
+        tl.store(out_ptr + u * D + ds, tl.sum(acc, axis=0))
+        u += tl.num_programs(0)
+
+
 def sdpa(q: torch.Tensor, cache: torch.Tensor, hkv: int) -> torch.Tensor:
     """q [B, HQ * D], cache [1, 2, B, HKV, S, D] -> [B, HQ * D] by SDPA with grouped heads."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
@@ -47,6 +78,29 @@ def sdpa(q: torch.Tensor, cache: torch.Tensor, hkv: int) -> torch.Tensor:
     out = torch.nn.functional.scaled_dot_product_attention(qh, cache[0, 0], cache[0, 1],
                                                            enable_gqa=True)
     return out.reshape(b, -1)
+
+
+def time_loads(cache, pos, table, bs, sms, persistent, warps, chunks, stages) -> None:
+    """``kv_loads`` at each setting, through the block table and at plain offsets, against
+    PyTorch's sum of the keys and values."""
+    _, _, b, hkv, s, d = cache.shape
+    units, nbytes = b * hkv, cache.numel() * cache.element_size()
+    ref = (cache[0, 0].float() + cache[0, 1].float()).sum(2).view(units, d)     # [units, D]
+    for per, w, chunk, st, use_table in itertools.product(persistent, warps, chunks, stages,
+                                                          (1, 0)):
+        out = torch.full((units, d), float("nan"), device=cache.device)
+        grid = (min(units, sms) if per else units,)
+        run = lambda: kv_loads[grid](cache, pos, table, out, units, b, hkv, s, d, bs, chunk, st,
+                                     use_table, num_warps=w)
+        name = (f"loads table={use_table} persistent={per:d} warps={w} chunk={chunk:3d} "
+                f"stages={st}")
+        try:
+            ms = triton.testing.do_bench(run)
+        except Exception as err:  # shared memory beyond the SM's: report and go on
+            print(f"{name}: {type(err).__name__}")
+            continue
+        print(f"{name} {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  "
+              f"rel err {rel_err(out, ref):.1e}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunks", default="64,128,256", help="keys per step")
     p.add_argument("--stages", default="3,6")
     p.add_argument("--persistent", default="0,1", help="0: a program per unit; 1: per SM")
+    p.add_argument("--loads", action="store_true",
+                   help="also time the loop's loads alone (kv_loads), with the table and without")
     args = p.parse_args(argv)
     b, s, d, hq, hkv, bs = (args.batch_size, args.context, args.head_dim, args.heads,
                             args.kv_heads, args.block)
@@ -75,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"B={b} S={s} sdpa {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s")
     units, sms = b * hkv, torch.cuda.get_device_properties(dev).multi_processor_count
     ints = lambda text: [int(x) for x in text.split(",")]
+    if args.loads:
+        time_loads(cache, pos, table, bs, sms, ints(args.persistent), ints(args.warps),
+                   ints(args.chunks), ints(args.stages))
     for persistent, warps, chunk, stages in itertools.product(
             ints(args.persistent), ints(args.warps), ints(args.chunks), ints(args.stages)):
         out = torch.full_like(q, float("nan"))

@@ -71,6 +71,28 @@ def test_attention_probe_matches_sdpa():
     torch.testing.assert_close(args[4].cpu(), sdpa(q, cache, HKV), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("use_table", [1, 0])
+def test_attention_loads_probe_sums_the_keys_and_values(use_table):
+    """``bench/attention.py``'s loads alone: each unit's keys plus values summed over its
+    length, through a shuffled block table (or at plain offsets), against PyTorch."""
+    from megakernel.bench.attention import kv_loads
+
+    gen = torch.Generator().manual_seed(7)
+    cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
+    lengths = [S, S - 21]
+    positions = torch.tensor(lengths, dtype=torch.int32) - 1
+    order = torch.randperm(B * S // BS, generator=gen) if use_table else torch.arange(B * S // BS)
+    table = order.to(torch.int32).view(B, S // BS)
+    out = torch.full((B * HKV, D), float("nan"))
+    args = [t.to(DEVICE) for t in (cache, positions, table, out)]
+    kv_loads[(3,)](*args, B * HKV, B, HKV, S, D, BS, 16, 2, use_table)
+    blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // BS, 2, HKV, BS, D)                       # [block, 2, Hkv, BS, D]
+    ref = torch.stack([blocks[table[r].long()].permute(1, 2, 0, 3, 4).reshape(2, HKV, S, D)
+                       [:, :, :lengths[r]].sum((0, 2)) for r in range(B)]).view(B * HKV, D)
+    torch.testing.assert_close(args[3].cpu(), ref, atol=1e-4, rtol=1e-5)
+
+
 def test_flat_attention_probe_matches_sdpa():
     """``bench/attention_flat.py``: units' keys laid end to end, each program an equal share in
     one loop (3 programs of 96 keys over 4 units of 64: pieces of two units in one program),
