@@ -10,7 +10,8 @@ megakernel worker does, a kv head's query heads padded as the megakernel pads th
 (``TileConfig.attn_rows``). Prints ms and TB/s of keys and values read per configuration
 (warps, keys per step, pipeline stages), and checks each output against SDPA's (relative norm of
 the difference). ``--loads``: the same loop's loads alone (``kv_loads``), through the block
-table and at plain offsets: what the loads cost without the attention's arithmetic.
+table (an address per key as the body computes them, or per cache block) and at plain offsets:
+what the loads cost without the attention's arithmetic.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import triton.language as tl
 
 from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
+from megakernel.compiler.ops import cache_slots
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig
 
@@ -42,12 +44,31 @@ def attn_units(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, layer, B: tl.c
 
 
 @triton.jit
+def load_kv_blocks(cache_ptr, bt_ptr, row, start, hi, head, B: tl.constexpr, HKV: tl.constexpr,
+                   S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr):
+    """``attention_ops.load_kv``'s keys and values [CHUNK, D] of layer 0 with one block-table
+    entry and one address per cache block of BS keys (start a multiple of BS), the keys of a
+    block at constant offsets from it."""
+    NB: tl.constexpr = CHUNK // BS
+    first = tl.minimum(start + tl.arange(0, NB) * BS, hi - 1)             # [NB] a key of each
+    base = cache_slots(row, first, bt_ptr, 0, 0, head, B, HKV, S, D, BS) - (first % BS) * D
+    ks = tl.arange(0, BS)
+    ds = tl.arange(0, D)
+    offs = base[:, None, None] + (ks * D)[None, :, None] + ds[None, None, :]     # [NB, BS, D]
+    mask = ((start + tl.arange(0, NB) * BS)[:, None] + ks[None, :] < hi)[:, :, None]
+    k = tl.load(cache_ptr + offs, mask=mask, other=0.0)
+    v = tl.load(cache_ptr + offs + B * HKV * S * D, mask=mask, other=0.0)
+    return tl.reshape(k, [CHUNK, D]), tl.reshape(v, [CHUNK, D])
+
+
+@triton.jit
 def kv_loads(cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr, HKV: tl.constexpr,
              S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
              STAGES: tl.constexpr, TABLE: tl.constexpr):
     """The attention loop's loads alone, units walked as ``attn_units`` walks them: each unit's
-    keys plus values summed -> out [units, D] fp32 (so that no load is dropped); TABLE: through
-    the block table as ``attn_partial_op`` reads them, else at their plain offsets (the cache
+    keys plus values summed -> out [units, D] fp32 (so that no load is dropped); TABLE 1:
+    through the block table as ``attn_partial_op`` reads them (an entry and an address per key),
+    2: through it by whole blocks (``load_kv_blocks``), 0: at their plain offsets (the cache
     rows in order, as an identity table lays them)."""
     u = tl.program_id(0)
     ss = tl.arange(0, CHUNK)
@@ -57,7 +78,10 @@ def kv_loads(cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr, HKV: t
         hi = tl.load(pos_ptr + row) + 1
         acc = tl.zeros([CHUNK, D], tl.float32)
         for c in tl.range(0, S // CHUNK, num_stages=STAGES):
-            if TABLE:
+            if TABLE == 2:
+                k, v = load_kv_blocks(cache_ptr, bt_ptr, row, c * CHUNK, hi, head, B, HKV, S, D,
+                                      BS, CHUNK)
+            elif TABLE == 1:
                 k, v = attention_ops.load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, 0, head, B,
                                              HKV, S, D, BS, CHUNK, D)
             else:
@@ -81,13 +105,13 @@ def sdpa(q: torch.Tensor, cache: torch.Tensor, hkv: int) -> torch.Tensor:
 
 
 def time_loads(cache, pos, table, bs, sms, persistent, warps, chunks, stages) -> None:
-    """``kv_loads`` at each setting, through the block table and at plain offsets, against
-    PyTorch's sum of the keys and values."""
+    """``kv_loads`` at each setting, through the block table by keys and by blocks and at plain
+    offsets, against PyTorch's sum of the keys and values."""
     _, _, b, hkv, s, d = cache.shape
     units, nbytes = b * hkv, cache.numel() * cache.element_size()
     ref = (cache[0, 0].float() + cache[0, 1].float()).sum(2).view(units, d)     # [units, D]
     for per, w, chunk, st, use_table in itertools.product(persistent, warps, chunks, stages,
-                                                          (1, 0)):
+                                                          (1, 2, 0)):
         out = torch.full((units, d), float("nan"), device=cache.device)
         grid = (min(units, sms) if per else units,)
         run = lambda: kv_loads[grid](cache, pos, table, out, units, b, hkv, s, d, bs, chunk, st,

@@ -71,10 +71,11 @@ def test_attention_probe_matches_sdpa():
     torch.testing.assert_close(args[4].cpu(), sdpa(q, cache, HKV), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("use_table", [1, 0])
+@pytest.mark.parametrize("use_table", [1, 2, 0])
 def test_attention_loads_probe_sums_the_keys_and_values(use_table):
     """``bench/attention.py``'s loads alone: each unit's keys plus values summed over its
-    length, through a shuffled block table (or at plain offsets), against PyTorch."""
+    length, through a shuffled block table by keys or by blocks (or at plain offsets), against
+    PyTorch."""
     from megakernel.bench.attention import kv_loads
 
     gen = torch.Generator().manual_seed(7)
@@ -85,7 +86,7 @@ def test_attention_loads_probe_sums_the_keys_and_values(use_table):
     table = order.to(torch.int32).view(B, S // BS)
     out = torch.full((B * HKV, D), float("nan"))
     args = [t.to(DEVICE) for t in (cache, positions, table, out)]
-    kv_loads[(3,)](*args, B * HKV, B, HKV, S, D, BS, 16, 2, use_table)
+    kv_loads[(3,)](*args, B * HKV, B, HKV, S, D, BS, 32, 2, use_table)         # 2 blocks a step
     blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
         .reshape(B * S // BS, 2, HKV, BS, D)                       # [block, 2, Hkv, BS, D]
     ref = torch.stack([blocks[table[r].long()].permute(1, 2, 0, 3, 4).reshape(2, HKV, S, D)
