@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stages", default="3,6")
     p.add_argument("--persistent", default="0,1", help="0: a program per unit; 1: per SM")
     p.add_argument("--loads", action="store_true",
-                   help="also time the loop's loads alone (kv_loads), with the table and without")
+                   help="also time the loop's loads alone (kv_loads): by key, by block, plain")
     args = p.parse_args(argv)
     b, s, d, hq, hkv, bs = (args.batch_size, args.context, args.head_dim, args.heads,
                             args.kv_heads, args.block)
