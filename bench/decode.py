@@ -165,6 +165,8 @@ def run_decode_bench(args) -> dict:
             print(f"{loaded.name} B={batch:<3} ctx={args.context} {name:<14} {ms:8.3f} ms/token "
                   f"{rows[-1]['achieved_TBps']:.2f} TB/s (copy {report['copy_TBps']:.2f})",
                   flush=True)
+        if args.json_out:  # after each batch size: a run cut short keeps what it timed
+            merge_results(Path(args.json_out), report | {"results": rows})
     report["results"] = rows
     if args.json_out:
         report = merge_results(Path(args.json_out), report)

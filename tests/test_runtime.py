@@ -162,6 +162,9 @@ def test_bench_decode_times_the_kernels_of_a_folder(tmp_path, capsys):
     assert row["backend"] == "megakernel" and row["variant"].startswith("64x256x4x1x")
     assert main(args + ["--batch-sizes", "1"]) == 1
     assert "no kernel for batch 1" in capsys.readouterr().err
+    out.unlink()
+    assert main(args + ["--batch-sizes", "2,1"]) == 1         # the rows timed before it are kept
+    assert [r["batch_size"] for r in json.loads(out.read_text())["results"]] == [2]
 
 
 class _Event:
