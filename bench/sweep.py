@@ -7,9 +7,9 @@ and check each against the eager model on the same step.
 Per batch size, one decode state (position context - 1): the baseline's median step, then per
 variant its median step and the relative norm of its logits' difference from eager's on that
 step (a variant beyond ``--max-rel-err`` is reported as wrong; a bf16 step differs by ~1e-2).
-Prints one row per variant and writes them all to --json FILE. With ``--winners autotune.json``
-the variants of each batch size are that ledger's fastest right one and it with each of
-``--flags`` added (e.g. ``--flags ar16,af``): a knob tried on every batch size's own winner.
+Prints one row per variant and writes them to --json FILE as each batch size ends. With
+``--winners autotune.json`` the variants of each batch size are that ledger's fastest right one
+and it with each of ``--flags`` added (e.g. ``--flags ar16,af``): a knob tried on every batch size's own winner.
 """
 from __future__ import annotations
 
@@ -127,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                                    args.iters):
                 print(describe(args.model, row, args.baseline, args.max_rel_err), flush=True)
                 rows.append(row)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            if args.json:  # after each batch size: a run cut short keeps what it timed
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
     wrong = [r for r in rows if r.get("rel_err", 0.0) > args.max_rel_err]
     return 1 if wrong else 0
 
