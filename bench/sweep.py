@@ -9,7 +9,8 @@ variant its median step and the relative norm of its logits' difference from eag
 step (a variant beyond ``--max-rel-err`` is reported as wrong; a bf16 step differs by ~1e-2).
 Prints one row per variant and writes them to --json FILE as each batch size ends. With
 ``--winners autotune.json`` the variants of each batch size are that ledger's fastest right one
-and it with each of ``--flags`` added (e.g. ``--flags ar16,af``): a knob tried on every batch size's own winner.
+and it with each of ``--flags`` added (e.g. ``--flags ar16,af``): a knob tried on every batch
+size's own winner.
 """
 from __future__ import annotations
 
