@@ -104,6 +104,17 @@ def sdpa(q: torch.Tensor, cache: torch.Tensor, hkv: int) -> torch.Tensor:
     return out.reshape(b, -1)
 
 
+def show_timed(name: str, run, nbytes: int, check) -> None:
+    """Print ``name``, the us of ``run`` and the TB/s of its ``nbytes``, and ``check()`` (a
+    relative error); a build that fails (shared memory beyond the SM's) is reported instead."""
+    try:
+        ms = triton.testing.do_bench(run)
+    except Exception as err:
+        print(f"{name}: {type(err).__name__}")
+        return
+    print(f"{name} {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  rel err {check():.1e}")
+
+
 def time_loads(cache, pos, table, bs, sms, persistent, warps, chunks, stages) -> None:
     """``kv_loads`` at each setting, through the block table by keys and by blocks and at plain
     offsets, against PyTorch's sum of the keys and values."""
@@ -116,15 +127,8 @@ def time_loads(cache, pos, table, bs, sms, persistent, warps, chunks, stages) ->
         grid = (min(units, sms) if per else units,)
         run = lambda: kv_loads[grid](cache, pos, table, out, units, b, hkv, s, d, bs, chunk, st,
                                      use_table, num_warps=w)
-        name = (f"loads table={use_table} persistent={per:d} warps={w} chunk={chunk:3d} "
-                f"stages={st}")
-        try:
-            ms = triton.testing.do_bench(run)
-        except Exception as err:  # shared memory beyond the SM's: report and go on
-            print(f"{name}: {type(err).__name__}")
-            continue
-        print(f"{name} {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  "
-              f"rel err {rel_err(out, ref):.1e}")
+        show_timed(f"loads table={use_table} persistent={per:d} warps={w} chunk={chunk:3d} "
+                   f"stages={st}", run, nbytes, lambda: rel_err(out, ref))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,14 +169,8 @@ def main(argv: list[str] | None = None) -> None:
         run = lambda: attn_units[grid](q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, g,
                                        bs, chunk, p2(g, TileConfig.attn_rows), stages,
                                        num_warps=warps)
-        name = f"persistent={persistent:d} warps={warps} chunk={chunk:3d} stages={stages}"
-        try:
-            ms = triton.testing.do_bench(run)
-        except Exception as err:  # shared memory beyond the SM's: report and go on
-            print(f"{name}: {type(err).__name__}")
-            continue
-        err = rel_err(out, ref)
-        print(f"{name} {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
+        show_timed(f"persistent={persistent:d} warps={warps} chunk={chunk:3d} stages={stages}",
+                   run, nbytes, lambda: rel_err(out, ref))
 
 
 if __name__ == "__main__":
