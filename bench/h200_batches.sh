@@ -17,7 +17,9 @@ out=${OUT:-/tmp/megakernel-out}
 tuned=${TUNED:-/tmp/megakernel-tuned/$model}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
+# one install at a time: two stages started side by side (one per GPU) would race in pip
+lock=(); command -v flock >/dev/null && lock=(flock /tmp/megakernel-install.lock)
+${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
 case "$stage" in
   tune)
     start=$(date +%s)
