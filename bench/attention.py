@@ -11,7 +11,8 @@ megakernel worker does, a kv head's query heads padded as the megakernel pads th
 (warps, keys per step, pipeline stages), and checks each output against SDPA's (relative norm of
 the difference). ``--loads``: the same loop's loads alone (``kv_loads``), through the block
 table (an address per key as the body computes them, or per cache block) and at plain offsets:
-what the loads cost without the attention's arithmetic.
+what the loads cost without the attention's arithmetic. With ``--block`` a multiple of the keys
+per step, each step reads one block-table entry (``load_kv``'s IN_BLOCK).
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def attn_units(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, layer, B: tl.c
     while u < units:
         attention_ops.attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, out_ptr, out_ptr,
                                       u // HKV, u % HKV, 0, 0, S, layer, AHEAD, D ** -0.5, B,
-                                      HQ, HKV, S, D, G, S, BS, CHUNK, BLOCK_G, D, STAGES, True)
+                                      HQ, HKV, S, D, G, S, BS, CHUNK, BLOCK_G, D, STAGES, True,
+                                      0, BS % CHUNK == 0)
         u += tl.num_programs(0)
 
 
@@ -83,7 +85,7 @@ def kv_loads(cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr, HKV: t
                                       BS, CHUNK)
             elif TABLE == 1:
                 k, v = attention_ops.load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, 0, head, B,
-                                             HKV, S, D, BS, CHUNK, D)
+                                             HKV, S, D, BS, CHUNK, D, BS % CHUNK == 0)
             else:
                 keys = c * CHUNK + ss
                 offs = ((row * HKV + head) * S + keys)[:, None] * D + ds[None, :]

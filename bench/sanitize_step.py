@@ -1,7 +1,7 @@
 """One megakernel step of tiny-llama on the GPU, for ``compute-sanitizer --tool memcheck``.
 
     compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step [--kv-ahead 2]
-        [--attn-stream]
+        [--attn-stream] [--kv-block 64]
 """
 import argparse
 
@@ -17,11 +17,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kv-ahead", type=int, default=0, help="CompileOptions.kv_ahead")
     p.add_argument("--attn-stream", action="store_true", help="TileConfig.attn_stream")
+    p.add_argument("--kv-block", type=int, default=TileConfig.kv_block,
+                   help="TileConfig.kv_block (64: one block-table entry per attention step)")
     args = p.parse_args(argv)
     model = load_model("tiny-llama", device="cuda", dtype="bfloat16", progress=False).model
     cache = allocate_kv_cache(model.config, 3, 64, dtype=torch.bfloat16, device="cuda")
     step = megakernel_backend(model, cache, num_workers=24, kv_ahead=args.kv_ahead,
-                              tile=TileConfig(attn_stream=args.attn_stream))
+                              tile=TileConfig(attn_stream=args.attn_stream,
+                                              kv_block=args.kv_block,
+                                              kv_split=max(TileConfig.kv_split, args.kv_block)))
     tokens = torch.tensor([[1], [2], [3]], device="cuda")
     positions = torch.tensor([[0], [5], [63]], device="cuda")
     logits = step(tokens, positions, cache)

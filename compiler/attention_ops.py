@@ -16,12 +16,20 @@ from .ops import _dot, cache_slots
 @triton.jit
 def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, HKV: tl.constexpr,
             S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
-            BLOCK_D: tl.constexpr):
+            BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr = False):
     """Keys and values [CHUNK, BLOCK_D] at positions [start, start + CHUNK), each through the
-    block table (one gather, one memory latency); positions >= hi are not read."""
+    block table (one gather, one memory latency); positions >= hi are not read. IN_BLOCK (the
+    caller's promise: the step lies in one cache block, as where BS and start are multiples of
+    CHUNK): one table entry per step, the keys at fixed offsets from the first."""
     ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
-    key = cache_slots(row, tl.minimum(ss, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
+    if IN_BLOCK:
+        first = cache_slots(row, tl.minimum(start, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV,
+                            S, D, BS)
+        key = first + tl.arange(0, CHUNK) * D                           # [CHUNK]
+    else:
+        key = cache_slots(row, tl.minimum(ss, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
+                          BS)
     offs = key[:, None] + ds[None, :]                                   # [CHUNK, BLOCK_D]
     mask = (ss < hi)[:, None] & (ds[None, :] < D)
     v_shift = B * HKV * S * D                     # from the K plane to the V plane
@@ -74,12 +82,14 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                     KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                    STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr = 0):
+                    STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr = 0,
+                    IN_BLOCK: tl.constexpr = False):
     """Attention of row ``row``'s G query heads of one kv head over keys
     [lo, min(lo + span, len)) (span <= KV_SPLIT) -> unnormalised acc [G, D] and (max, sum) in
     fp32, into partial slot ``slot``; DIRECT (one range holds every key): the
     normalised output into out [B, HQ * D]. KV_AHEAD > 0 (GPU): each step asks L2 for the keys
-    and values that many steps ahead. (PF_KEYS is ``attn_partial_prefetch``'s, which takes the
+    and values that many steps ahead. IN_BLOCK: lo and BS are multiples of CHUNK, so that each
+    step reads one block-table entry. (PF_KEYS is ``attn_partial_prefetch``'s, which takes the
     same arguments.)"""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     seq_len = tl.load(pos_ptr + row) + 1
@@ -107,7 +117,7 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                               tl.minimum(start + KV_AHEAD * CHUNK + ss, hi - 1), layer, kv_head,
                               B, HKV, S, D, BS)
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
-                       CHUNK, BLOCK_D)
+                       CHUNK, BLOCK_D, IN_BLOCK)
         m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
     if DIRECT:
         heads = row * HQ + kv_head * G + gs               # [BLOCK_G] rows of [B * HQ]
@@ -162,7 +172,7 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
         heads = row * HQ + kv_head * G + gs                            # [BLOCK_G] of [B * HQ]
         q = tl.load(q_ptr + heads[:, None] * D + ds[None, :], mask=qmask, other=0.0).to(DT)
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
-                       CHUNK, BLOCK_D)
+                       CHUNK, BLOCK_D, BS % CHUNK == 0)           # steps start at CHUNK multiples
         m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
         last = (c % NCH == NCH - 1) | (c == c1 - 1)                # this unit's piece ends
         whole = (c % NCH == NCH - 1) & (u * NCH >= c0)
@@ -185,7 +195,8 @@ def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, ou
                           HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                           G: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                           CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                          STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr):
+                          STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr,
+                          IN_BLOCK: tl.constexpr = False):
     """Ask L2 for the keys and values of earlier steps that ``attn_partial_op`` will read with
     these arguments, [lo, min(lo + span, position)), one 128-byte line per lane (GPU only; the
     key of this step comes from a q/k/v task). PF_KEYS keys at a time, their block-table

@@ -137,12 +137,13 @@ def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
 
 
 def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
-    g = d.heads // d.kv_heads
+    g, chunk = d.heads // d.kv_heads, kv_chunk(t, d, c)
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, D=d.head_dim, G=g, KV_SPLIT=t.args["kv_split"], BS=c.kv_block,
-                CHUNK=kv_chunk(t, d, c), BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
+                CHUNK=chunk, BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
                 STAGES=c.attn_stages or max(2, c.stages), DIRECT=t.args["direct"],
-                PF_KEYS=min(1024, p2(t.args["kv_split"])))
+                PF_KEYS=min(1024, p2(t.args["kv_split"])),
+                IN_BLOCK=c.kv_block % chunk == 0)       # tasks start at multiples of kv_block
 
 
 def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:

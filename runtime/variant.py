@@ -30,7 +30,9 @@ rows' keys laid end to end, about one cut per worker, ``af`` attention as one st
 worker (an equal share of all units' keys), ``arN`` a kv head's query heads padded to at least N
 rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps' keys
 and values before their waits, ``kaN`` attention asking L2 for keys and values N steps ahead of
-each step, ``rgN`` at most N registers per thread.
+each step, ``kbN`` cache blocks (the block table's unit) of N tokens (default 16; where a block
+holds whole attention steps each step reads one table entry), ``rgN`` at most N registers per
+thread.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class Variant:
     gemv: bool = False
     stages: int = TileConfig.stages
     kv_split: int = TileConfig.kv_split
+    kv_block: int = TileConfig.kv_block
     prefetch: bool = True
     qkv_parts: int = TileConfig.qkv_parts
     prefetch_kb: int = CompileOptions.prefetch_kb
@@ -89,6 +92,7 @@ class Variant:
         flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
         flags += [f"fo{self.fold}"] * (self.fold != TileConfig.fold)
         flags += [f"fr{self.fold_rows}"] * (self.fold_rows != TileConfig.fold_rows)
+        flags += [f"kb{self.kv_block}"] * (self.kv_block != TileConfig.kv_block)
         flags += [f"ks{self.kv_step}"] * (self.kv_step != TileConfig.kv_step)
         flags += [f"as{self.attn_stages}"] * (self.attn_stages != TileConfig.attn_stages)
         flags += [f"at{self.attn_tasks_per_worker}"] * (
@@ -149,7 +153,8 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
 NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
-           "ks": lambda n: {"kv_step": n}, "as": lambda n: {"attn_stages": n},
+           "ks": lambda n: {"kv_step": n}, "kb": lambda n: {"kv_block": n},
+           "as": lambda n: {"attn_stages": n},
            "ar": lambda n: {"attn_rows": n}, "ka": lambda n: {"kv_ahead": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},

@@ -17,38 +17,47 @@ G = HQ // HKV
 def pieces_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, los_ptr,
                   spans_ptr, row, kv_head, layer, count, B: tl.constexpr, HQ: tl.constexpr,
                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                  SLOTS: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr):
+                  SLOTS: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                  IN_BLOCK: tl.constexpr):
     for s in range(count):
         attention_ops.attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                       row, kv_head, s, tl.load(los_ptr + s),
                                       tl.load(spans_ptr + s), layer, 0, D ** -0.5, B, HQ, HKV, S,
-                                      D, G, KV_SPLIT, BS, 16, G, D, 2, False)
+                                      D, G, KV_SPLIT, BS, 16, G, D, 2, False, 0, IN_BLOCK)
     tl.debug_barrier()
     attention_ops.attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, 0, count, HQ, D, G,
                                   G, SLOTS, D)
 
 
-@pytest.mark.parametrize("seq_len,shuffled", [(50, False), (30, False), (50, True), (30, True)])
-def test_partials_over_unequal_ranges_combine_to_attention(seq_len, shuffled):
-    """shuffled: the rows' blocks at random places of the cache, through the block table."""
+UNEQUAL = [(0, 20), (20, 16), (36, 28)]            # (lo, span); the last past seq_len 30
+BLOCKS = [(0, 32), (32, 16), (48, 16)]             # at multiples of a 16- or 32-key block
+
+
+@pytest.mark.parametrize("seq_len,shuffled,ranges,bs", [
+    (50, False, UNEQUAL, BS), (30, False, UNEQUAL, BS), (50, True, UNEQUAL, BS),
+    (30, True, UNEQUAL, BS), (50, True, BLOCKS, 16), (30, True, BLOCKS, 32),
+    (64, True, BLOCKS, 32)])
+def test_partials_over_unequal_ranges_combine_to_attention(seq_len, shuffled, ranges, bs):
+    """shuffled: the rows' blocks at random places of the cache, through the block table.
+    Ranges at block multiples read one table entry per 16-key step (IN_BLOCK)."""
     gen = torch.Generator().manual_seed(seq_len)
     row, kv_head = 1, 1
-    ranges = [(0, 20), (20, 16), (36, 28)]            # (lo, span); the last past seq_len 30
     q = torch.randn(B, HQ * D, generator=gen)
     cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
     positions = torch.full((B,), seq_len - 1, dtype=torch.int32)
-    order = torch.randperm(B * S // BS, generator=gen) if shuffled else torch.arange(B * S // BS)
-    table = order.to(torch.int32).view(B, S // BS)                          # physical blocks
+    order = torch.randperm(B * S // bs, generator=gen) if shuffled else torch.arange(B * S // bs)
+    table = order.to(torch.int32).view(B, S // bs)                          # physical blocks
     acc = torch.full((4, G, D), float("nan"))                                # slot 3 never used
     ml = torch.full((4, G, 2), float("nan"))
     out = torch.full((B, HQ * D), float("nan"))
     los, spans = (torch.tensor(v, dtype=torch.int32) for v in zip(*ranges))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out, los, spans)]
-    pieces_kernel[(1,)](*args, row, kv_head, 0, len(ranges), B, HQ, HKV, S, D, G, 4, 32, BS)
+    pieces_kernel[(1,)](*args, row, kv_head, 0, len(ranges), B, HQ, HKV, S, D, G, 4, 32, bs,
+                        ranges is BLOCKS)
     heads = slice(kv_head * G * D, (kv_head + 1) * G * D)
     qh = q[row, heads].view(G, D)                                            # [G, D]
-    blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
-        .reshape(B * S // BS, 2, HKV, BS, D)                       # [block, 2, Hkv, BS, D]
+    blocks = cache[0].view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // bs, 2, HKV, bs, D)                       # [block, 2, Hkv, BS, D]
     logical = blocks[table[row].long()].permute(1, 2, 0, 3, 4).reshape(2, HKV, S, D)
     k, v = logical[0, kv_head, :seq_len], logical[1, kv_head, :seq_len]
     ref = torch.softmax(qh @ k.T * D ** -0.5, -1) @ v                        # [G, D]
@@ -71,11 +80,11 @@ def test_attention_probe_matches_sdpa():
     torch.testing.assert_close(args[4].cpu(), sdpa(q, cache, HKV), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("use_table", [1, 2, 0])
-def test_attention_loads_probe_sums_the_keys_and_values(use_table):
+@pytest.mark.parametrize("use_table,chunk", [(1, 32), (1, 16), (2, 32), (0, 32)])
+def test_attention_loads_probe_sums_the_keys_and_values(use_table, chunk):
     """``bench/attention.py``'s loads alone: each unit's keys plus values summed over its
     length, through a shuffled block table by keys or by blocks (or at plain offsets), against
-    PyTorch."""
+    PyTorch; steps of a whole block (16 keys) read one table entry each."""
     from megakernel.bench.attention import kv_loads
 
     gen = torch.Generator().manual_seed(7)
@@ -86,7 +95,7 @@ def test_attention_loads_probe_sums_the_keys_and_values(use_table):
     table = order.to(torch.int32).view(B, S // BS)
     out = torch.full((B * HKV, D), float("nan"))
     args = [t.to(DEVICE) for t in (cache, positions, table, out)]
-    kv_loads[(3,)](*args, B * HKV, B, HKV, S, D, BS, 32, 2, use_table)         # 2 blocks a step
+    kv_loads[(3,)](*args, B * HKV, B, HKV, S, D, BS, chunk, 2, use_table)
     blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
         .reshape(B * S // BS, 2, HKV, BS, D)                       # [block, 2, Hkv, BS, D]
     ref = torch.stack([blocks[table[r].long()].permute(1, 2, 0, 3, 4).reshape(2, HKV, S, D)

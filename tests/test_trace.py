@@ -100,10 +100,10 @@ def test_variant_labels():
     assert nxt.options(132)["tile"].rms_unroll == 0
     assert nxt.options(132)["prefetch_next"] and parse_variant(nxt.label) == nxt
     assert nxt.options(132)["tile"].split_head_norm and nxt.options(132)["tile"].form == 2
-    knobs = parse_variant("64x64x4x132xfo4xfr32xks4096xas3xat4xhn0xpl")
+    knobs = parse_variant("64x64x4x132xfo4xfr32xks4096xas3xat4xhn0xplxkv256xkb128")
     tile = knobs.options(132)["tile"]
     assert (tile.fold, tile.fold_rows, tile.kv_step, tile.attn_stages,
-            tile.attn_tasks_per_worker) == (4, 32, 4096, 3, 4)
+            tile.attn_tasks_per_worker, tile.kv_block) == (4, 32, 4096, 3, 4, 128)
     assert not tile.split_head_norm and knobs.options(132)["poll_load"]
     assert parse_variant(knobs.label) == knobs
     slow = parse_variant("64x64x4x132xbo128")

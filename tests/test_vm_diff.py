@@ -42,7 +42,11 @@ def inputs(model):
                                    TileConfig(split_k=2, block_k=32, qkv_cross=True),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True),
-                                   TileConfig(attn_stream=True, kv_step=256, attn_rows=8)])
+                                   TileConfig(attn_stream=True, kv_step=256, attn_rows=8),
+                                   TileConfig(kv_block=32, kv_split=32, kv_step=256),
+                                   TileConfig(kv_block=32, kv_split=32,
+                                              attn_tasks_per_worker=0),
+                                   TileConfig(attn_stream=True, kv_step=256, kv_block=32)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load(name)
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
