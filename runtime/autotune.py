@@ -6,7 +6,8 @@ best on the device, keep the fastest.
 Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
 per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
 heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused
-with it), streamed attention, KV prefetch and the cap on each task's L2 prefetch of its
+with it), streamed attention, cache blocks (16 keys, or 128: one block-table entry per
+attention step, where the keys per task are whole blocks), KV prefetch and the cap on each task's L2 prefetch of its
 weights (only the defaults of these two in ``SPACE``, as measured on the H200 with llama-3.2-1b:
 KV prefetch at most 1% faster at 1 to 8 rows and slower from 13 on, in the autotune ledger
 bench/results/session-2026-11-30g/autotune-12.json; the cap's 256 KiB slower than 64 at every
@@ -15,7 +16,7 @@ whose pipeline stages cannot fit in shared memory are dropped. The knobs that sh
 graph (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
 code generated); the default's class, the ``classes`` best and, per attention layout, the
 class nearest the default (``shortlist``), each crossed with every code-level knob (block_k,
-stages, warps, KV prefetch, prefetch cap), are compiled and built side by side
+stages, warps, cache block, KV prefetch, prefetch cap), are compiled and built side by side
 (``processes`` at once, as is the rating of each batch size: Triton builds one kernel per
 process), then timed one after another (a decode step at position ``max_seq_len - 1``, median
 of ``iters``), each step's logits checked against the eager model's on the same step: a variant
@@ -52,13 +53,15 @@ SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_w
          "split_head_norm": (False, True), "attn_tasks_per_worker": (1, 2, 4),
          "split_k": (1, 4), "norm_first": (False, True), "reduce_norm": (False, True),
          "prefetch_kv": (CompileOptions.prefetch_kv,),
-         "prefetch_kb": (CompileOptions.prefetch_kb,), "attn_stream": (False, True)}
+         "prefetch_kb": (CompileOptions.prefetch_kb,), "attn_stream": (False, True),
+         "kv_block": (16, 128)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
             "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,
             "reduce_norm": TileConfig.reduce_norm,
             "prefetch_kv": CompileOptions.prefetch_kv,
-            "prefetch_kb": CompileOptions.prefetch_kb, "attn_stream": TileConfig.attn_stream}
+            "prefetch_kb": CompileOptions.prefetch_kb, "attn_stream": TileConfig.attn_stream,
+            "kv_block": TileConfig.kv_block}
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,10 @@ def candidates(target: Target, space: dict) -> list[Variant]:
         if smem * per_sm > target.smem_bytes or (cpu and (per_sm > 1 or gpu_only)) \
                 or per_sm * warps > 8:
             continue
+        if k["kv_split"] % k["kv_block"]:        # keys per task in whole cache blocks
+            if not k["attn_stream"]:
+                continue
+            k["kv_split"] = k["kv_block"]        # (a stream's tasks ignore it)
         out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, **k))
     return out
 

@@ -192,9 +192,10 @@ def effective(ops, v: Variant) -> Variant:
     three), the fused reduce and norm only with both norm first and split-K, the attention rows
     only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
     (their pieces per head then mean nothing). Equal results build equal kernels."""
+    stream_split = max(TileConfig.kv_split, v.kv_block)      # a multiple of the block
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
-            (TileConfig.kv_split, TileConfig.attn_tasks_per_worker, False):
-        return effective(ops, replace(v, kv_split=TileConfig.kv_split, attn_balance=False,
+            (stream_split, TileConfig.attn_tasks_per_worker, False):
+        return effective(ops, replace(v, kv_split=stream_split, attn_balance=False,
                                       attn_tasks_per_worker=TileConfig.attn_tasks_per_worker))
     tiler = Tiler(ops, v.tile, v.workers)
     if v.attn_balance and tiler.kv_pieces() == \

@@ -119,6 +119,13 @@ def test_candidates_respect_shared_memory_and_the_interpreter():
     assert {v.workers for v in cpu} == {1}
     # GPU-only switches: no duplicates
     assert not any(v.prefetch_kv for v in cpu) and {v.prefetch_kb for v in cpu} == {64}
+    # cache blocks: only where the keys per task are whole blocks (streams: their tasks ignore
+    # the keys per task, set to a block's)
+    blocks = tuning.candidates(H200, tuning.SPACE)
+    assert {v.kv_block for v in blocks} == {16, 128}
+    assert all(v.kv_split % v.kv_block == 0 and v.tile.kv_block == v.kv_block for v in blocks)
+    assert {v.kv_split for v in blocks if v.kv_block == 128} == {128}
+    assert any(v.attn_stream for v in blocks if v.kv_block == 128)
 
 
 def test_rating_tiles_each_repeated_op_once_and_adds_up_to_the_whole_graph():
@@ -172,6 +179,10 @@ def test_variants_are_rated_as_they_will_be_built():
     assert tuning.effective(ops, replace(v, attn_stream=True, kv_split=32, attn_balance=True,
                                          attn_tasks_per_worker=8)) == streamed
     assert parse_variant(streamed.label) == streamed
+    blocked = tuning.effective(ops, replace(v, attn_stream=True, kv_block=32, kv_split=32))
+    assert blocked.kv_split == TileConfig.kv_split and blocked.kv_block == 32
+    wide = tuning.effective(ops, replace(v, attn_stream=True, kv_block=128, kv_split=128))
+    assert wide.kv_split == 128 and parse_variant(wide.label) == wide
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)
