@@ -11,7 +11,8 @@ megakernel worker does, a kv head's query heads padded as the megakernel pads th
 (warps, keys per step, pipeline stages), and checks each output against SDPA's (relative norm of
 the difference). ``--loads``: the same loop's loads alone (``kv_loads``), through the block
 table (an address per key as the body computes them, or per cache block) and at plain offsets:
-what the loads cost without the attention's arithmetic. With ``--block`` a multiple of the keys
+what the loads cost without the attention's arithmetic. ``--pairs``: two units per loop
+(``attn_pairs``), one unit's arithmetic beside the other's loads. With ``--block`` a multiple of the keys
 per step, each step reads one block-table entry (``load_kv``'s IN_BLOCK).
 """
 from __future__ import annotations
@@ -43,6 +44,49 @@ def attn_units(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, layer, B: tl.c
                                       HQ, HKV, S, D, G, S, BS, CHUNK, BLOCK_G, D, STAGES, True,
                                       0, BS % CHUNK == 0)
         u += tl.num_programs(0)
+
+
+@triton.jit
+def attn_pairs(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr,
+               HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+               G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+               STAGES: tl.constexpr):
+    """``attn_units`` two units at a time (kv heads h and h + 1 of one row, HKV even): each
+    step loads both units' keys and values and runs both online steps, two independent chains
+    in one loop, so that one unit's arithmetic can overlap the other's loads."""
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, D)
+    ss = tl.arange(0, CHUNK)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    pair = tl.program_id(0)
+    while pair < units // 2:
+        row, h = (2 * pair) // HKV, (2 * pair) % HKV
+        hi = tl.load(pos_ptr + row) + 1
+        heads = row * HQ + h * G + gs                                   # [BLOCK_G] of head h
+        qa = tl.load(q_ptr + heads[:, None] * D + ds[None, :], mask=qmask, other=0.0)
+        qb = tl.load(q_ptr + (heads + G)[:, None] * D + ds[None, :], mask=qmask, other=0.0)
+        ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        la = tl.zeros([BLOCK_G], tl.float32)
+        lb = tl.zeros([BLOCK_G], tl.float32)
+        acc_a = tl.zeros([BLOCK_G, D], tl.float32)
+        acc_b = tl.zeros([BLOCK_G, D], tl.float32)
+        for c in tl.range(0, S // CHUNK, num_stages=STAGES):
+            valid = c * CHUNK + ss < hi
+            ka, va = attention_ops.load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, 0, h, B, HKV,
+                                           S, D, BS, CHUNK, D, BS % CHUNK == 0)
+            kb, vb = attention_ops.load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, 0, h + 1, B,
+                                           HKV, S, D, BS, CHUNK, D, BS % CHUNK == 0)
+            ma, la, acc_a = attention_ops.online_step(qa, ka, va, valid, ma, la, acc_a,
+                                                      D ** -0.5, DT)
+            mb, lb, acc_b = attention_ops.online_step(qb, kb, vb, valid, mb, lb, acc_b,
+                                                      D ** -0.5, DT)
+        tl.store(out_ptr + heads[:, None] * D + ds[None, :], (acc_a / la[:, None]).to(DT),
+                 mask=qmask)
+        tl.store(out_ptr + (heads + G)[:, None] * D + ds[None, :],
+                 (acc_b / lb[:, None]).to(DT), mask=qmask)
+        pair += tl.num_programs(0)
 
 
 @triton.jit
@@ -145,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunks", default="64,128,256", help="keys per step")
     p.add_argument("--stages", default="3,6")
     p.add_argument("--persistent", default="0,1", help="0: a program per unit; 1: per SM")
+    p.add_argument("--pairs", action="store_true",
+                   help="also time two units per loop (attn_pairs)")
     p.add_argument("--loads", action="store_true",
                    help="also time the loop's loads alone (kv_loads): by key, by block, plain")
     args = p.parse_args(argv)
@@ -164,15 +210,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.loads:
         time_loads(cache, pos, table, bs, sms, ints(args.persistent), ints(args.warps),
                    ints(args.chunks), ints(args.stages))
-    for persistent, warps, chunk, stages in itertools.product(
-            ints(args.persistent), ints(args.warps), ints(args.chunks), ints(args.stages)):
+    for persistent, warps, chunk, stages, pairs in itertools.product(
+            ints(args.persistent), ints(args.warps), ints(args.chunks), ints(args.stages),
+            (False, True) if args.pairs else (False,)):
         out = torch.full_like(q, float("nan"))
-        grid = (min(units, sms) if persistent else units,)
-        run = lambda: attn_units[grid](q, cache, pos, table, out, units, 0, b, hq, hkv, s, d, g,
-                                       bs, chunk, p2(g, TileConfig.attn_rows), stages,
-                                       num_warps=warps)
-        show_timed(f"persistent={persistent:d} warps={warps} chunk={chunk:3d} stages={stages}",
-                   run, nbytes, lambda: rel_err(out, ref))
+        tasks = units // 2 if pairs else units
+        grid = (min(tasks, sms) if persistent else tasks,)
+        body, extra = (attn_pairs, ()) if pairs else (attn_units, (0,))
+        run = lambda: body[grid](q, cache, pos, table, out, units, *extra, b, hq, hkv, s, d, g,
+                                 bs, chunk, p2(g, TileConfig.attn_rows), stages, num_warps=warps)
+        show_timed(f"{'pairs ' * pairs}persistent={persistent:d} warps={warps} chunk={chunk:3d} "
+                   f"stages={stages}", run, nbytes, lambda: rel_err(out, ref))
 
 
 if __name__ == "__main__":

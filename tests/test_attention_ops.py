@@ -80,6 +80,29 @@ def test_attention_probe_matches_sdpa():
     torch.testing.assert_close(args[4].cpu(), sdpa(q, cache, HKV), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("bs", [16, 32])
+def test_paired_attention_probe_matches_sdpa(bs):
+    """``bench/attention.py``'s two units per loop (kv heads h, h + 1 of a row side by side),
+    rows of unequal length through a shuffled block table, against SDPA."""
+    from megakernel.bench.attention import attn_pairs, sdpa
+
+    gen = torch.Generator().manual_seed(bs)
+    cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
+    q = torch.randn(B, HQ * D, generator=gen)
+    lengths = [S, S - 21]
+    positions = torch.tensor(lengths, dtype=torch.int32) - 1
+    table = torch.randperm(B * S // bs, generator=gen).to(torch.int32).view(B, S // bs)
+    out = torch.full_like(q, float("nan"))
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
+    attn_pairs[(1,)](*args, B * HKV, B, HQ, HKV, S, D, G, bs, 16, 16, 2)
+    blocks = cache[0].view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // bs, 2, HKV, bs, D)                       # [block, 2, Hkv, BS, D]
+    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, HKV, S, D)
+    ref = torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], HKV)
+                     for r in range(B)])
+    torch.testing.assert_close(args[4].cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("use_table,chunk", [(1, 32), (1, 16), (2, 32), (0, 32)])
 def test_attention_loads_probe_sums_the_keys_and_values(use_table, chunk):
     """``bench/attention.py``'s loads alone: each unit's keys plus values summed over its
