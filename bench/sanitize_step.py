@@ -1,7 +1,7 @@
 """One megakernel step of tiny-llama on the GPU, for ``compute-sanitizer --tool memcheck``.
 
     compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step [--kv-ahead 2]
-        [--attn-stream] [--kv-block 64]
+        [--attn-stream] [--kv-block 64] [--attn-pairs]
 """
 import argparse
 
@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kv-ahead", type=int, default=0, help="CompileOptions.kv_ahead")
     p.add_argument("--attn-stream", action="store_true", help="TileConfig.attn_stream")
+    p.add_argument("--attn-pairs", action="store_true",
+                   help="TileConfig.attn_pairs (with 64 keys per task: each unit one task)")
     p.add_argument("--kv-block", type=int, default=TileConfig.kv_block,
                    help="TileConfig.kv_block (64: one block-table entry per attention step)")
     args = p.parse_args(argv)
@@ -25,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     step = megakernel_backend(model, cache, num_workers=24, kv_ahead=args.kv_ahead,
                               tile=TileConfig(attn_stream=args.attn_stream,
                                               kv_block=args.kv_block,
+                                              attn_pairs=args.attn_pairs,
                                               kv_split=max(TileConfig.kv_split, args.kv_block)))
     tokens = torch.tensor([[1], [2], [3]], device="cuda")
     positions = torch.tensor([[0], [5], [63]], device="cuda")

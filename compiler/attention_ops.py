@@ -1,6 +1,6 @@
 """Attention op bodies of the megakernel (``@triton.jit``, one tile task each): a partial over
-one key range of one row's query heads of a kv head, a stream over the keys of consecutive
-(row, kv head) units, and the combine of partials.
+one key range of one row's query heads of a kv head, a pair of a row's kv heads over all its
+keys, a stream over the keys of consecutive (row, kv head) units, and the combine of partials.
 
 The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``ops.cache_slots``;
 partials are fp32 acc [P, G, D] and (max, sum) [P, G, 2], one slot per key range (P in all), the
@@ -128,6 +128,45 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
         tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
         tl.store(ml_ptr + part * 2, m, mask=gs < G)
         tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+
+
+@triton.jit
+def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
+                 scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr):
+    """Row ``row``'s query heads of kv heads kv_head and kv_head + 1 over all its keys, the two
+    heads' steps side by side in one pipelined loop (two independent chains of loads and dots:
+    one's arithmetic overlaps the other's loads) -> both normalised outputs in out [B, HQ * D].
+    IN_BLOCK: BS a multiple of CHUNK (one block-table entry per step and head)."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    hi = tl.load(pos_ptr + row) + 1
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, CHUNK)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ], head a
+    offs = heads[:, None] * D + ds[None, :]                               # [BLOCK_G, BLOCK_D]
+    qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+    qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
+    ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    la = tl.zeros([BLOCK_G], tl.float32)
+    lb = tl.zeros([BLOCK_G], tl.float32)
+    acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for c in tl.range(0, (S + CHUNK - 1) // CHUNK, num_stages=STAGES):
+        valid = c * CHUNK + ss < hi
+        ka, va = load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head, B, HKV, S, D, BS,
+                         CHUNK, BLOCK_D, IN_BLOCK)
+        kb, vb = load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + 1, B, HKV, S, D,
+                         BS, CHUNK, BLOCK_D, IN_BLOCK)
+        ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
+        mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
+    tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT), mask=qmask)
+    tl.store(out_ptr + offs + G * D, (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT),
+             mask=qmask)
 
 
 @triton.jit

@@ -146,6 +146,14 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
                 IN_BLOCK=c.kv_block % chunk == 0)       # tasks start at multiples of kv_block
 
 
+def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
+    g, chunk = d.heads // d.kv_heads, kv_chunk(t, d, c)
+    return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
+                S=d.max_seq_len, D=d.head_dim, G=g, BS=c.kv_block, CHUNK=chunk,
+                BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
+                STAGES=c.attn_stages or max(2, c.stages), IN_BLOCK=c.kv_block % chunk == 0)
+
+
 def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
@@ -194,6 +202,9 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int "
                    "KV_AHEAD:kernel"),
            _attn_partial, "attention_ops.attn_partial_prefetch"),
+    OpSpec("attn_pair", "attention_ops.attn_pair_op",
+           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
+                   "row:int kv_head:int layer:int"), _attn_pair),
     OpSpec("attn_stream", "attention_ops.attn_stream_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act f0:int f1:int layer:int slot0:int KV_AHEAD:kernel"),

@@ -9,7 +9,8 @@ Tilings (``TileConfig`` sets the sizes):
                (``qkv_cross``) pieces across heads that fill one wave (``tile_qkv``)
     attention  attn_partial per key range of each (row, kv head) into fp32 partials, then
                attn_combine per (row, kv head); a partial waits only for its q heads and its k/v
-               head; a single range writes the output itself; or (``attn_stream``) one
+               head; a single range writes the output itself (``attn_pairs``: attn_pair per row
+               and pair of kv heads where every unit is a single range); or (``attn_stream``) one
                attn_stream per equal share of all units' keys (``tile_attention``)
     linear     one task per output columns [n0, n1) (norm, residual fused in); with
                ``split_k`` S > 1 and no norm, linear_part per (column group, K slice) into
@@ -62,6 +63,8 @@ class TileConfig:
                                # end to end, about one cut per worker (see Tiler.kv_pieces)
     attn_stream: bool = False  # one attn_stream task per equal share of those keys, each one
                                # pipelined loop across its units (see tile_attention)
+    attn_pairs: bool = False   # where each unit's keys are one task's: a task per row and pair
+                               # of kv heads, both heads' steps in one loop (Tiler.attn_pairs)
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)
@@ -195,6 +198,12 @@ class Tiler:
                                                              cut)})
             out.append(list(zip(edges, edges[1:])))
         return out
+
+    def attn_pairs(self) -> bool:
+        """``attn_pairs`` where it applies: an even number of kv heads, no stream, and each
+        unit's keys one task's (``kv_pieces``)."""
+        return self.cfg.attn_pairs and not self.cfg.attn_stream and \
+            self.graph.dims.kv_heads % 2 == 0 and all(len(p) == 1 for p in self.kv_pieces())
 
     def qkv_pieces(self, head_norm: bool) -> int:
         """Tasks per q/k/v head: one where a head RMSNorm needs the whole head (unless

@@ -1,8 +1,9 @@
 """Tile the attention op: an attn_partial task per key range of each (row, kv head) unit
 (``Tiler.kv_pieces``), partials in fp32 slots merged by one attn_combine per unit of several
-ranges; a unit of one range writes its output itself. With ``attn_stream``, the units' keys laid
-end to end are cut into one equal share per worker (whole steps), an attn_stream task each;
-units cut between shares are merged by an attn_combine."""
+ranges; a unit of one range writes its output itself (with ``attn_pairs``, where every unit is
+one range: an attn_pair task per row and pair of kv heads). With ``attn_stream``, the units'
+keys laid end to end are cut into one equal share per worker (whole steps), an attn_stream task
+each; units cut between shares are merged by an attn_combine."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -16,7 +17,27 @@ if TYPE_CHECKING:
 def tile_attention(t: Tiler, op) -> None:
     if t.cfg.attn_stream:
         return tile_attention_stream(t, op)
+    if t.attn_pairs():
+        return tile_attention_pairs(t, op)
     tile_attention_pieces(t, op)
+
+
+def tile_attention_pairs(t: Tiler, op) -> None:
+    """An attn_pair task per row and pair of kv heads (2h, 2h + 1), where each unit's keys are
+    one task's (``Tiler.attn_pairs``): both heads in one loop, each output written whole."""
+    d = t.graph.dims
+    q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
+    group, hd, s = d.heads // d.kv_heads, d.head_dim, d.max_seq_len
+    for b in range(d.batch):
+        for g in range(0, d.kv_heads, 2):
+            cols = ((b, b + 1), (g * group * hd, (g + 2) * group * hd))      # both heads' q/out
+            kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 2), (0, s),
+                                     (0, hd)))
+            t.add(op, "attn_pair", dict(q=q.name, out=out.name, row=b, kv_head=g, layer=layer,
+                                        kv_split=s),
+                  [Region(q.name, cols), kv, Region("positions", ((0, d.batch),))],
+                  [Region(out.name, cols)], 2 * (2 * s * hd + 2 * group * hd) * d.itemsize,
+                  2 * 4 * group * s * hd)
 
 
 def tile_attention_pieces(t: Tiler, op) -> None:

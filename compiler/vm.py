@@ -183,6 +183,11 @@ class VM:
         else:
             self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]] = acc, ml
 
+    def attn_pair(self, a):
+        for g in (a["kv_head"], a["kv_head"] + 1):
+            acc, ml = self.attend(a["row"], g, 0, self.d.max_seq_len, a["layer"], a["q"])
+            self.attn_out(a, a["row"], g, acc / ml[:, 1:])
+
     def attn_stream(self, a):
         s, hkv, slot = self.d.max_seq_len, self.d.kv_heads, a["slot0"]
         for u in range(a["f0"] // s, (a["f1"] - 1) // s + 1):

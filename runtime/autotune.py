@@ -104,7 +104,7 @@ def schedule_class(v: Variant) -> tuple:
     """The knobs that change the task graph and its schedule (the rest change only the code)."""
     return (v.block_n, v.workers, v.kv_split, v.qkv_parts, v.split_head_norm,
             v.attn_tasks_per_worker, v.split_k, v.norm_first, v.reduce_norm, v.attn_balance,
-            v.attn_stream, v.qkv_cross)
+            v.attn_stream, v.qkv_cross, v.attn_pairs)
 
 
 def alike_ops(ops) -> list[tuple]:

@@ -80,6 +80,40 @@ def test_attention_probe_matches_sdpa():
     torch.testing.assert_close(args[4].cpu(), sdpa(q, cache, HKV), atol=1e-5, rtol=1e-5)
 
 
+@triton.jit
+def pair_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ: tl.constexpr,
+                HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                BS: tl.constexpr, CHUNK: tl.constexpr, IN_BLOCK: tl.constexpr):
+    for row in range(B):
+        for h in range(0, HKV, 2):
+            attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, h, 1,
+                                       D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK, G, D, 2,
+                                       IN_BLOCK)
+
+
+@pytest.mark.parametrize("bs,chunk,in_block", [(16, 32, False), (16, 16, True), (32, 16, True)])
+def test_pair_op_matches_attention(bs, chunk, in_block):
+    """``attn_pair_op``: each row's two kv heads over its keys in one loop, rows of unequal
+    length, the second layer of a cache read through a shuffled block table, against SDPA."""
+    from megakernel.bench.attention import sdpa
+
+    gen = torch.Generator().manual_seed(bs + chunk)
+    cache = torch.randn(2, 2, B, HKV, S, D, generator=gen)
+    q = torch.randn(B, HQ * D, generator=gen)
+    lengths = [S - 21, S]
+    positions = torch.tensor(lengths, dtype=torch.int32) - 1
+    table = torch.randperm(B * S // bs, generator=gen).to(torch.int32).view(B, S // bs)
+    out = torch.full_like(q, float("nan"))
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
+    pair_kernel[(1,)](*args, B, HQ, HKV, S, D, G, bs, chunk, in_block)
+    blocks = cache[1].view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // bs, 2, HKV, bs, D)                       # [block, 2, Hkv, BS, D]
+    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, HKV, S, D)
+    ref = torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], HKV)
+                     for r in range(B)])
+    torch.testing.assert_close(args[4].cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("bs", [16, 32])
 def test_paired_attention_probe_matches_sdpa(bs):
     """``bench/attention.py``'s two units per loop (kv heads h, h + 1 of a row side by side),

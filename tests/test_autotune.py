@@ -183,6 +183,11 @@ def test_variants_are_rated_as_they_will_be_built():
     assert blocked.kv_split == TileConfig.kv_split and blocked.kv_block == 32
     wide = tuning.effective(ops, replace(v, attn_stream=True, kv_block=128, kv_split=128))
     assert wide.kv_split == 128 and parse_variant(wide.label) == wide
+    # pairs of kv heads per task: only where each unit's keys are one task's, never streamed
+    paired = tuning.effective(ops, replace(v, attn_pairs=True, kv_split=64))
+    assert paired.attn_pairs and parse_variant(paired.label) == paired
+    assert tuning.effective(ops, replace(v, attn_pairs=True)) == tuning.effective(ops, v)
+    assert not tuning.effective(ops, replace(v, attn_pairs=True, attn_stream=True)).attn_pairs
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)

@@ -42,7 +42,8 @@ def small_models(draw):
                        attn_balance=draw(st.booleans()), attn_stream=draw(st.booleans()),
                        kv_step=16 * draw(st.sampled_from([16, 32, 512])),
                        norm_first=draw(st.booleans()),
-                       reduce_norm=draw(st.booleans()), qkv_cross=draw(st.booleans()))
+                       reduce_norm=draw(st.booleans()), qkv_cross=draw(st.booleans()),
+                       attn_pairs=draw(st.booleans()))
     spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
     return cfg, batch, seq, tiles, spread
 

@@ -89,7 +89,8 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # than the default: qwen3's head-norm heads whole, weight rows as the dot's M, balanced
 # attention, no norm first at a batch where it is the default, split-K reduced with the norm,
 # streamed attention, the attention dots' query rows padded to 16, q/k/v pieces across heads,
-# keys asked of L2 steps ahead in either attention body, cache blocks of whole attention steps
+# keys asked of L2 steps ahead in either attention body, cache blocks of whole attention steps,
+# attention tasks over pairs of kv heads
 @pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -122,7 +123,10 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                 id="llama-3.2-1b-17-af-kb128"),
                             pytest.param("llama-3.2-1b", 32, TileConfig(kv_block=128,
                                                                         kv_split=1024),
-                                         id="llama-3.2-1b-32-kb128")])
+                                         id="llama-3.2-1b-32-kb128"),
+                            pytest.param("llama-3.2-1b", 24, TileConfig(
+                                attn_pairs=True, kv_split=1024, kv_block=128),
+                                id="llama-3.2-1b-24-ap-kb128")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to

@@ -108,6 +108,8 @@ def test_variant_labels():
     assert parse_variant(knobs.label) == knobs
     slow = parse_variant("64x64x4x132xbo128")
     assert slow.options(132)["spin_backoff_ns"] == 128 and parse_variant(slow.label) == slow
+    pairs = parse_variant("64x64x8x132xkv1024xap")
+    assert pairs.options(132)["tile"].attn_pairs and parse_variant(pairs.label) == pairs
     wide = parse_variant("64x64x8x132xrg255xaf")
     assert wide.options(132)["max_registers"] == 255 and wide.options(132)["tile"].attn_stream
     assert parse_variant(wide.label) == wide

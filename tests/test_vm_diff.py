@@ -46,7 +46,9 @@ def inputs(model):
                                    TileConfig(kv_block=32, kv_split=32, kv_step=256),
                                    TileConfig(kv_block=32, kv_split=32,
                                               attn_tasks_per_worker=0),
-                                   TileConfig(attn_stream=True, kv_step=256, kv_block=32)])
+                                   TileConfig(attn_stream=True, kv_step=256, kv_block=32),
+                                   TileConfig(attn_pairs=True, kv_split=64),
+                                   TileConfig(attn_pairs=True, kv_split=64, kv_block=64)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load(name)
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
@@ -75,16 +77,16 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     ("tiny-llama", 32, 2, 2, False), ("tiny-llama", 8, 1, 1, True), ("tiny-qwen3", 5, 1, 1, True),
     ("tiny-llama", 5, 1, 1, "stream"), ("tiny-qwen3", 32, 1, 1, "stream"),
     ("tiny-llama", 5, 1, 1, "cross"), ("tiny-llama", 13, 1, 1, "cross"),
-    ("tiny-llama", 64, 1, 1, "cross"),
+    ("tiny-llama", 64, 1, 1, "cross"), ("tiny-qwen3", 5, 1, 1, "pairs"),
     ("tiny-qwen3", 7, 1, 1, "cross")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
-    stream, cross = balance == "stream", balance == "cross"
+    stream, cross, pairs = balance == "stream", balance == "cross", balance == "pairs"
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
                                           split_k=slices, attn_balance=balance is True,
-                                          kv_split=16, attn_stream=stream, kv_step=256,
-                                          qkv_cross=cross))
+                                          kv_split=64 if pairs else 16, attn_stream=stream,
+                                          kv_step=256, qkv_cross=cross, attn_pairs=pairs))
     compiled = compile_model(model, opts, name)
     if cross:       # pieces across heads in one wave (not where heads have a head norm)
         qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
@@ -102,6 +104,11 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
         kinds = [t.kind for t in compiled.tasks.tasks]
         assert kinds.count("attn_stream") > compiled.ops.dims.layers
         assert 0 < kinds.count("attn_combine") and "attn_partial" not in kinds
+    if pairs:       # a task per row and pair of kv heads, no partials
+        kinds = [t.kind for t in compiled.tasks.tasks]
+        d = compiled.ops.dims
+        assert kinds.count("attn_pair") == d.layers * B * d.kv_heads // 2
+        assert "attn_partial" not in kinds and "attn_combine" not in kinds
     if balance is True:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
