@@ -51,41 +51,14 @@ def attn_pairs(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexp
                HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                STAGES: tl.constexpr):
-    """``attn_units`` two units at a time (kv heads h and h + 1 of one row, HKV even): each
-    step loads both units' keys and values and runs both online steps, two independent chains
-    in one loop, so that one unit's arithmetic can overlap the other's loads."""
-    gs = tl.arange(0, BLOCK_G)
-    ds = tl.arange(0, D)
-    ss = tl.arange(0, CHUNK)
-    qmask = (gs[:, None] < G) & (ds[None, :] < D)
-    DT: tl.constexpr = q_ptr.dtype.element_ty
+    """``attn_units`` two units at a time (kv heads h and h + 1 of one row, HKV even) through
+    ``attn_pair_op``: each step loads both units' keys and values and runs both online steps,
+    so that one unit's arithmetic can overlap the other's loads."""
     pair = tl.program_id(0)
     while pair < units // 2:
-        row, h = (2 * pair) // HKV, (2 * pair) % HKV
-        hi = tl.load(pos_ptr + row) + 1
-        heads = row * HQ + h * G + gs                                   # [BLOCK_G] of head h
-        qa = tl.load(q_ptr + heads[:, None] * D + ds[None, :], mask=qmask, other=0.0)
-        qb = tl.load(q_ptr + (heads + G)[:, None] * D + ds[None, :], mask=qmask, other=0.0)
-        ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        la = tl.zeros([BLOCK_G], tl.float32)
-        lb = tl.zeros([BLOCK_G], tl.float32)
-        acc_a = tl.zeros([BLOCK_G, D], tl.float32)
-        acc_b = tl.zeros([BLOCK_G, D], tl.float32)
-        for c in tl.range(0, S // CHUNK, num_stages=STAGES):
-            valid = c * CHUNK + ss < hi
-            ka, va = attention_ops.load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, 0, h, B, HKV,
-                                           S, D, BS, CHUNK, D, BS % CHUNK == 0)
-            kb, vb = attention_ops.load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, 0, h + 1, B,
-                                           HKV, S, D, BS, CHUNK, D, BS % CHUNK == 0)
-            ma, la, acc_a = attention_ops.online_step(qa, ka, va, valid, ma, la, acc_a,
-                                                      D ** -0.5, DT)
-            mb, lb, acc_b = attention_ops.online_step(qb, kb, vb, valid, mb, lb, acc_b,
-                                                      D ** -0.5, DT)
-        tl.store(out_ptr + heads[:, None] * D + ds[None, :], (acc_a / la[:, None]).to(DT),
-                 mask=qmask)
-        tl.store(out_ptr + (heads + G)[:, None] * D + ds[None, :],
-                 (acc_b / lb[:, None]).to(DT), mask=qmask)
+        attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, (2 * pair) // HKV,
+                                   (2 * pair) % HKV, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                   CHUNK, BLOCK_G, D, STAGES, BS % CHUNK == 0)
         pair += tl.num_programs(0)
 
 

@@ -91,50 +91,55 @@ def pair_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ:
                                        IN_BLOCK)
 
 
+def paged_inputs(seed: int, bs: int, layers: int, lengths: list[int]):
+    """q [B, HQ * D], a cache [layers, 2, B, Hkv, S, D], positions and a shuffled block table
+    of ``bs``-key blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, HQ * D, generator=gen)
+    cache = torch.randn(layers, 2, B, HKV, S, D, generator=gen)
+    positions = torch.tensor(lengths, dtype=torch.int32) - 1
+    table = torch.randperm(B * S // bs, generator=gen).to(torch.int32).view(B, S // bs)
+    return q, cache, positions, table
+
+
+def paged_sdpa(q, layer_cache, table, bs: int, lengths: list[int]) -> torch.Tensor:
+    """SDPA of each row over its first ``lengths[r]`` keys, read through the block table from
+    layer_cache [2, B, Hkv, S, D] (the physical blocks)."""
+    from megakernel.bench.attention import sdpa
+
+    blocks = layer_cache.view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // bs, 2, HKV, bs, D)                       # [block, 2, Hkv, BS, D]
+    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, HKV, S, D)
+    return torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], HKV)
+                      for r in range(B)])
+
+
 @pytest.mark.parametrize("bs,chunk,in_block", [(16, 32, False), (16, 16, True), (32, 16, True)])
 def test_pair_op_matches_attention(bs, chunk, in_block):
     """``attn_pair_op``: each row's two kv heads over its keys in one loop, rows of unequal
     length, the second layer of a cache read through a shuffled block table, against SDPA."""
-    from megakernel.bench.attention import sdpa
-
-    gen = torch.Generator().manual_seed(bs + chunk)
-    cache = torch.randn(2, 2, B, HKV, S, D, generator=gen)
-    q = torch.randn(B, HQ * D, generator=gen)
     lengths = [S - 21, S]
-    positions = torch.tensor(lengths, dtype=torch.int32) - 1
-    table = torch.randperm(B * S // bs, generator=gen).to(torch.int32).view(B, S // bs)
+    q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths)
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
     pair_kernel[(1,)](*args, B, HQ, HKV, S, D, G, bs, chunk, in_block)
-    blocks = cache[1].view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
-        .reshape(B * S // bs, 2, HKV, bs, D)                       # [block, 2, Hkv, BS, D]
-    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, HKV, S, D)
-    ref = torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], HKV)
-                     for r in range(B)])
-    torch.testing.assert_close(args[4].cpu(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
+                               atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bs", [16, 32])
 def test_paired_attention_probe_matches_sdpa(bs):
     """``bench/attention.py``'s two units per loop (kv heads h, h + 1 of a row side by side),
     rows of unequal length through a shuffled block table, against SDPA."""
-    from megakernel.bench.attention import attn_pairs, sdpa
+    from megakernel.bench.attention import attn_pairs
 
-    gen = torch.Generator().manual_seed(bs)
-    cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
-    q = torch.randn(B, HQ * D, generator=gen)
     lengths = [S, S - 21]
-    positions = torch.tensor(lengths, dtype=torch.int32) - 1
-    table = torch.randperm(B * S // bs, generator=gen).to(torch.int32).view(B, S // bs)
+    q, cache, positions, table = paged_inputs(bs, bs, 1, lengths)
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
     attn_pairs[(1,)](*args, B * HKV, B, HQ, HKV, S, D, G, bs, 16, 16, 2)
-    blocks = cache[0].view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
-        .reshape(B * S // bs, 2, HKV, bs, D)                       # [block, 2, Hkv, BS, D]
-    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, HKV, S, D)
-    ref = torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], HKV)
-                     for r in range(B)])
-    torch.testing.assert_close(args[4].cpu(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[0], table, bs, lengths),
+                               atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("use_table,chunk", [(1, 32), (1, 16), (2, 32), (0, 32)])
@@ -206,15 +211,10 @@ def test_streams_across_units_merge_to_attention(cut):
     holding pieces of two units (48), whole units too (80); rows of unequal length through a
     shuffled block table. Pieces go to slots in stream order, a cut unit's slots merged by the
     combine."""
-    from megakernel.bench.attention import sdpa
     from megakernel.compiler.tile_attention import first_slots, stream_plan, unit_slots
 
-    gen = torch.Generator().manual_seed(cut)
     lengths = [50, 64]
-    q = torch.randn(B, HQ * D, generator=gen)
-    cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
-    positions = torch.tensor(lengths, dtype=torch.int32) - 1
-    table = torch.randperm(B * S // BS, generator=gen).to(torch.int32).view(B, S // BS)
+    q, cache, positions, table = paged_inputs(cut, BS, 1, lengths)
     streams, _, slot_of = stream_plan(B * HKV, S, cut)
     edges, slot0 = [f0 for f0, _ in streams] + [B * HKV * S], first_slots(streams, slot_of)
     merge = [[u, used[0], len(used)] for u, used in unit_slots(slot_of).items()]
@@ -226,9 +226,5 @@ def test_streams_across_units_merge_to_attention(cut):
                                    torch.tensor(slot0, dtype=torch.int32))]
     streams_kernel[(1,)](*args, len(edges) - 1, torch.tensor(merge, dtype=torch.int32).to(DEVICE),
                          len(merge), 0, B, HQ, HKV, S, D, G, BS, 16)
-    blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
-        .reshape(B * S // BS, 2, HKV, BS, D)                       # [block, 2, Hkv, BS, D]
-    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, HKV, S, D)
-    ref = torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], HKV)
-                     for r in range(B)])
-    torch.testing.assert_close(args[6].cpu(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[0], table, BS, lengths),
+                               atol=1e-5, rtol=1e-5)
