@@ -12,8 +12,8 @@ megakernel worker does, a kv head's query heads padded as the megakernel pads th
 the difference). ``--loads``: the same loop's loads alone (``kv_loads``), through the block
 table (an address per key as the body computes them, or per cache block) and at plain offsets:
 what the loads cost without the attention's arithmetic. ``--pairs``: two units per loop
-(``attn_pairs``), one unit's arithmetic beside the other's loads. With ``--block`` a multiple of the keys
-per step, each step reads one block-table entry (``load_kv``'s IN_BLOCK).
+(``attn_pairs``), one unit's arithmetic beside the other's loads. With ``--block`` a multiple
+of the keys per step, each step reads one block-table entry (``load_kv``'s IN_BLOCK).
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 # one install at a time: two stages started side by side (one per GPU) would race in pip
 lock=(); command -v flock >/dev/null && lock=(flock /tmp/megakernel-install.lock)
-${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
+${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation --no-index \
+  -e . 2>&1 | tail -2
 case "$stage" in
   tune)
     start=$(date +%s)

@@ -48,9 +48,9 @@ class TileConfig:
                                # 1.917 / 4.027 -> 1.202 / 1.799 / 3.163; batch 1 alike)
     block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
     kv_block: int = 16         # cache block (tokens): the block table's unit; a multiple of an
-                               # attention step's keys: one table entry per step (128 on the
-                               # H200 at 13-32 rows of llama-3.2-1b: 1.4-2.6% faster; 8 rows 4%
-                               # slower, 1 and 64 alike)
+                               # attention step's keys: one table entry per step (128: the
+                               # autotuner's pick at 10 of 12 batch sizes of llama-3.2-1b on the
+                               # H200, up to 4% faster; 8 rows 1% slower)
     kv_split: int = 64         # keys per attn_partial task (a multiple of kv_block), at least
     kv_step: int = 8192        # key elements (keys x head dim) per step of an attention task
     attn_stages: int = 6       # its pipeline's stages (0: the projections', at least 2); each
