@@ -3,25 +3,25 @@ best on the device, keep the fastest.
 
     autotune(model, name, batch_sizes, max_seq_len, folder) -> list[Winner]
 
-Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
-per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
-heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused
-with it), streamed attention, cache blocks (16 keys, or 128: one block-table entry per
-attention step, where the keys per task are whole blocks), KV prefetch and the cap on each
+Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps,
+programs per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split
+head-norm heads, K slices of the projections without a norm, norm first (and the K slices'
+reduce fused with it), streamed attention, cache blocks (16 keys, or 128: one block-table entry
+per attention step, where the keys per task are whole blocks), KV prefetch and the cap on each
 task's L2 prefetch of its weights (only the defaults of these two in ``SPACE``, as measured on
-the H200 with llama-3.2-1b: KV prefetch at most 1% faster at 1 to 8 rows and slower from 13
-on, in the autotune ledger bench/results/session-2026-11-30g/autotune-12.json; the cap's 256
-KiB slower than 64 at every size, 16 and 32 no faster at batch 1; a space given by the caller
-may hold others). Variants
-whose pipeline stages cannot fit in shared memory are dropped. The knobs that shape the task
-graph (``schedule_class``) are rated by the cost model's estimate of their tasks (tiling only, no
-code generated); the default's class, the ``classes`` best and, per attention layout, the
-class nearest the default (``shortlist``), each crossed with every code-level knob (block_k,
-stages, warps, cache block, KV prefetch, prefetch cap), are compiled and built side by side
-(``processes`` at once, as is the rating of each batch size: Triton builds one kernel per
-process), then timed one after another (a decode step at position ``max_seq_len - 1``, median
-of ``iters``), each step's logits checked against the eager model's on the same step: a variant
-farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept.
+the H200 with llama-3.2-1b: KV prefetch at most 1% faster at 1 to 8 rows and slower from 13 on,
+in the autotune ledger bench/results/session-2026-11-30g/autotune-12.json; the cap's 256 KiB
+slower than 64 at every size, 16 and 32 no faster at batch 1; a space given by the caller may
+hold others). Variants whose pipeline stages cannot fit in shared memory are dropped. The knobs
+that shape the task graph (``schedule_class``) are rated by the cost model's estimate of their
+tasks (tiling only, no code generated); the default's class, the ``classes`` best and, per
+attention layout, the class nearest the default (``shortlist``), each crossed with every
+code-level knob (block_k, stages, warps, cache block, KV prefetch, prefetch cap), are compiled
+and built side by side (``processes`` at once, as is the rating of each batch size: Triton
+builds one kernel per process), then timed one after another (a decode step at position
+``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's
+on the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong
+and never kept.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -47,7 +47,7 @@ from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TILERS, TileConfig, Tiler
 
-from .variant import Variant, effective, parse_variant
+from .variant import Variant, effective, parse_variant, stream_kv_split
 
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
@@ -96,7 +96,7 @@ def candidates(target: Target, space: dict) -> list[Variant]:
         if k["kv_split"] % k["kv_block"]:        # keys per task in whole cache blocks
             if not k["attn_stream"]:
                 continue
-            k["kv_split"] = k["kv_block"]        # (a stream's tasks ignore it)
+            k["kv_split"] = stream_kv_split(k["kv_block"])
         out.append(Variant(bn, bk, warps, per_sm * target.sms, stages=st, **k))
     return out
 

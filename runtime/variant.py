@@ -186,6 +186,12 @@ def parse_variant(text: str) -> Variant:
     return Variant(bn, bk, warps, workers, **kw)
 
 
+def stream_kv_split(kv_block: int) -> int:
+    """The keys per task a streamed variant is built with (its tasks ignore them): the
+    default's, or one cache block's where that is more (they stay whole blocks)."""
+    return max(TileConfig.kv_split, kv_block)
+
+
 def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
     tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
@@ -197,7 +203,7 @@ def effective(ops, v: Variant) -> Variant:
     only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
     (their pieces per head then mean nothing), pairs of kv heads per task only where they apply
     (``Tiler.attn_pairs``). Equal results build equal kernels."""
-    stream_split = max(TileConfig.kv_split, v.kv_block)      # a multiple of the block
+    stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
         return effective(ops, replace(v, kv_split=stream_split, attn_balance=False,
