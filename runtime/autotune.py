@@ -3,25 +3,24 @@ best on the device, keep the fastest.
 
     autotune(model, name, batch_sizes, max_seq_len, folder) -> list[Winner]
 
-Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps,
-programs per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split
-head-norm heads, K slices of the projections without a norm, norm first (and the K slices'
-reduce fused with it), streamed attention, cache blocks (16 keys, or 128: one block-table entry
-per attention step, where the keys per task are whole blocks), KV prefetch and the cap on each
-task's L2 prefetch of its weights (only the defaults of these two in ``SPACE``, as measured on
-the H200 with llama-3.2-1b: KV prefetch at most 1% faster at 1 to 8 rows and slower from 13 on,
-in the autotune ledger bench/results/session-2026-11-30g/autotune-12.json; the cap's 256 KiB
-slower than 64 at every size, 16 and 32 no faster at batch 1; a space given by the caller may
-hold others). Variants whose pipeline stages cannot fit in shared memory are dropped. The knobs
+Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
+per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
+heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused with
+it), streamed attention, attention tasks over pairs of kv heads, cache blocks (16 keys, or 128: one
+block-table entry per attention step, where the keys per task are whole blocks), KV prefetch and
+the cap on each task's L2 prefetch of its weights (only the defaults of these two in ``SPACE``, as
+measured on the H200 with llama-3.2-1b: KV prefetch at most 1% faster at 1 to 8 rows and slower
+from 13 on, in the autotune ledger bench/results/session-2026-11-30g/autotune-12.json; the cap's
+256 KiB slower than 64 at every size, 16 and 32 no faster at batch 1; a space given by the caller
+may hold others). Variants whose pipeline stages cannot fit in shared memory are dropped. The knobs
 that shape the task graph (``schedule_class``) are rated by the cost model's estimate of their
 tasks (tiling only, no code generated); the default's class, the ``classes`` best and, per
-attention layout, the class nearest the default (``shortlist``), each crossed with every
-code-level knob (block_k, stages, warps, cache block, KV prefetch, prefetch cap), are compiled
-and built side by side (``processes`` at once, as is the rating of each batch size: Triton
-builds one kernel per process), then timed one after another (a decode step at position
-``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's
-on the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong
-and never kept.
+attention layout, the class nearest the default (``shortlist``), each crossed with every code-level
+knob (block_k, stages, warps, cache block, KV prefetch, prefetch cap), are compiled and built side
+by side (``processes`` at once, as is the rating of each batch size: Triton builds one kernel per
+process), then timed one after another (a decode step at position ``max_seq_len - 1``, median of
+``iters``), each step's logits checked against the eager model's on the same step: a variant
+farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -55,14 +54,14 @@ SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_w
          "split_k": (1, 4), "norm_first": (False, True), "reduce_norm": (False, True),
          "prefetch_kv": (CompileOptions.prefetch_kv,),
          "prefetch_kb": (CompileOptions.prefetch_kb,), "attn_stream": (False, True),
-         "kv_block": (16, 128)}
+         "kv_block": (16, 128), "attn_pairs": (False, True)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
             "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,
             "reduce_norm": TileConfig.reduce_norm,
             "prefetch_kv": CompileOptions.prefetch_kv,
             "prefetch_kb": CompileOptions.prefetch_kb, "attn_stream": TileConfig.attn_stream,
-            "kv_block": TileConfig.kv_block}
+            "kv_block": TileConfig.kv_block, "attn_pairs": TileConfig.attn_pairs}
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,8 @@ def predict(ops, v: Variant, target: Target, alike: list | None = None) -> float
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
     """The default variant, then every code-level knob of the default's schedule class, of the
     ``classes`` best-rated classes (equal ratings: the class nearer the default first) and, for
-    each attention layout (keys per task) at the default's workers, of the class nearest the
+    each attention layout (keys per task, balanced, streamed, pairs of kv heads) at the default's
+    workers, of the class nearest the
     default (equally near: the better rated). The cost model rates attention least well:
     llama-3.2-1b on the H200 at 16 rows, 1024 keys per task 1.130 ms against 512 1.250, rated
     the other way round; at 13 rows the default with 1024 keys 1.153, the best-rated class with
@@ -156,7 +156,8 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     layouts = {}
     for v in sorted(variants, key=lambda v: (near(schedule_class(v)), rank(schedule_class(v)))):
         if v.workers == default.workers:
-            layouts.setdefault((v.kv_split, v.attn_balance, v.attn_stream), schedule_class(v))
+            layouts.setdefault((v.kv_split, v.attn_balance, v.attn_stream, v.attn_pairs),
+                               schedule_class(v))
     picked = dict.fromkeys([home, *sorted(rated, key=rank)[:classes], *layouts.values()])
     picks = [(default, predict(ops, default, target))]
     picks += [(v, rated[k]) for k in picked if k in rated for v in variants

@@ -209,7 +209,8 @@ def test_shortlist_times_the_default_and_every_attention_layout_near_it():
 
     ops = lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
     space = dict(SPACE, block_n=(32, 64), block_k=(256,), stages=(3,), num_warps=(4, 8),
-                 kv_split=(16, 32, 64), split_k=(1, 2))        # the default's values too
+                 kv_split=(16, 32, 64), split_k=(1, 2),        # the default's values too
+                 attn_pairs=(False, True))
     picks = tuning.shortlist(ops, H200, space, 1)
     default, variants = picks[0][0], [v for v, _ in picks]
     home = tuning.schedule_class(default)
@@ -224,3 +225,7 @@ def test_shortlist_times_the_default_and_every_attention_layout_near_it():
         nearest = [v for v in variants if v.kv_split == span and v.split_k == default.split_k
                    and v.qkv_parts == default.qkv_parts and v.block_n == default.block_n]
         assert nearest, span
+    # pairs of kv heads are a layout of their own wherever they apply
+    paired = {v.kv_split for v in tuning.candidates(H200, space)
+              for v in [tuning.effective(ops, v)] if v.attn_pairs and v.workers == default.workers}
+    assert paired and paired == {v.kv_split for v in variants if v.attn_pairs}
