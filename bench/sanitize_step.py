@@ -1,7 +1,7 @@
 """One megakernel step of tiny-llama on the GPU, for ``compute-sanitizer --tool memcheck``.
 
     compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step [--kv-ahead 2]
-        [--attn-stream] [--kv-block 64] [--attn-pairs] [--attn-halves]
+        [--attn-stream] [--kv-block 64] [--attn-pairs]
 """
 import argparse
 
@@ -19,8 +19,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--attn-stream", action="store_true", help="TileConfig.attn_stream")
     p.add_argument("--attn-pairs", action="store_true",
                    help="TileConfig.attn_pairs (with 64 keys per task: each unit one task)")
-    p.add_argument("--attn-halves", action="store_true",
-                   help="TileConfig.attn_halves (with 16-key steps: four per task)")
     p.add_argument("--kv-block", type=int, default=TileConfig.kv_block,
                    help="TileConfig.kv_block (64: one block-table entry per attention step)")
     args = p.parse_args(argv)
@@ -30,9 +28,6 @@ def main(argv: list[str] | None = None) -> None:
                               tile=TileConfig(attn_stream=args.attn_stream,
                                               kv_block=args.kv_block,
                                               attn_pairs=args.attn_pairs,
-                                              attn_halves=args.attn_halves,
-                                              kv_step=256 if args.attn_halves else
-                                              TileConfig.kv_step,
                                               kv_split=max(TileConfig.kv_split, args.kv_block)))
     tokens = torch.tensor([[1], [2], [3]], device="cuda")
     positions = torch.tensor([[0], [5], [63]], device="cuda")

@@ -83,16 +83,14 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                     KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                     STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr = 0,
-                    IN_BLOCK: tl.constexpr = False, HALVES: tl.constexpr = False):
+                    IN_BLOCK: tl.constexpr = False):
     """Attention of row ``row``'s G query heads of one kv head over keys
     [lo, min(lo + span, len)) (span <= KV_SPLIT) -> unnormalised acc [G, D] and (max, sum) in
     fp32, into partial slot ``slot``; DIRECT (one range holds every key): the
     normalised output into out [B, HQ * D]. KV_AHEAD > 0 (GPU): each step asks L2 for the keys
     and values that many steps ahead. IN_BLOCK: lo and BS are multiples of CHUNK, so that each
-    step reads one block-table entry. HALVES (an even count of steps, KV_AHEAD 0): the two
-    halves of the range side by side in one loop, two independent chains of loads and dots,
-    merged at the end. (PF_KEYS is ``attn_partial_prefetch``'s, which takes the same
-    arguments.)"""
+    step reads one block-table entry. (PF_KEYS is ``attn_partial_prefetch``'s, which takes the
+    same arguments.)"""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     seq_len = tl.load(pos_ptr + row) + 1
     hi = tl.minimum(lo + span, seq_len)
@@ -112,20 +110,15 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                               layer, kv_head, B, HKV, S, D, BS)
     # a fixed count of CHUNK-key steps (keys >= hi are masked, never read), so that the
     # pipeliner streams the next chunk while this one is used
-    if HALVES:
-        m, l, acc = partial_halves(q, cache_ptr, bt_ptr, row, lo, hi, layer, kv_head, m, l, acc,
-                                   scale, B, HKV, S, D, BS, NCHUNK // 2, CHUNK, BLOCK_D, STAGES,
-                                   IN_BLOCK, DT)
-    else:
-        for c in tl.range(0, NCHUNK, num_stages=STAGES):
-            start = lo + c * CHUNK
-            if KV_AHEAD > 0:
-                prefetch_kv_lines(cache_ptr, bt_ptr, row,
-                                  tl.minimum(start + KV_AHEAD * CHUNK + ss, hi - 1), layer,
-                                  kv_head, B, HKV, S, D, BS)
-            k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
-                           CHUNK, BLOCK_D, IN_BLOCK)
-            m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
+    for c in tl.range(0, NCHUNK, num_stages=STAGES):
+        start = lo + c * CHUNK
+        if KV_AHEAD > 0:
+            prefetch_kv_lines(cache_ptr, bt_ptr, row,
+                              tl.minimum(start + KV_AHEAD * CHUNK + ss, hi - 1), layer, kv_head,
+                              B, HKV, S, D, BS)
+        k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
+                       CHUNK, BLOCK_D, IN_BLOCK)
+        m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
     if DIRECT:
         heads = row * HQ + kv_head * G + gs               # [BLOCK_G] rows of [B * HQ]
         out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
@@ -135,38 +128,6 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
         tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
         tl.store(ml_ptr + part * 2, m, mask=gs < G)
         tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
-
-
-@triton.jit
-def merge_online(m, l, acc, m2, l2, acc2):
-    """Two ``online_step`` states of the same queries over disjoint keys -> one."""
-    m_new = tl.maximum(m, m2)
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key in either
-    a, b = tl.exp(m - m_ref), tl.exp(m2 - m_ref)
-    return m_new, l * a + l2 * b, acc * a[:, None] + acc2 * b[:, None]
-
-
-@triton.jit
-def partial_halves(q, cache_ptr, bt_ptr, row, lo, hi, layer, kv_head, m, l, acc, scale,
-                   B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
-                   BS: tl.constexpr, HALF: tl.constexpr, CHUNK: tl.constexpr,
-                   BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                   DT: tl.constexpr):
-    """``attn_partial_op``'s steps [lo, lo + 2 * HALF * CHUNK) as two chains side by side: step
-    c of the first half and step c of the second in each iteration (one's arithmetic overlaps
-    the other's loads), the states merged at the end."""
-    ss = tl.arange(0, CHUNK)
-    m2, l2, acc2 = m, l, acc
-    for c in tl.range(0, HALF, num_stages=STAGES):
-        s1 = lo + c * CHUNK
-        s2 = s1 + HALF * CHUNK
-        k, v = load_kv(cache_ptr, bt_ptr, row, s1, hi, layer, kv_head, B, HKV, S, D, BS, CHUNK,
-                       BLOCK_D, IN_BLOCK)
-        k2, v2 = load_kv(cache_ptr, bt_ptr, row, s2, hi, layer, kv_head, B, HKV, S, D, BS, CHUNK,
-                         BLOCK_D, IN_BLOCK)
-        m, l, acc = online_step(q, k, v, (s1 + ss) < hi, m, l, acc, scale, DT)
-        m2, l2, acc2 = online_step(q, k2, v2, (s2 + ss) < hi, m2, l2, acc2, scale, DT)
-    return merge_online(m, l, acc, m2, l2, acc2)
 
 
 @triton.jit

@@ -71,8 +71,6 @@ class CompileOptions:
             raise ValueError(f"max_registers={self.max_registers}: ptxas takes 24 to 255 (or 0)")
         if not 0 <= self.kv_ahead <= 8:
             raise ValueError(f"kv_ahead={self.kv_ahead}: attention prefetches 0 to 8 steps ahead")
-        if self.kv_ahead and self.tile.attn_halves:
-            raise ValueError("kv_ahead does not combine with attn_halves (two chains of steps)")
         if not 0 <= self.prefetch_start <= 100:
             raise ValueError(f"prefetch_start={self.prefetch_start} is not a percentage (0-100)")
         if self.max_seq_len % self.tile.kv_block:

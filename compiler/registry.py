@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .ir import Dims, Task
-from .tile import TileConfig, attn_steps, p2 as next_pow2
+from .tile import TileConfig, p2 as next_pow2
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,8 @@ def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:
 
 def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
     """Keys per step of an attention task: its whole span, up to c.kv_step key elements."""
-    return attn_steps(t.args["kv_split"], d.head_dim, c.kv_step)[0]
+    span = 1 << (t.args["kv_split"].bit_length() - 1)
+    return max(16, min(span, c.kv_step // p2(d.head_dim)))
 
 
 def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -142,9 +143,7 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
                 CHUNK=chunk, BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
                 STAGES=c.attn_stages or max(2, c.stages), DIRECT=t.args["direct"],
                 PF_KEYS=min(1024, p2(t.args["kv_split"])),
-                IN_BLOCK=c.kv_block % chunk == 0,       # tasks start at multiples of kv_block
-                HALVES=c.attn_halves and attn_steps(t.args["kv_split"], d.head_dim,
-                                                    c.kv_step)[1] % 2 == 0)
+                IN_BLOCK=c.kv_block % chunk == 0)       # tasks start at multiples of kv_block
 
 
 def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:

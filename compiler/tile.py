@@ -65,8 +65,6 @@ class TileConfig:
                                # pipelined loop across its units (see tile_attention)
     attn_pairs: bool = False   # where each unit's keys are one task's: a task per row and pair
                                # of kv heads, both heads' steps in one loop (Tiler.attn_pairs)
-    attn_halves: bool = False  # an attn_partial task's keys as two halves side by side in one
-                               # loop (two chains), where it has an even count of steps
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)
@@ -114,13 +112,6 @@ class TileConfig:
 def p2(n: int) -> int:
     """The next power of two >= n (block sizes of op bodies)."""
     return 1 << max(n - 1, 0).bit_length()
-
-
-def attn_steps(keys: int, head_dim: int, kv_step: int) -> tuple[int, int]:
-    """(keys per step, steps) of an attention task of at most ``keys`` keys: its whole span (a
-    power of two) up to ``kv_step`` key elements per step, at least 16 keys."""
-    chunk = max(16, min(1 << (keys.bit_length() - 1), kv_step // max(16, p2(head_dim))))
-    return chunk, -(-keys // chunk)
 
 
 def full(buf: Buffer) -> tuple[tuple[int, int], ...]:
@@ -213,14 +204,6 @@ class Tiler:
         unit's keys one task's (``kv_pieces``)."""
         return self.cfg.attn_pairs and not self.cfg.attn_stream and \
             self.graph.dims.kv_heads % 2 == 0 and all(len(p) == 1 for p in self.kv_pieces())
-
-    def attn_halves(self) -> bool:
-        """``attn_halves`` where it applies: attn_partial tasks (no stream, no pairs) whose
-        longest key range takes an even count of steps (``attn_steps``)."""
-        if not self.cfg.attn_halves or self.cfg.attn_stream or self.attn_pairs():
-            return False
-        keys = max(hi - lo for p in self.kv_pieces() for lo, hi in p)
-        return attn_steps(keys, self.graph.dims.head_dim, self.cfg.kv_step)[1] % 2 == 0
 
     def qkv_pieces(self, head_norm: bool) -> int:
         """Tasks per q/k/v head: one where a head RMSNorm needs the whole head (unless

@@ -28,8 +28,7 @@ sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x written once by rms_norm
 reduced by whole rows and each row normalised in the same task, ``ab`` attention tasks cut from all
 rows' keys laid end to end, about one cut per worker, ``af`` attention as one stream of keys per
 worker (an equal share of all units' keys), ``ap`` attention tasks over a row's pair of kv
-heads where each unit's keys are one task's, ``ah`` an attention task's keys as two halves
-side by side in its loop, ``arN`` a kv head's query heads padded to at least N
+heads where each unit's keys are one task's, ``arN`` a kv head's query heads padded to at least N
 rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps' keys
 and values before their waits, ``kaN`` attention asking L2 for keys and values N steps ahead of
 each step, ``kbN`` cache blocks (the block table's unit) of N tokens (default 16; where a block
@@ -81,7 +80,6 @@ class Variant:
     attn_balance: bool = TileConfig.attn_balance
     attn_stream: bool = TileConfig.attn_stream
     attn_pairs: bool = TileConfig.attn_pairs
-    attn_halves: bool = TileConfig.attn_halves
     attn_rows: int = TileConfig.attn_rows
     qkv_cross: bool = TileConfig.qkv_cross
     max_registers: int = CompileOptions.max_registers
@@ -116,7 +114,6 @@ class Variant:
         flags += ["ab"] * self.attn_balance
         flags += ["af"] * self.attn_stream
         flags += ["ap"] * self.attn_pairs
-        flags += ["ah"] * self.attn_halves
         flags += [f"ar{self.attn_rows}"] * (self.attn_rows != TileConfig.attn_rows)
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
@@ -152,7 +149,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
-            "ap": {"attn_pairs": True}, "ah": {"attn_halves": True},
+            "ap": {"attn_pairs": True},
             "qc": {"qkv_cross": True},
             "rn": {"reduce_norm": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
@@ -204,9 +201,8 @@ def effective(ops, v: Variant) -> Variant:
     balance where it cuts the keys as the plain tiling does; streamed attention: none of the
     three), the fused reduce and norm only with both norm first and split-K, the attention rows
     only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
-    (their pieces per head then mean nothing), pairs of kv heads per task and halves of a
-    task's keys only where they apply (``Tiler.attn_pairs``, ``Tiler.attn_halves``). Equal
-    results build equal kernels."""
+    (their pieces per head then mean nothing), pairs of kv heads per task only where they apply
+    (``Tiler.attn_pairs``). Equal results build equal kernels."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
@@ -218,8 +214,6 @@ def effective(ops, v: Variant) -> Variant:
         return effective(ops, replace(v, attn_balance=False))
     if v.attn_pairs and not tiler.attn_pairs():
         return effective(ops, replace(v, attn_pairs=False))
-    if v.attn_halves and not tiler.attn_halves():
-        return effective(ops, replace(v, attn_halves=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:
         return effective(ops, replace(v, qkv_cross=False))

@@ -188,13 +188,6 @@ def test_variants_are_rated_as_they_will_be_built():
     assert paired.attn_pairs and parse_variant(paired.label) == paired
     assert tuning.effective(ops, replace(v, attn_pairs=True)) == tuning.effective(ops, v)
     assert not tuning.effective(ops, replace(v, attn_pairs=True, attn_stream=True)).attn_pairs
-    # halves of a task's keys: only where its steps are an even count, never streamed or paired
-    halved = tuning.effective(ops, replace(v, attn_halves=True, kv_split=64, kv_step=256))
-    assert halved.attn_halves and parse_variant(halved.label) == halved
-    assert tuning.effective(ops, replace(v, attn_halves=True)) == tuning.effective(ops, v)
-    for other in (dict(attn_stream=True), dict(attn_pairs=True)):
-        assert not tuning.effective(ops, replace(v, attn_halves=True, kv_split=64, kv_step=256,
-                                                 **other)).attn_halves
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)

@@ -48,11 +48,7 @@ def inputs(model):
                                               attn_tasks_per_worker=0),
                                    TileConfig(attn_stream=True, kv_step=256, kv_block=32),
                                    TileConfig(attn_pairs=True, kv_split=64),
-                                   TileConfig(attn_pairs=True, kv_split=64, kv_block=64),
-                                   TileConfig(attn_halves=True, kv_split=32, kv_step=256,
-                                              attn_tasks_per_worker=0),
-                                   TileConfig(attn_halves=True, kv_split=64, kv_step=256,
-                                              kv_block=32)])
+                                   TileConfig(attn_pairs=True, kv_split=64, kv_block=64)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     model = load(name)
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
