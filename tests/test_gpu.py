@@ -31,7 +31,10 @@ def test_bf16_gpu_matches_transformers_fp32(tmp_path, arch):
 @pytest.mark.parametrize("name", ["tiny-llama", "llama-3.2-1b"])
 def test_torch_compile_is_as_accurate_as_eager(name):
     """bf16 eager and torch-compile against the same weights run in fp32. A deep random model in
-    bf16 sits about 2e-2 from fp32 whatever runs it, so compile must stay within 1.5x of eager."""
+    bf16 sits about 2e-2 from fp32 whatever runs it, so compile must stay within 1.5x of eager.
+    Top-1 must agree where fp32's margin (top-1 minus top-2 logit) exceeds 0.2, far beyond that
+    error: random weights leave near-ties elsewhere, where bf16 eager itself flips rows."""
+    torch.manual_seed(0)
     model = load_model(name, device="cuda", dtype="bfloat16", progress=False).model
     ref_model = copy.deepcopy(model).float()
     batch, context = 4, 64
@@ -50,6 +53,11 @@ def test_torch_compile_is_as_accurate_as_eager(name):
             errs[backend] = rel_err(out, ref)
             print(f"{name} {backend}: logits rel err {errs[backend]:.2e} against fp32")
             assert rel_err(caches[backend], caches["fp32"]) <= 1e-2, backend
-            assert torch.equal(out.argmax(-1), ref.argmax(-1)), backend
+            top2 = ref.topk(2, dim=-1).values                                 # [B, 1, 2]
+            decisive = (top2[..., 0] - top2[..., 1]) > 0.2                     # [B, 1]
+            agree = out.argmax(-1) == ref.argmax(-1)
+            print(f"{name} {backend}: top-1 agrees on {int((agree & decisive).sum())} of "
+                  f"{int(decisive.sum())} decisive rows ({int(agree.sum())} of {batch} in all)")
+            assert agree[decisive].all(), backend
     assert errs["eager"] <= 3e-2
     assert errs["torch-compile"] <= 1.5 * errs["eager"] + 1e-3
