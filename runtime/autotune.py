@@ -100,11 +100,20 @@ def candidates(target: Target, space: dict) -> list[Variant]:
     return out
 
 
+SCHEDULE_FIELDS = ("block_n", "workers", "kv_split", "qkv_parts", "split_head_norm",
+                   "attn_tasks_per_worker", "split_k", "norm_first", "reduce_norm",
+                   "attn_balance", "attn_stream", "qkv_cross", "attn_pairs")
+
+
 def schedule_class(v: Variant) -> tuple:
     """The knobs that change the task graph and its schedule (the rest change only the code)."""
-    return (v.block_n, v.workers, v.kv_split, v.qkv_parts, v.split_head_norm,
-            v.attn_tasks_per_worker, v.split_k, v.norm_first, v.reduce_norm, v.attn_balance,
-            v.attn_stream, v.qkv_cross, v.attn_pairs)
+    return tuple(getattr(v, f) for f in SCHEDULE_FIELDS)
+
+
+def fused_sibling(k: tuple) -> tuple:
+    """The schedule class ``k`` with the K slices' reduce fused with the norm, or not."""
+    i = SCHEDULE_FIELDS.index("reduce_norm")
+    return k[:i] + (not k[i],) + k[i + 1:]
 
 
 def alike_ops(ops) -> list[tuple]:
@@ -137,11 +146,14 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     """The default variant, then every code-level knob of the default's schedule class, of the
     ``classes`` best-rated classes (equal ratings: the class nearer the default first) and, for
     each attention layout (keys per task, balanced, streamed, pairs of kv heads) at the default's
-    workers, of the class nearest the
-    default (equally near: the better rated). The cost model rates attention least well:
-    llama-3.2-1b on the H200 at 16 rows, 1024 keys per task 1.130 ms against 512 1.250, rated
-    the other way round; at 13 rows the default with 1024 keys 1.153, the best-rated class with
-    1024 keys (no K slices) 1.267."""
+    workers, of the class nearest the default (equally near: the better rated); and of each of
+    these classes with the K slices' reduce fused with the norm where it was not, or not where it
+    was (``fused_sibling``; llama-3.2-1b on the H200, each batch size's winner -> fused, ms: 13
+    rows 1.120 -> 1.092, 17 1.296 -> 1.270, 24 1.320 -> 1.293, 32 1.349 -> 1.324, 64 1.902 ->
+    1.839, 16 1.101 -> 1.145; the rules before timed it only at 64 rows). The cost model rates
+    attention least well: llama-3.2-1b on the H200 at 16 rows, 1024 keys per task 1.130 ms against
+    512 1.250, rated the other way round; at 13 rows the default with 1024 keys 1.153, the
+    best-rated class with 1024 keys (no K slices) 1.267."""
     variants = list(dict.fromkeys(effective(ops, v) for v in candidates(target, space)))
     rated, alike = {}, alike_ops(ops)
     for v in variants:
@@ -159,6 +171,7 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
             layouts.setdefault((v.kv_split, v.attn_balance, v.attn_stream, v.attn_pairs),
                                schedule_class(v))
     picked = dict.fromkeys([home, *sorted(rated, key=rank)[:classes], *layouts.values()])
+    picked |= dict.fromkeys(k for k in map(fused_sibling, list(picked)) if k in rated)
     picks = [(default, predict(ops, default, target))]
     picks += [(v, rated[k]) for k in picked if k in rated for v in variants
               if schedule_class(v) == k and v != default]

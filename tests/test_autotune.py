@@ -229,3 +229,12 @@ def test_shortlist_times_the_default_and_every_attention_layout_near_it():
     paired = {v.kv_split for v in tuning.candidates(H200, space)
               for v in [tuning.effective(ops, v)] if v.attn_pairs and v.workers == default.workers}
     assert paired and paired == {v.kv_split for v in variants if v.attn_pairs}
+    # each class timed is timed with the K slices' reduce fused with the norm too, where it can be
+    # (8 rows: norm first by default)
+    ops = lower(capture(load_model("tiny-llama", progress=False).model, 8, 64), 4)
+    fusable = dict(space, split_k=(1, 4), norm_first=(False, True), reduce_norm=(False, True))
+    timed = {tuning.schedule_class(v) for v, _ in tuning.shortlist(ops, H200, fusable, 1)}
+    rated = {tuning.schedule_class(tuning.effective(ops, v))
+             for v in tuning.candidates(H200, fusable)}
+    siblings = {tuning.fused_sibling(k) for k in timed} & rated
+    assert siblings and siblings <= timed
