@@ -90,7 +90,7 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # attention, no norm first at a batch where it is the default, split-K reduced with the norm,
 # streamed attention, the attention dots' query rows padded to 16, q/k/v pieces across heads,
 # keys asked of L2 steps ahead in either attention body, cache blocks of whole attention steps,
-# attention tasks over pairs of kv heads
+# attention tasks over pairs of kv heads (with split-K reduced with the norm at 64 rows)
 @pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -126,7 +126,10 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                          id="llama-3.2-1b-32-kb128"),
                             pytest.param("llama-3.2-1b", 24, TileConfig(
                                 attn_pairs=True, kv_split=1024, kv_block=128),
-                                id="llama-3.2-1b-24-ap-kb128")])
+                                id="llama-3.2-1b-24-ap-kb128"),
+                            pytest.param("llama-3.2-1b", 64, TileConfig(
+                                attn_pairs=True, kv_split=1024, reduce_norm=True),
+                                id="llama-3.2-1b-64-rn-ap")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
