@@ -35,12 +35,12 @@ from megakernel.compiler.tile import TileConfig
 def attn_units(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, layer, B: tl.constexpr,
                HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-               STAGES: tl.constexpr, AHEAD: tl.constexpr = 0):
+               STAGES: tl.constexpr):
     """Units pid, pid + programs, ... (unit u: row u // HKV, kv head u % HKV), all S keys each."""
     u = tl.program_id(0)
     while u < units:
         attention_ops.attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, out_ptr, out_ptr,
-                                      u // HKV, u % HKV, 0, 0, S, layer, AHEAD, D ** -0.5, B,
+                                      u // HKV, u % HKV, 0, 0, S, layer, D ** -0.5, B,
                                       HQ, HKV, S, D, G, S, BS, CHUNK, BLOCK_G, D, STAGES, True,
                                       0, BS % CHUNK == 0)
         u += tl.num_programs(0)

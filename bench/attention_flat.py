@@ -10,7 +10,7 @@ share. Pieces of units cut between programs go to partial slots (``tile_attentio
 and are merged on the host here (by attn_combine tasks in the megakernel). Beside it,
 ``attn_units`` of ``bench.attention``: one program per SM walking whole units (128-key steps,
 as the megakernel's attention tasks). Each checked against SDPA, for every combination of
-``--rows``, ``--ahead`` and ``--stages``.
+``--rows`` and ``--stages``.
 """
 from __future__ import annotations
 
@@ -35,14 +35,13 @@ from megakernel.compiler.vm import merge_partials
 def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cut, total,
                  slot0_ptr, layer, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                 STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr,
-                 AHEAD: tl.constexpr):
+                 STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr):
     """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total)), the
-    query heads of a kv head padded to BLOCK_G rows, L2 asked for keys AHEAD steps ahead."""
+    query heads of a kv head padded to BLOCK_G rows."""
     t = tl.program_id(0)
     attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                  t * cut, tl.minimum(t * cut + cut, total), layer,
-                                 tl.load(slot0_ptr + t), AHEAD, D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                 tl.load(slot0_ptr + t), D ** -0.5, B, HQ, HKV, S, D, G, BS,
                                  STEP, BLOCK_G, D, STAGES)
 
 
@@ -60,11 +59,10 @@ def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: d
 
 
 def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
-             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows, ahead: int = 0):
+             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows):
     """(launch, outputs): the launch fills NaN-poisoned outputs and slots from layer ``layer``
     of the cache, the query heads of a kv head padded to ``rows`` (at least) as
-    ``TileConfig.attn_rows`` pads them, keys asked of L2 ``ahead`` steps ahead as
-    ``CompileOptions.kv_ahead`` asks; outputs() merges."""
+    ``TileConfig.attn_rows`` pads them; outputs() merges."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, units = q.shape[1] // d // hkv, b * hkv
     step, cut = stream_shares(units * s, s, programs, step)
@@ -75,7 +73,7 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
     out = torch.full_like(q, float("nan"))
     launch = lambda: attn_streams[(len(streams),)](
         q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, b, q.shape[1] // d, hkv,
-        s, d, g, s // table.shape[1], step, stages, p2(g, rows), ahead, num_warps=warps)
+        s, d, g, s // table.shape[1], step, stages, p2(g, rows), num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
 
@@ -84,8 +82,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-sizes", default="17,32,64")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--rows", default="4,16", help="attention rows (TileConfig.attn_rows) timed")
-    p.add_argument("--ahead", default="0",
-                   help="steps ahead keys are asked of L2 (CompileOptions.kv_ahead) timed")
     p.add_argument("--stages", default="6",
                    help="pipeline stages (TileConfig.attn_stages) timed; the block-table gather "
                         "keeps (stages - 1) // 2 steps in flight: 6 two, 9 four")
@@ -105,18 +101,18 @@ def main(argv: list[str] | None = None) -> None:
         show = lambda name, ms, err: print(f"B={b:2d} {name:<30} {ms * 1e3:7.1f} us "
                                            f"{nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}")
         show("sdpa", triton.testing.do_bench(lambda: sdpa(q, cache[layer:], hkv)), 0.0)
-        for rows, ahead, stages in itertools.product(*(map(int, v.split(",")) for v in (
-                args.rows, args.ahead, args.stages))):
-            block_g, tag = p2(hq // hkv, rows), f"s{stages} ar{rows} ka{ahead}"
+        for rows, stages in itertools.product(*(map(int, v.split(",")) for v in (
+                args.rows, args.stages))):
+            block_g, tag = p2(hq // hkv, rows), f"s{stages} ar{rows}"
             out = torch.full_like(q, float("nan"))
             units_run = lambda: attn_units[(min(units, sms),)](
                 q, cache, pos, table, out, units, layer, b, hq, hkv, s, d, hq // hkv, bs, 128,
-                block_g, stages, ahead)
+                block_g, stages)
             ms = triton.testing.do_bench(units_run)
             show(f"per unit c128 {tag}", ms, rel_err(out, ref))
             for warps in (4, 8):
                 launch, outputs = run_flat(q, cache, pos, table, hkv, sms, 128, stages, warps,
-                                           layer, rows, ahead)
+                                           layer, rows)
                 ms = triton.testing.do_bench(launch)
                 show(f"streams c128 w{warps} {tag}", ms, rel_err(outputs(), ref))
 

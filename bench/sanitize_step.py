@@ -1,6 +1,6 @@
 """One megakernel step of tiny-llama on the GPU, for ``compute-sanitizer --tool memcheck``.
 
-    compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step [--kv-ahead 2]
+    compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step
         [--attn-stream] [--kv-block 64] [--attn-pairs]
 """
 import argparse
@@ -15,7 +15,6 @@ from megakernel.runtime.megakernel import megakernel_backend
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kv-ahead", type=int, default=0, help="CompileOptions.kv_ahead")
     p.add_argument("--attn-stream", action="store_true", help="TileConfig.attn_stream")
     p.add_argument("--attn-pairs", action="store_true",
                    help="TileConfig.attn_pairs (with 64 keys per task: each unit one task)")
@@ -24,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     model = load_model("tiny-llama", device="cuda", dtype="bfloat16", progress=False).model
     cache = allocate_kv_cache(model.config, 3, 64, dtype=torch.bfloat16, device="cuda")
-    step = megakernel_backend(model, cache, num_workers=24, kv_ahead=args.kv_ahead,
+    step = megakernel_backend(model, cache, num_workers=24,
                               tile=TileConfig(attn_stream=args.attn_stream,
                                               kv_block=args.kv_block,
                                               attn_pairs=args.attn_pairs,

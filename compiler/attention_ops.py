@@ -51,18 +51,6 @@ def prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B: tl.constexp
 
 
 @triton.jit
-def prefetch_stream_step(cache_ptr, pos_ptr, bt_ptr, c, layer, B: tl.constexpr,
-                         HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                         CHUNK: tl.constexpr):
-    """``prefetch_kv_lines`` of step c of ``attn_stream_op``'s units laid end to end."""
-    NCH: tl.constexpr = S // CHUNK
-    u = c // NCH
-    hi = tl.load(pos_ptr + u // HKV) + 1
-    ss = tl.minimum((c % NCH) * CHUNK + tl.arange(0, CHUNK), hi - 1)
-    prefetch_kv_lines(cache_ptr, bt_ptr, u // HKV, ss, layer, u % HKV, B, HKV, S, D, BS)
-
-
-@triton.jit
 def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
     """One step of keys k and values v [CHUNK, BLOCK_D] (``valid`` [CHUNK]) into the running
     max m and sum l [BLOCK_G] and the unnormalised output acc [BLOCK_G, BLOCK_D] of queries q."""
@@ -77,7 +65,7 @@ def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
 
 @triton.jit
 def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row, kv_head,
-                    slot, lo, span, layer, KV_AHEAD: tl.constexpr, scale: tl.constexpr,
+                    slot, lo, span, layer, scale: tl.constexpr,
                     B: tl.constexpr, HQ: tl.constexpr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                     KV_SPLIT: tl.constexpr, BS: tl.constexpr,
@@ -87,9 +75,8 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
     """Attention of row ``row``'s G query heads of one kv head over keys
     [lo, min(lo + span, len)) (span <= KV_SPLIT) -> unnormalised acc [G, D] and (max, sum) in
     fp32, into partial slot ``slot``; DIRECT (one range holds every key): the
-    normalised output into out [B, HQ * D]. KV_AHEAD > 0 (GPU): each step asks L2 for the keys
-    and values that many steps ahead. IN_BLOCK: lo and BS are multiples of CHUNK, so that each
-    step reads one block-table entry. (PF_KEYS is ``attn_partial_prefetch``'s, which takes the
+    normalised output into out [B, HQ * D]. IN_BLOCK: lo and BS are multiples of CHUNK, so that
+    each step reads one block-table entry. (PF_KEYS is ``attn_partial_prefetch``'s, which takes the
     same arguments.)"""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     seq_len = tl.load(pos_ptr + row) + 1
@@ -104,18 +91,10 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     NCHUNK: tl.constexpr = (KV_SPLIT + CHUNK - 1) // CHUNK
-    if KV_AHEAD > 0:          # the steps before the first the loop asks for
-        for a in tl.static_range(1, KV_AHEAD):
-            prefetch_kv_lines(cache_ptr, bt_ptr, row, tl.minimum(lo + a * CHUNK + ss, hi - 1),
-                              layer, kv_head, B, HKV, S, D, BS)
     # a fixed count of CHUNK-key steps (keys >= hi are masked, never read), so that the
     # pipeliner streams the next chunk while this one is used
     for c in tl.range(0, NCHUNK, num_stages=STAGES):
         start = lo + c * CHUNK
-        if KV_AHEAD > 0:
-            prefetch_kv_lines(cache_ptr, bt_ptr, row,
-                              tl.minimum(start + KV_AHEAD * CHUNK + ss, hi - 1), layer, kv_head,
-                              B, HKV, S, D, BS)
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
                        CHUNK, BLOCK_D, IN_BLOCK)
         m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
@@ -171,8 +150,7 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
 
 @triton.jit
 def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f0, f1, layer,
-                   slot0, KV_AHEAD: tl.constexpr, scale: tl.constexpr, B: tl.constexpr,
-                   HQ: tl.constexpr,
+                   slot0, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                    BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_D: tl.constexpr, STAGES: tl.constexpr):
@@ -181,8 +159,7 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
     CHUNK-key steps, whatever unit each step belongs to. Where a unit's piece ends: the whole
     unit -> its normalised output in out [B, HQ * D]; a part of one (only the first and the last
     piece can be) -> acc and (max, sum) in partial slot slot0, or slot0 + 1 for the last where
-    the first was a part too. KV_AHEAD > 0 (GPU): each step asks L2 for the keys and values
-    that many steps ahead."""
+    the first was a part too."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     gs = tl.arange(0, BLOCK_G)
@@ -195,14 +172,7 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    if KV_AHEAD > 0:          # the steps before the first the loop asks for
-        for a in tl.static_range(1, KV_AHEAD):
-            prefetch_stream_step(cache_ptr, pos_ptr, bt_ptr, tl.minimum(c0 + a, c1 - 1), layer,
-                                 B, HKV, S, D, BS, CHUNK)
     for c in tl.range(c0, c1, num_stages=STAGES):
-        if KV_AHEAD > 0:
-            prefetch_stream_step(cache_ptr, pos_ptr, bt_ptr, tl.minimum(c + KV_AHEAD, c1 - 1),
-                                 layer, B, HKV, S, D, BS, CHUNK)
         u = c // NCH
         row = u // HKV
         kv_head = u % HKV
@@ -229,10 +199,10 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
 
 @triton.jit
 def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row,
-                          kv_head, slot, lo, span, layer, KV_AHEAD: tl.constexpr,
-                          scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
-                          HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
-                          G: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                          kv_head, slot, lo, span, layer, scale: tl.constexpr,
+                          B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                          S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                          KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                           CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                           STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr,
                           IN_BLOCK: tl.constexpr = False):

@@ -38,8 +38,6 @@ class CompileOptions:
                                          # (llama-3.2-1b on the H200, batch 1: 0.960 -> 0.931 ms,
                                          # 8: 1.216 -> 1.174, 64: 3.154 -> 3.035)
     prefetch_kv: bool = False            # attention asks L2 for earlier steps' keys before waiting
-    kv_ahead: int = 0                    # attention asks L2 for the keys and values this many
-                                         # steps ahead of the step it loads (GPU; 0: none)
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
     prefetch_start: int = 0              # with prefetch_wait: a waiting task asks for its weights
@@ -55,22 +53,20 @@ class CompileOptions:
         task's weights before its waits, 2 the next instruction's words, 4 the weights between
         polls of its waits instead, 8 what ops with a prefetch body read of earlier steps),
         BACKOFF ns of sleep between polls, POLL 1 to poll with acquire loads, PF_START the
-        ``prefetch_start`` percentage, KV_AHEAD ``kv_ahead``."""
+        ``prefetch_start`` percentage."""
         if not cuda:
-            return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0, KV_AHEAD=0)
+            return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
                     | 8 * self.prefetch_kv,
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
-                    PF_START=self.prefetch_start, KV_AHEAD=self.kv_ahead)
+                    PF_START=self.prefetch_start)
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise ValueError(f"target {self.target!r} unknown; choose one of {', '.join(TARGETS)}")
         if self.max_registers and not 24 <= self.max_registers <= 255:
             raise ValueError(f"max_registers={self.max_registers}: ptxas takes 24 to 255 (or 0)")
-        if not 0 <= self.kv_ahead <= 8:
-            raise ValueError(f"kv_ahead={self.kv_ahead}: attention prefetches 0 to 8 steps ahead")
         if not 0 <= self.prefetch_start <= 100:
             raise ValueError(f"prefetch_start={self.prefetch_start} is not a percentage (0-100)")
         if self.max_seq_len % self.tile.kv_block:

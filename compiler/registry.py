@@ -199,15 +199,14 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "col:int"), _head_norm_rope),
     OpSpec("attn_partial", "attention_ops.attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int "
-                   "KV_AHEAD:kernel"),
+                   "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int"),
            _attn_partial, "attention_ops.attn_partial_prefetch"),
     OpSpec("attn_pair", "attention_ops.attn_pair_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
                    "row:int kv_head:int layer:int"), _attn_pair),
     OpSpec("attn_stream", "attention_ops.attn_stream_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act f0:int f1:int layer:int slot0:int KV_AHEAD:kernel"),
+                   "ml:f32 out:act f0:int f1:int layer:int slot0:int"),
            _attn_stream),
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),

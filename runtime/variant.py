@@ -30,10 +30,9 @@ rows' keys laid end to end, about one cut per worker, ``af`` attention as one st
 worker (an equal share of all units' keys), ``ap`` attention tasks over a row's pair of kv
 heads where each unit's keys are one task's, ``arN`` a kv head's query heads padded to at least N
 rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps' keys
-and values before their waits, ``kaN`` attention asking L2 for keys and values N steps ahead of
-each step, ``kbN`` cache blocks (the block table's unit) of N tokens (default 16; where a block
-holds whole attention steps each step reads one table entry), ``rgN`` at most N registers per
-thread.
+and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens (default
+16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at most N
+registers per thread.
 """
 from __future__ import annotations
 
@@ -74,7 +73,6 @@ class Variant:
     split_k: int = TileConfig.split_k
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
-    kv_ahead: int = CompileOptions.kv_ahead
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     attn_balance: bool = TileConfig.attn_balance
@@ -105,7 +103,6 @@ class Variant:
         flags += ["pn0"] * (self.prefetch and not self.prefetch_next)
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
-        flags += [f"ka{self.kv_ahead}"] * bool(self.kv_ahead)
         flags += ["pl"] * self.poll_load
         flags += [f"pt{self.prefetch_start}"] * bool(self.prefetch_start)
         flags += ["bal"] * self.balance
@@ -137,7 +134,7 @@ TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__da
 OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
-                 "prefetch_kv": "prefetch_kv", "kv_ahead": "kv_ahead",
+                 "prefetch_kv": "prefetch_kv",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers"}
 
@@ -159,7 +156,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "kb": lambda n: {"kv_block": n},
            "as": lambda n: {"attn_stages": n},
-           "ar": lambda n: {"attn_rows": n}, "ka": lambda n: {"kv_ahead": n},
+           "ar": lambda n: {"attn_rows": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},

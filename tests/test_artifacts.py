@@ -91,9 +91,6 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
         assert late != ptx_of(PREFETCH=4) and "prefetch.global.L2" in late
         assert "prefetch.global.L2" in ptx_of(PREFETCH=8)
         assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
-    if name == "tiny-llama":   # either attention body asks L2 for keys steps ahead
-        ahead = compile_for_hopper(kernel, switches={"PREFETCH": 0, "KV_AHEAD": 2}).asm["ptx"]
-        assert "prefetch.global.L2" in ahead, name
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
     # weight rows as the dot's M (64 and more): Hopper's warpgroup MMA

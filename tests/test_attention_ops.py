@@ -22,7 +22,7 @@ def pieces_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, l
     for s in range(count):
         attention_ops.attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                       row, kv_head, s, tl.load(los_ptr + s),
-                                      tl.load(spans_ptr + s), layer, 0, D ** -0.5, B, HQ, HKV, S,
+                                      tl.load(spans_ptr + s), layer, D ** -0.5, B, HQ, HKV, S,
                                       D, G, KV_SPLIT, BS, 16, G, D, 2, False, 0, IN_BLOCK)
     tl.debug_barrier()
     attention_ops.attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, 0, count, HQ, D, G,
@@ -195,7 +195,7 @@ def streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
     for i in range(nstreams):
         attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                      tl.load(f_ptr + i), tl.load(f_ptr + i + 1), layer,
-                                     tl.load(slot0_ptr + i), 0, D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                     tl.load(slot0_ptr + i), D ** -0.5, B, HQ, HKV, S, D, G, BS,
                                      STEP, G, D, 2)
     tl.debug_barrier()
     for j in range(nmerge):                    # (unit, first slot, count) of each cut unit

@@ -90,12 +90,8 @@ def test_variant_labels():
     assert late.options(132)["prefetch_start"] == 50 and parse_variant(late.label) == late
     with pytest.raises(ValueError, match="percentage"):
         CompileOptions(1, 64, prefetch_start=150)
-    keys = parse_variant("64x64x4x132xafxka2")
-    opts = CompileOptions(1, 64, **keys.options(132))
-    assert opts.kv_ahead == 2 and parse_variant(keys.label) == keys
-    assert opts.switches()["KV_AHEAD"] == 2 and opts.switches(cuda=False)["KV_AHEAD"] == 0
-    with pytest.raises(ValueError, match="kv_ahead=9"):
-        CompileOptions(1, 64, kv_ahead=9)
+    with pytest.raises(ValueError, match="unknown flag 'ka2'"):     # keys asked ahead: removed
+        parse_variant("64x64x4x132xafxka2")
     nxt = parse_variant("64x64x4x132xpnxhnxtxru0")
     assert nxt.options(132)["tile"].rms_unroll == 0
     assert nxt.options(132)["prefetch_next"] and parse_variant(nxt.label) == nxt
