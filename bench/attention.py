@@ -67,7 +67,10 @@ def load_kv_blocks(cache_ptr, bt_ptr, row, start, hi, head, B: tl.constexpr, HKV
                    S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr):
     """``attention_ops.load_kv``'s keys and values [CHUNK, D] of layer 0 with one block-table
     entry and one address per cache block of BS keys (start a multiple of BS), the keys of a
-    block at constant offsets from it."""
+    block at constant offsets from it (a block of whole steps: ``load_kv``'s IN_BLOCK)."""
+    if BS >= CHUNK:
+        return attention_ops.load_kv(cache_ptr, bt_ptr, row, start, hi, 0, head, B, HKV, S, D,
+                                     BS, CHUNK, D, True)
     NB: tl.constexpr = CHUNK // BS
     first = tl.minimum(start + tl.arange(0, NB) * BS, hi - 1)             # [NB] a key of each
     base = cache_slots(row, first, bt_ptr, 0, 0, head, B, HKV, S, D, BS) - (first % BS) * D

@@ -142,24 +142,26 @@ def test_paired_attention_probe_matches_sdpa(bs):
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("use_table,chunk", [(1, 32), (1, 16), (2, 32), (0, 32)])
-def test_attention_loads_probe_sums_the_keys_and_values(use_table, chunk):
+@pytest.mark.parametrize("use_table,chunk,bs", [(1, 32, BS), (1, 16, BS), (2, 32, BS), (2, 16, 32),
+                                               (0, 32, BS)])
+def test_attention_loads_probe_sums_the_keys_and_values(use_table, chunk, bs):
     """``bench/attention.py``'s loads alone: each unit's keys plus values summed over its
     length, through a shuffled block table by keys or by blocks (or at plain offsets), against
-    PyTorch; steps of a whole block (16 keys) read one table entry each."""
+    PyTorch; steps of a whole block (16 keys) read one table entry each, and by blocks steps
+    within a block (16 keys of 32) too."""
     from megakernel.bench.attention import kv_loads
 
     gen = torch.Generator().manual_seed(7)
     cache = torch.randn(1, 2, B, HKV, S, D, generator=gen)
     lengths = [S, S - 21]
     positions = torch.tensor(lengths, dtype=torch.int32) - 1
-    order = torch.randperm(B * S // BS, generator=gen) if use_table else torch.arange(B * S // BS)
-    table = order.to(torch.int32).view(B, S // BS)
+    order = torch.randperm(B * S // bs, generator=gen) if use_table else torch.arange(B * S // bs)
+    table = order.to(torch.int32).view(B, S // bs)
     out = torch.full((B * HKV, D), float("nan"))
     args = [t.to(DEVICE) for t in (cache, positions, table, out)]
-    kv_loads[(3,)](*args, B * HKV, B, HKV, S, D, BS, chunk, 2, use_table)
-    blocks = cache[0].view(2, B, HKV, S // BS, BS, D).permute(1, 3, 0, 2, 4, 5) \
-        .reshape(B * S // BS, 2, HKV, BS, D)                       # [block, 2, Hkv, BS, D]
+    kv_loads[(3,)](*args, B * HKV, B, HKV, S, D, bs, chunk, 2, use_table)
+    blocks = cache[0].view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // bs, 2, HKV, bs, D)                       # [block, 2, Hkv, BS, D]
     ref = torch.stack([blocks[table[r].long()].permute(1, 2, 0, 3, 4).reshape(2, HKV, S, D)
                        [:, :, :lengths[r]].sum((0, 2)) for r in range(B)]).view(B * HKV, D)
     torch.testing.assert_close(args[3].cpu(), ref, atol=1e-4, rtol=1e-5)
