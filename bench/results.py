@@ -1,8 +1,14 @@
 """Results file ``{"gpu", "date", "torch", "triton", "copy_TBps", "results": [...]}``: merging
 a new run into it (a row is replaced by a newer one of the same model, batch, context, backend)
-and drawing ms/token against batch size."""
+and drawing ms/token against batch size.
+
+    python -m megakernel.bench.results INTO.json RUN.json... [--plot PNG]
+
+merges the rows of each run (in order) into INTO.json, e.g. the halves of a range of batch sizes
+timed side by side on two GPUs."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -49,3 +55,19 @@ def plot_results(report: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="merge runs' rows into a results file")
+    p.add_argument("into", type=Path)
+    p.add_argument("runs", type=Path, nargs="+")
+    p.add_argument("--plot", type=Path, default=None)
+    args = p.parse_args(argv)
+    for run in args.runs:
+        report = merge_results(args.into, json.loads(run.read_text()))
+    if args.plot:
+        plot_results(report, args.plot)
+
+
+if __name__ == "__main__":
+    main()

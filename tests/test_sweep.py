@@ -76,3 +76,22 @@ def test_phase_boundary_probe_computes_what_pytorch_does(protocol):
 
     out = run(protocol, 1, 16, 5, "cpu", spin_limit=4)
     torch.testing.assert_close(out, reference(1, 16, 5))
+
+
+def test_results_merge_keeps_each_runs_rows_and_the_rest(tmp_path):
+    """``python -m megakernel.bench.results``: the halves of a range timed apart, merged in
+    order into a results file; rows of other models and batch sizes stay, newer rows replace."""
+    from megakernel.bench.results import main as merge
+
+    row = lambda model, b, ms: dict(model=model, batch_size=b, context=1024,
+                                    backend="megakernel", ms_per_token=ms)
+    into, a, b = tmp_path / "h200.json", tmp_path / "a.json", tmp_path / "b.json"
+    into.write_text(json.dumps({"gpu": "old", "results": [row("8b", 1, 4.0), row("1b", 1, 0.9),
+                                                          row("1b", 64, 2.0)]}))
+    a.write_text(json.dumps({"gpu": "H200", "results": [row("1b", 1, 0.8)]}))
+    b.write_text(json.dumps({"gpu": "H200", "results": [row("1b", 64, 1.8)]}))
+    merge([str(into), str(a), str(b), "--plot", str(tmp_path / "h200.png")])
+    merged = json.loads(into.read_text())
+    assert merged["gpu"] == "H200" and (tmp_path / "h200.png").stat().st_size > 0
+    assert sorted((r["model"], r["batch_size"], r["ms_per_token"]) for r in merged["results"]) \
+        == [("1b", 1, 0.8), ("1b", 64, 1.8), ("8b", 1, 4.0)]
