@@ -15,12 +15,13 @@ from 13 on, in the autotune ledger bench/results/session-2026-11-30g/autotune-12
 may hold others). Variants whose pipeline stages cannot fit in shared memory are dropped. The knobs
 that shape the task graph (``schedule_class``) are rated by the cost model's estimate of their
 tasks (tiling only, no code generated); the default's class, the ``classes`` best and, per
-attention layout, the class nearest the default (``shortlist``), each crossed with every code-level
-knob (block_k, stages, warps, cache block, KV prefetch, prefetch cap), are compiled and built side
-by side (``processes`` at once, as is the rating of each batch size: Triton builds one kernel per
-process), then timed one after another (a decode step at position ``max_seq_len - 1``, median of
-``iters``), each step's logits checked against the eager model's on the same step: a variant
-farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept.
+attention layout, the class nearest the default, each also with the K slices' reduce fused with the
+norm or not (``shortlist``), each crossed with every code-level knob (block_k, stages, warps, cache
+block, KV prefetch, prefetch cap), are compiled and built side by side (``processes`` at once, as
+is the rating of each batch size: Triton builds one kernel per process), then timed one after
+another (a decode step at position ``max_seq_len - 1``, median of ``iters``), each step's logits
+checked against the eager model's on the same step: a variant farther than ``max_rel_err``
+(relative norm) is recorded as wrong and never kept.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
