@@ -12,16 +12,17 @@ the cap on each task's L2 prefetch of its weights (only the defaults of these tw
 measured on the H200 with llama-3.2-1b: KV prefetch at most 1% faster at 1 to 8 rows and slower
 from 13 on, in the autotune ledger bench/results/session-2026-11-30g/autotune-12.json; the cap's
 256 KiB slower than 64 at every size, 16 and 32 no faster at batch 1; a space given by the caller
-may hold others). Variants whose pipeline stages cannot fit in shared memory are dropped. The knobs
-that shape the task graph (``schedule_class``) are rated by the cost model's estimate of their
-tasks (tiling only, no code generated); the default's class, the ``classes`` best and, per
-attention layout, the class nearest the default, each also with the K slices' reduce fused with the
-norm or not (``shortlist``), each crossed with every code-level knob (block_k, stages, warps, cache
-block, KV prefetch, prefetch cap), are compiled and built side by side (``processes`` at once, as
-is the rating of each batch size: Triton builds one kernel per process), then timed one after
-another (a decode step at position ``max_seq_len - 1``, median of ``iters``), each step's logits
-checked against the eager model's on the same step: a variant farther than ``max_rel_err``
-(relative norm) is recorded as wrong and never kept.
+may hold others). Variants whose pipeline stages cannot fit in shared memory, or whose cache block
+does not divide the context, are dropped. The knobs that shape the task graph (``schedule_class``)
+are rated by the cost model's estimate of their tasks (tiling only, no code generated); the
+default's class, the ``classes`` best and, per attention layout, the class nearest the default,
+each also with the K slices' reduce fused with the norm or not (``shortlist``), each crossed with
+every code-level knob (block_k, stages, warps, cache block, KV prefetch, prefetch cap), are
+compiled and built side by side (``processes`` at once, as is the rating of each batch size: Triton
+builds one kernel per process), then timed one after another (a decode step at position
+``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's on
+the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong and
+never kept.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -155,7 +156,8 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     attention least well: llama-3.2-1b on the H200 at 16 rows, 1024 keys per task 1.130 ms against
     512 1.250, rated the other way round; at 13 rows the default with 1024 keys 1.153, the
     best-rated class with 1024 keys (no K slices) 1.267."""
-    variants = list(dict.fromkeys(effective(ops, v) for v in candidates(target, space)))
+    variants = list(dict.fromkeys(effective(ops, v) for v in candidates(target, space)
+                                  if ops.dims.max_seq_len % v.kv_block == 0))
     rated, alike = {}, alike_ops(ops)
     for v in variants:
         if schedule_class(v) not in rated:

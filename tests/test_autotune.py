@@ -238,3 +238,7 @@ def test_shortlist_times_the_default_and_every_attention_layout_near_it():
              for v in tuning.candidates(H200, fusable)}
     siblings = {tuning.fused_sibling(k) for k in timed} & rated
     assert siblings and siblings <= timed
+    # cache blocks that do not divide the context (64 keys) are never timed
+    wide = dict(space, kv_block=(16, 128), kv_split=(64, 128), attn_stream=(False, True))
+    blocks = {v.kv_block for v, _ in tuning.shortlist(ops, H200, wide, 1)}
+    assert blocks == {16}
