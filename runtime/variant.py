@@ -191,7 +191,7 @@ def stream_kv_split(kv_block: int) -> int:
 
 def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
-    tiler raises them for this batch, q/k/v pieces per head as it chooses them (one where heads
+    tiler raises them for this batch (at most the context), q/k/v pieces per head as it chooses them (one where heads
     have a head norm, unless split; split only where that makes pieces; models without a head
     norm keep the default), the attention task limit only where it changed the keys per task
     (balanced attention: never; its keys per task are a minimum there, kept as asked; and no
@@ -226,6 +226,8 @@ def effective(ops, v: Variant) -> Variant:
         else TileConfig.attn_tasks_per_worker
     if v.attn_balance or v.attn_stream:
         span, at = v.kv_split, TileConfig.attn_tasks_per_worker
+    elif ops.dims.max_seq_len % v.kv_block == 0:      # keys past the context change nothing
+        span = min(span, ops.dims.max_seq_len)
     group = ops.dims.heads // ops.dims.kv_heads
     rows = v.attn_rows if p2(group, v.attn_rows) != p2(group, TileConfig.attn_rows) \
         else TileConfig.attn_rows

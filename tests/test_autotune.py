@@ -163,6 +163,9 @@ def test_variants_are_rated_as_they_will_be_built():
         assert built.qkv_parts == parts and built.split_head_norm == (hn or name == "tiny-llama")
         assert built.kv_split >= 16 and 64 % built.kv_split == 0
     assert tuning.effective(ops, replace(v, workers=1)).kv_split == 64   # one worker: one split
+    # keys per task beyond the context (64) build what the whole context does
+    assert tuning.effective(ops, replace(v, kv_split=128)) == \
+        tuning.effective(ops, replace(v, kv_split=64))
     # a higher attention task limit: more splits where the limit raised the span, else the
     # same kernel as the default limit
     few, more = (tuning.effective(ops, replace(v, workers=4, attn_tasks_per_worker=a))
