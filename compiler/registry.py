@@ -136,30 +136,30 @@ def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
     return max(16, min(span, c.kv_step // p2(d.head_dim)))
 
 
-def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
-    g, chunk = d.heads // d.kv_heads, kv_chunk(t, d, c)
-    return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
-                S=d.max_seq_len, D=d.head_dim, G=g, KV_SPLIT=t.args["kv_split"], BS=c.kv_block,
-                CHUNK=chunk, BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
-                STAGES=c.attn_stages or max(2, c.stages), DIRECT=t.args["direct"],
-                PF_KEYS=min(1024, p2(t.args["kv_split"])),
-                IN_BLOCK=c.kv_block % chunk == 0)       # tasks start at multiples of kv_block
-
-
-def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
-    g, chunk = d.heads // d.kv_heads, kv_chunk(t, d, c)
+def _attn_body(d: Dims, c: TileConfig, chunk: int) -> dict:
+    """The sizes every attention body takes, with ``chunk`` keys per step."""
+    g = d.heads // d.kv_heads
     return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, D=d.head_dim, G=g, BS=c.kv_block, CHUNK=chunk,
                 BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
-                STAGES=c.attn_stages or max(2, c.stages), IN_BLOCK=c.kv_block % chunk == 0)
+                STAGES=c.attn_stages or max(2, c.stages))
+
+
+def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
+    chunk = kv_chunk(t, d, c)
+    return _attn_body(d, c, chunk) | dict(
+        KV_SPLIT=t.args["kv_split"], DIRECT=t.args["direct"],
+        PF_KEYS=min(1024, p2(t.args["kv_split"])),
+        IN_BLOCK=c.kv_block % chunk == 0)       # tasks start at multiples of kv_block
+
+
+def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
+    chunk = kv_chunk(t, d, c)
+    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0)
 
 
 def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    g = d.heads // d.kv_heads
-    return dict(scale=d.head_dim ** -0.5, B=d.batch, HQ=d.heads, HKV=d.kv_heads,
-                S=d.max_seq_len, D=d.head_dim, G=g, BS=c.kv_block, CHUNK=t.args["step"],
-                BLOCK_G=p2(g, c.attn_rows), BLOCK_D=p2(d.head_dim),
-                STAGES=c.attn_stages or max(2, c.stages))
+    return _attn_body(d, c, t.args["step"])
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:

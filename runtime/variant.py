@@ -191,13 +191,13 @@ def stream_kv_split(kv_block: int) -> int:
 
 def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
-    tiler raises them for this batch (at most the context), q/k/v pieces per head as it chooses them (one where heads
-    have a head norm, unless split; split only where that makes pieces; models without a head
-    norm keep the default), the attention task limit only where it changed the keys per task
-    (balanced attention: never; its keys per task are a minimum there, kept as asked; and no
-    balance where it cuts the keys as the plain tiling does; streamed attention: none of the
-    three), the fused reduce and norm only with both norm first and split-K, the attention rows
-    only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
+    tiler raises them for this batch (at most the context), q/k/v pieces per head as it chooses
+    them (one where heads have a head norm, unless split; split only where that makes pieces;
+    models without a head norm keep the default), the attention task limit only where it changed
+    the keys per task (balanced attention: never; its keys per task are a minimum there, kept as
+    asked; and no balance where it cuts the keys as the plain tiling does; streamed attention: none
+    of the three), the fused reduce and norm only with both norm first and split-K, the attention
+    rows only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
     (their pieces per head then mean nothing), pairs of kv heads per task only where they apply
     (``Tiler.attn_pairs``). Equal results build equal kernels."""
     stream_split = stream_kv_split(v.kv_block)
