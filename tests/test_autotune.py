@@ -8,7 +8,7 @@ from megakernel.compiler.cost import H200
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache, autotune as tuning
 from megakernel.runtime.megakernel import KernelLibrary, megakernel_backend
-from megakernel.runtime.variant import variant_of
+from megakernel.runtime.variant import parse_variant, variant_of
 
 SPACE = {"block_n": (16, 32), "block_k": (32,), "stages": (1, 2), "num_warps": (4,),
          "workers_per_sm": (1,), "kv_split": (16, 32), "qkv_parts": (1, 2)}
@@ -20,7 +20,8 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     model, folder = loaded.model, tmp_path / "autotune" / "tiny-llama"
     run = lambda jobs: tuning.autotune(model, "tiny-llama", [1, 2], 64, folder, space=SPACE,
                                        classes=1, iters=1, progress=False,
-                                       cache_root=tmp_path / "c", processes=jobs)
+                                       cache_root=tmp_path / "c", processes=jobs,
+                                       refine=("prefetch_kv",))
     def no_compiling(*args, **kwargs):
         raise AssertionError("variants are compiled in the worker processes, not here")
 
@@ -32,6 +33,14 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     ledger = tuning.Ledger(folder / "autotune.json")
     assert len(ledger.rows) == sum(w.timed for w in winners)
     assert {(r["batch"], r["variant"]) for r in ledger.rows} >= {(w.batch, w.label) for w in winners}
+    # then each batch size's fastest of the shortlist with the refining knob flipped (KV prefetch:
+    # not in the interpreter's shortlist, the same kernel there)
+    for b in (1, 2):
+        rows = [r for r in ledger.rows if r["batch"] == b]
+        flipped = [r for r in rows if "xpk" in r["variant"]]
+        fastest = min((r for r in rows if r not in flipped), key=lambda r: r["ms"])
+        assert [r["variant"] for r in flipped] == \
+            [variant_of_label(fastest["variant"], prefetch_kv=True)]
 
     def no_timing(*args, **kwargs):
         raise AssertionError("a rerun must not time what autotune.json already holds")
@@ -41,6 +50,7 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
 
     monkeypatch.setattr(tuning, "time_variant", no_timing)
     monkeypatch.setattr(tuning, "_plan", no_rating)
+    monkeypatch.setattr(tuning, "_flips", no_rating)
     with monkeypatch.context() as patch:  # the kept winners are not compiled or loaded again
         patch.setattr(tuning, "compile_cached", no_compiling)
         assert run(1) == winners
@@ -72,6 +82,23 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     from megakernel.compiler.pipeline import CompileOptions
 
     assert step.compiled.options == CompileOptions(2, 64, target="cpu")   # the default, compiled
+
+
+def variant_of_label(label: str, **knobs) -> str:
+    return replace(parse_variant(label), **knobs).label
+
+
+def test_refinements_flip_a_knob_unless_that_variant_was_timed():
+    """The balance refinement of a variant on 132 workers: the same variant with balance on, as
+    it will be built, rated; nothing where that variant was timed already."""
+    from megakernel.runtime.variant import Variant
+
+    cfg = load_model("tiny-llama", progress=False).model.config
+    v = Variant(32, 32, 4, 132, stages=1, kv_split=32, qkv_parts=1, split_k=1, norm_first=False)
+    job = lambda timed: (cfg, torch.float32, 2, 64, H200.name, v, ("balance",), timed)
+    [(u, predicted)] = tuning._flips(job({v.label}))
+    assert u == replace(v, balance=True) and predicted > 0
+    assert tuning._flips(job({v.label, u.label})) == []
 
 
 def test_autotune_never_keeps_a_variant_with_wrong_logits(tmp_path, monkeypatch):

@@ -1,0 +1,42 @@
+"""The autotuner's ledger, ``autotune.json``: every measurement as a row under a key (model hash,
+batch size, device, code version, variant), so that a rerun times only what is missing, and each
+batch size's shortlist (``plans``), so that a rerun need not rate the candidates again."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .variant import Variant, parse_variant
+
+
+class Ledger:
+    """autotune.json: every measurement, keyed so that a rerun resumes, and each batch size's
+    shortlist (``plans``), so that a rerun need not rate the candidates again."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        self.rows, self.plans = data.get("runs", []), data.get("plans", {})
+
+    def key(self, **fields) -> str:
+        return json.dumps(fields, sort_keys=True)
+
+    def get(self, key: str):
+        return next((r for r in self.rows if r["key"] == key), None)
+
+    def add(self, key: str, **row) -> dict:
+        self.rows.append({"key": key, **row})
+        self.save()
+        return self.rows[-1]
+
+    def add_plan(self, key: str, picks: list[tuple[Variant, float]]) -> None:
+        self.plans[key] = [[v.label, predicted] for v, predicted in picks]
+        self.save()
+
+    def plan(self, key: str) -> list[tuple[Variant, float]] | None:
+        picks = self.plans.get(key)
+        return None if picks is None else [(parse_variant(label), p) for label, p in picks]
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"runs": self.rows, "plans": self.plans}, indent=1))
