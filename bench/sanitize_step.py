@@ -1,14 +1,15 @@
 """One megakernel step of tiny-llama on the GPU, for ``compute-sanitizer --tool memcheck``.
 
     compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step
-        [--attn-stream] [--kv-block 64] [--attn-pairs]
+        [--attn-stream] [--kv-block 64] [--attn-pairs [--attn-group 4]]
 """
 import argparse
+from dataclasses import replace
 
 import torch
 
 from megakernel.compiler.tile import TileConfig
-from megakernel.models import load_model
+from megakernel.models import PRESETS, load_model, random_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
 
@@ -20,13 +21,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="TileConfig.attn_pairs (with 64 keys per task: each unit one task)")
     p.add_argument("--kv-block", type=int, default=TileConfig.kv_block,
                    help="TileConfig.kv_block (64: one block-table entry per attention step)")
+    p.add_argument("--attn-group", type=int, default=TileConfig.attn_group,
+                   help="TileConfig.attn_group (more than 2: tiny-llama with 4 kv heads)")
     args = p.parse_args(argv)
-    model = load_model("tiny-llama", device="cuda", dtype="bfloat16", progress=False).model
+    if args.attn_group > 2:
+        cfg = replace(PRESETS["tiny-llama"], num_heads=8, num_kv_heads=4)
+        model = random_model(cfg, "cuda", torch.bfloat16)
+    else:
+        model = load_model("tiny-llama", device="cuda", dtype="bfloat16", progress=False).model
     cache = allocate_kv_cache(model.config, 3, 64, dtype=torch.bfloat16, device="cuda")
     step = megakernel_backend(model, cache, num_workers=24,
                               tile=TileConfig(attn_stream=args.attn_stream,
                                               kv_block=args.kv_block,
                                               attn_pairs=args.attn_pairs,
+                                              attn_group=args.attn_group,
                                               kv_split=max(TileConfig.kv_split, args.kv_block)))
     tokens = torch.tensor([[1], [2], [3]], device="cuda")
     positions = torch.tensor([[0], [5], [63]], device="cuda")

@@ -1,6 +1,7 @@
 """Attention op bodies of the megakernel (``@triton.jit``, one tile task each): a partial over
-one key range of one row's query heads of a kv head, a pair of a row's kv heads over all its
-keys, a stream over the keys of consecutive (row, kv head) units, and the combine of partials.
+one key range of one row's query heads of a kv head, a pair (or a group) of a row's kv heads
+over all its keys, a stream over the keys of consecutive (row, kv head) units, and the combine
+of partials.
 
 The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``ops.cache_slots``;
 partials are fp32 acc [P, G, D] and (max, sum) [P, G, 2], one slot per key range (P in all), the
@@ -146,6 +147,66 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
     tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT), mask=qmask)
     tl.store(out_ptr + offs + G * D, (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT),
              mask=qmask)
+
+
+@triton.jit
+def load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, heads, B: tl.constexpr,
+                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr):
+    """``load_kv`` of the kv heads ``heads`` [NH] of one row at once: keys and values
+    [NH, CHUNK, BLOCK_D]."""
+    ss = start + tl.arange(0, CHUNK)
+    ds = tl.arange(0, BLOCK_D)
+    if IN_BLOCK:
+        first = cache_slots(row, tl.minimum(start, hi - 1), bt_ptr, layer, 0, heads, B, HKV, S,
+                            D, BS)                                                   # [NH]
+        key = first[:, None] + tl.arange(0, CHUNK)[None, :] * D                  # [NH, CHUNK]
+    else:
+        key = cache_slots(row, tl.minimum(ss, hi - 1)[None, :], bt_ptr, layer, 0,
+                          heads[:, None], B, HKV, S, D, BS)                      # [NH, CHUNK]
+    offs = key[:, :, None] + ds[None, None, :]                         # [NH, CHUNK, BLOCK_D]
+    mask = (ss < hi)[None, :, None] & (ds[None, None, :] < D)
+    v_shift = B * HKV * S * D
+    return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
+            tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
+
+
+@triton.jit
+def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
+                  scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                  CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                  STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr):
+    """``attn_pair_op`` for NH kv heads kv_head .. kv_head + NH - 1 of row ``row``: their steps
+    as one batch of NH [BLOCK_G, CHUNK] score tiles (batched dots) in one pipelined loop ->
+    their normalised outputs in out [B, HQ * D]."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    hi = tl.load(pos_ptr + row) + 1
+    hs = tl.arange(0, NH)
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, CHUNK)
+    heads = row * HQ + (kv_head + hs[:, None]) * G + gs[None, :]        # [NH, BLOCK_G] of B * HQ
+    offs = heads[:, :, None] * D + ds[None, None, :]                    # [NH, BLOCK_G, BLOCK_D]
+    qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D)
+    q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+    m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([NH, BLOCK_G], tl.float32)
+    acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
+    for c in tl.range(0, (S + CHUNK - 1) // CHUNK, num_stages=STAGES):
+        k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
+                             S, D, BS, CHUNK, BLOCK_D, IN_BLOCK)
+        scores = _dot(q, tl.permute(k.to(DT), (0, 2, 1)),
+                      tl.zeros([NH, BLOCK_G, CHUNK], tl.float32), DT)    # [NH, BLOCK_G, CHUNK]
+        scores = tl.where((c * CHUNK + ss < hi)[None, None, :], scores * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=2))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # no key yet: adds nothing
+        alpha = tl.exp(m - m_ref)
+        p = tl.exp(scores - m_ref[:, :, None])
+        l = l * alpha + tl.sum(p, axis=2)
+        acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, :, None], DT)
+        m = m_new
+    tl.store(out_ptr + offs, (acc / tl.where(l == 0.0, 1.0, l)[:, :, None]).to(DT), mask=qmask)
 
 
 @triton.jit

@@ -52,7 +52,7 @@ def task_us(task: Task, target: Target, workers: int) -> float:
     is ``op_waves_us``'s), or its flops at its share of the tensor cores if that is longer."""
     per_sm = max(1, -(-min(workers, target.max_workers) // target.sms))
     per_worker_flops = target.flops_per_us / max(1, min(workers, target.sms))
-    attention = task.kind in ("attn_partial", "attn_pair", "attn_stream")
+    attention = task.kind in ("attn_partial", "attn_pair", "attn_group", "attn_stream")
     rate = target.attn_bytes_per_us if attention else target.sm_bytes_per_us
     return target.task_overhead_us + max(task.bytes * per_sm / rate, task.flops / per_worker_flops)
 

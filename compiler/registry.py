@@ -158,6 +158,11 @@ def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
     return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0)
 
 
+def _attn_group(t: Task, d: Dims, c: TileConfig) -> dict:
+    chunk = max(16, kv_chunk(t, d, c) * 2 // c.attn_group)    # as many keys x heads as a pair
+    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, NH=c.attn_group)
+
+
 def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
     return _attn_body(d, c, t.args["step"])
 
@@ -204,6 +209,9 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("attn_pair", "attention_ops.attn_pair_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
                    "row:int kv_head:int layer:int"), _attn_pair),
+    OpSpec("attn_group", "attention_ops.attn_group_op",
+           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
+                   "row:int kv_head:int layer:int"), _attn_group),
     OpSpec("attn_stream", "attention_ops.attn_stream_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act f0:int f1:int layer:int slot0:int"),

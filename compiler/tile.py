@@ -65,6 +65,8 @@ class TileConfig:
                                # pipelined loop across its units (see tile_attention)
     attn_pairs: bool = False   # where each unit's keys are one task's: a task per row and pair
                                # of kv heads, both heads' steps in one loop (Tiler.attn_pairs)
+    attn_group: int = 2        # kv heads per such task (2: attn_pair; more: attn_group, their
+                               # steps as batched dots, keys per step 2 / attn_group as many)
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)
@@ -107,6 +109,8 @@ class TileConfig:
             raise ValueError(f"attn_rows={self.attn_rows}: the attention dots take 4, 8 or 16 rows")
         if self.kv_split % self.kv_block:
             raise ValueError(f"kv_split={self.kv_split} is not a multiple of kv_block={self.kv_block}")
+        if self.attn_group < 2 or self.attn_group & (self.attn_group - 1):
+            raise ValueError(f"attn_group={self.attn_group}: kv heads per task are 2, 4, 8...")
 
 
 def p2(n: int) -> int:
@@ -200,10 +204,11 @@ class Tiler:
         return out
 
     def attn_pairs(self) -> bool:
-        """``attn_pairs`` where it applies: an even number of kv heads, no stream, and each
-        unit's keys one task's (``kv_pieces``)."""
+        """``attn_pairs`` where it applies: kv heads in whole groups of ``attn_group``, no
+        stream, and each unit's keys one task's (``kv_pieces``)."""
         return self.cfg.attn_pairs and not self.cfg.attn_stream and \
-            self.graph.dims.kv_heads % 2 == 0 and all(len(p) == 1 for p in self.kv_pieces())
+            self.graph.dims.kv_heads % self.cfg.attn_group == 0 and \
+            all(len(p) == 1 for p in self.kv_pieces())
 
     def qkv_pieces(self, head_norm: bool) -> int:
         """Tasks per q/k/v head: one where a head RMSNorm needs the whole head (unless

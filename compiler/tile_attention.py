@@ -1,7 +1,8 @@
 """Tile the attention op: an attn_partial task per key range of each (row, kv head) unit
 (``Tiler.kv_pieces``), partials in fp32 slots merged by one attn_combine per unit of several
 ranges; a unit of one range writes its output itself (with ``attn_pairs``, where every unit is
-one range: an attn_pair task per row and pair of kv heads). With ``attn_stream``, the units'
+one range: an attn_pair task per row and pair of kv heads, or an attn_group task per row and
+group of ``attn_group``). With ``attn_stream``, the units'
 keys laid end to end are cut into one equal share per worker (whole steps), an attn_stream task
 each; units cut between shares are merged by an attn_combine."""
 from __future__ import annotations
@@ -23,21 +24,23 @@ def tile_attention(t: Tiler, op) -> None:
 
 
 def tile_attention_pairs(t: Tiler, op) -> None:
-    """An attn_pair task per row and pair of kv heads (2h, 2h + 1), where each unit's keys are
-    one task's (``Tiler.attn_pairs``): both heads in one loop, each output written whole."""
+    """An attn_pair task per row and pair of kv heads (2h, 2h + 1), or an attn_group task per
+    row and group of ``attn_group`` kv heads, where each unit's keys are one task's
+    (``Tiler.attn_pairs``): the heads in one loop, each output written whole."""
     d = t.graph.dims
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
-    group, hd, s = d.heads // d.kv_heads, d.head_dim, d.max_seq_len
+    group, hd, s, n = d.heads // d.kv_heads, d.head_dim, d.max_seq_len, t.cfg.attn_group
     for b in range(d.batch):
-        for g in range(0, d.kv_heads, 2):
-            cols = ((b, b + 1), (g * group * hd, (g + 2) * group * hd))      # both heads' q/out
-            kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 2), (0, s),
+        for g in range(0, d.kv_heads, n):
+            cols = ((b, b + 1), (g * group * hd, (g + n) * group * hd))      # the heads' q/out
+            kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + n), (0, s),
                                      (0, hd)))
-            t.add(op, "attn_pair", dict(q=q.name, out=out.name, row=b, kv_head=g, layer=layer,
-                                        kv_split=s),
+            t.add(op, "attn_pair" if n == 2 else "attn_group",
+                  dict(q=q.name, out=out.name, row=b, kv_head=g, layer=layer, kv_split=s,
+                       heads=n),
                   [Region(q.name, cols), kv, Region("positions", ((0, d.batch),))],
-                  [Region(out.name, cols)], 2 * (2 * s * hd + 2 * group * hd) * d.itemsize,
-                  2 * 4 * group * s * hd)
+                  [Region(out.name, cols)], 2 * (n * s * hd + n * group * hd) * d.itemsize,
+                  2 * 2 * n * group * s * hd)
 
 
 def tile_attention_pieces(t: Tiler, op) -> None:

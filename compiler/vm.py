@@ -184,9 +184,11 @@ class VM:
             self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]] = acc, ml
 
     def attn_pair(self, a):
-        for g in (a["kv_head"], a["kv_head"] + 1):
+        for g in range(a["kv_head"], a["kv_head"] + a["heads"]):
             acc, ml = self.attend(a["row"], g, 0, self.d.max_seq_len, a["layer"], a["q"])
             self.attn_out(a, a["row"], g, acc / ml[:, 1:])
+
+    attn_group = attn_pair
 
     def attn_stream(self, a):
         s, hkv, slot = self.d.max_seq_len, self.d.kv_heads, a["slot0"]

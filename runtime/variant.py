@@ -28,8 +28,8 @@ sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x written once by rms_norm
 reduced by whole rows and each row normalised in the same task, ``ab`` attention tasks cut from all
 rows' keys laid end to end, about one cut per worker, ``af`` attention as one stream of keys per
 worker (an equal share of all units' keys), ``ap`` attention tasks over a row's pair of kv
-heads where each unit's keys are one task's, ``arN`` a kv head's query heads padded to at least N
-rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps' keys
+heads where each unit's keys are one task's (``agN``: groups of N kv heads), ``arN`` a kv
+head's query heads padded to at least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps' keys
 and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens (default
 16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at most N
 registers per thread.
@@ -78,6 +78,7 @@ class Variant:
     attn_balance: bool = TileConfig.attn_balance
     attn_stream: bool = TileConfig.attn_stream
     attn_pairs: bool = TileConfig.attn_pairs
+    attn_group: int = TileConfig.attn_group
     attn_rows: int = TileConfig.attn_rows
     qkv_cross: bool = TileConfig.qkv_cross
     max_registers: int = CompileOptions.max_registers
@@ -111,6 +112,7 @@ class Variant:
         flags += ["ab"] * self.attn_balance
         flags += ["af"] * self.attn_stream
         flags += ["ap"] * self.attn_pairs
+        flags += [f"ag{self.attn_group}"] * (self.attn_group != TileConfig.attn_group)
         flags += [f"ar{self.attn_rows}"] * (self.attn_rows != TileConfig.attn_rows)
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
@@ -156,7 +158,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "kb": lambda n: {"kv_block": n},
            "as": lambda n: {"attn_stages": n},
-           "ar": lambda n: {"attn_rows": n},
+           "ar": lambda n: {"attn_rows": n}, "ag": lambda n: {"attn_group": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
@@ -198,8 +200,9 @@ def effective(ops, v: Variant) -> Variant:
     asked; and no balance where it cuts the keys as the plain tiling does; streamed attention: none
     of the three), the fused reduce and norm only with both norm first and split-K, the attention
     rows only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
-    (their pieces per head then mean nothing), pairs of kv heads per task only where they apply
-    (``Tiler.attn_pairs``). Equal results build equal kernels."""
+    (their pieces per head then mean nothing), pairs (or groups) of kv heads per task only where
+    they apply (``Tiler.attn_pairs``), the group size only with them. Equal results build equal
+    kernels."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
@@ -211,6 +214,8 @@ def effective(ops, v: Variant) -> Variant:
         return effective(ops, replace(v, attn_balance=False))
     if v.attn_pairs and not tiler.attn_pairs():
         return effective(ops, replace(v, attn_pairs=False))
+    if v.attn_group != TileConfig.attn_group and not v.attn_pairs:
+        return effective(ops, replace(v, attn_group=TileConfig.attn_group))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:
         return effective(ops, replace(v, qkv_cross=False))

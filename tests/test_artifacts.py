@@ -102,6 +102,13 @@ c = compile_model(model, CompileOptions(64, 64, target="h200"), "llama-3.2-1b")
 out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
 assert out.metadata.shared <= 233472 - 1024, out.metadata.shared
 print("llama-3.2-1b", 64, "sm_90 ok", out.metadata.shared)
+# attention over groups of 4 kv heads: batched dots, half the keys per step
+tile = TileConfig(attn_pairs=True, attn_group=4, kv_split=1024, norm_first=True, split_k=4)
+c = compile_model(model, CompileOptions(64, 1024, target="h200", tile=tile), "llama-3.2-1b")
+assert {t.kind for t in c.tasks.tasks} >= {"attn_group"}
+out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
+assert out.metadata.shared <= 233472 - 1024, out.metadata.shared
+print("llama-3.2-1b", 64, "attn_group sm_90 ok", out.metadata.shared)
 """
 
 
@@ -111,7 +118,7 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
     proc = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], env=env, capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("sm_90 ok") == 5
+    assert proc.stdout.count("sm_90 ok") == 6
 
 
 def test_top_level_compile_gives_one_kernel_per_batch_size():

@@ -91,12 +91,12 @@ def pair_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ:
                                        IN_BLOCK)
 
 
-def paged_inputs(seed: int, bs: int, layers: int, lengths: list[int]):
-    """q [B, HQ * D], a cache [layers, 2, B, Hkv, S, D], positions and a shuffled block table
+def paged_inputs(seed: int, bs: int, layers: int, lengths: list[int], hq=HQ, hkv=HKV):
+    """q [B, hq * D], a cache [layers, 2, B, hkv, S, D], positions and a shuffled block table
     of ``bs``-key blocks."""
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, HQ * D, generator=gen)
-    cache = torch.randn(layers, 2, B, HKV, S, D, generator=gen)
+    q = torch.randn(B, hq * D, generator=gen)
+    cache = torch.randn(layers, 2, B, hkv, S, D, generator=gen)
     positions = torch.tensor(lengths, dtype=torch.int32) - 1
     table = torch.randperm(B * S // bs, generator=gen).to(torch.int32).view(B, S // bs)
     return q, cache, positions, table
@@ -107,10 +107,11 @@ def paged_sdpa(q, layer_cache, table, bs: int, lengths: list[int]) -> torch.Tens
     layer_cache [2, B, Hkv, S, D] (the physical blocks)."""
     from megakernel.bench.attention import sdpa
 
-    blocks = layer_cache.view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
-        .reshape(B * S // bs, 2, HKV, bs, D)                       # [block, 2, Hkv, BS, D]
-    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, HKV, S, D)
-    return torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], HKV)
+    hkv = layer_cache.shape[2]
+    blocks = layer_cache.view(2, B, hkv, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * S // bs, 2, hkv, bs, D)                       # [block, 2, Hkv, BS, D]
+    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, hkv, S, D)
+    return torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], hkv)
                       for r in range(B)])
 
 
@@ -123,6 +124,33 @@ def test_pair_op_matches_attention(bs, chunk, in_block):
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
     pair_kernel[(1,)](*args, B, HQ, HKV, S, D, G, bs, chunk, in_block)
+    torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
+                               atol=1e-5, rtol=1e-5)
+
+
+@triton.jit
+def group_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ: tl.constexpr,
+                 HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                 BS: tl.constexpr, CHUNK: tl.constexpr, IN_BLOCK: tl.constexpr,
+                 NH: tl.constexpr):
+    for row in range(B):
+        for h in range(0, HKV, NH):
+            attention_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, h, 1,
+                                        D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK, 4, D, 2,
+                                        IN_BLOCK, NH)
+
+
+@pytest.mark.parametrize("nh,hkv,bs,chunk,in_block", [(4, 4, 16, 32, False), (4, 8, 16, 16, True),
+                                                      (2, 4, 32, 16, True)])
+def test_group_op_matches_attention(nh, hkv, bs, chunk, in_block):
+    """``attn_group_op``: each row's kv heads in groups of ``nh`` (G = 3 query heads each,
+    padded to 4 rows) as batched dots in one loop, rows of unequal length, the second layer of
+    a cache read through a shuffled block table, against SDPA."""
+    lengths, hq = [S - 21, S], 3 * hkv
+    q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths, hq, hkv)
+    out = torch.full_like(q, float("nan"))
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
+    group_kernel[(1,)](*args, B, hq, hkv, S, D, 3, bs, chunk, in_block, nh)
     torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
                                atol=1e-5, rtol=1e-5)
 

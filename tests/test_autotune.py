@@ -218,6 +218,10 @@ def test_variants_are_rated_as_they_will_be_built():
     assert paired.attn_pairs and parse_variant(paired.label) == paired
     assert tuning.effective(ops, replace(v, attn_pairs=True)) == tuning.effective(ops, v)
     assert not tuning.effective(ops, replace(v, attn_pairs=True, attn_stream=True)).attn_pairs
+    # groups of 4 kv heads: not with 2 kv heads (tiny-qwen3), and the size means nothing alone
+    assert tuning.effective(ops, replace(v, attn_pairs=True, attn_group=4, kv_split=64)) == \
+        tuning.effective(ops, replace(v, kv_split=64))
+    assert tuning.effective(ops, replace(v, attn_group=4)) == tuning.effective(ops, v)
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)

@@ -25,7 +25,7 @@ SETTINGS = settings(max_examples=12, deadline=None,
 
 @st.composite
 def small_models(draw):
-    kv, group = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    kv, group = draw(st.sampled_from([1, 2, 3, 4])), draw(st.integers(1, 3))
     cfg = ModelConfig(
         arch=draw(st.sampled_from(["llama", "qwen3"])), vocab_size=draw(st.integers(40, 300)),
         hidden_size=draw(st.integers(24, 160)), intermediate_size=draw(st.integers(24, 200)),
@@ -43,7 +43,8 @@ def small_models(draw):
                        kv_step=16 * draw(st.sampled_from([16, 32, 512])),
                        norm_first=draw(st.booleans()),
                        reduce_norm=draw(st.booleans()), qkv_cross=draw(st.booleans()),
-                       attn_pairs=draw(st.booleans()))
+                       attn_pairs=draw(st.booleans()),
+                       attn_group=draw(st.sampled_from([2, 4])))
     spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
     return cfg, batch, seq, tiles, spread
 

@@ -90,7 +90,8 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # attention, no norm first at a batch where it is the default, split-K reduced with the norm,
 # streamed attention, the attention dots' query rows padded to 16, q/k/v pieces across heads,
 # cache blocks of whole attention steps,
-# attention tasks over pairs of kv heads (with split-K reduced with the norm at 64 rows)
+# attention tasks over pairs of kv heads (with split-K reduced with the norm at 64 rows) and over
+# groups of 4 kv heads (at 48 rows, 128-key blocks: 64-key steps)
 @pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -125,7 +126,10 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                 id="llama-3.2-1b-24-ap-kb128"),
                             pytest.param("llama-3.2-1b", 64, TileConfig(
                                 attn_pairs=True, kv_split=1024, reduce_norm=True),
-                                id="llama-3.2-1b-64-rn-ap")])
+                                id="llama-3.2-1b-64-rn-ap"),
+                            pytest.param("llama-3.2-1b", 48, TileConfig(
+                                attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128),
+                                id="llama-3.2-1b-48-ap-ag4-kb128")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to

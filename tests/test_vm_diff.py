@@ -1,11 +1,13 @@
 """The reference VM against the generated kernel (interpreter), buffer by buffer, and the VM
 under multi-worker schedules against eager PyTorch."""
+from dataclasses import replace
+
 import pytest
 import torch
 
 from megakernel.compiler.pipeline import CompileOptions, compile_model
 from megakernel.compiler.tile import TileConfig, Tiler
-from megakernel.models import load_model
+from megakernel.models import PRESETS, load_model, random_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import MegakernelStep
 from megakernel.compiler.vm import run_vm
@@ -15,8 +17,13 @@ B, S = 3, 64
 
 def load(name):
     """A tiny preset with its norm weights drawn too (presets init them to 1, which would let a
-    norm weight applied wrongly, or not at all, pass)."""
-    model = load_model(name, progress=False).model
+    norm weight applied wrongly, or not at all, pass); ``tiny-llama-kv4``: tiny-llama with 4 kv
+    heads of 2 query heads each (groups of 4 kv heads per attention task)."""
+    if name == "tiny-llama-kv4":
+        cfg = replace(PRESETS["tiny-llama"], num_heads=8, num_kv_heads=4)
+        model = random_model(cfg, "cpu", torch.float32, std=0.02)
+    else:
+        model = load_model(name, progress=False).model
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for pname, param in model.named_parameters():
@@ -50,6 +57,20 @@ def inputs(model):
                                    TileConfig(attn_pairs=True, kv_split=64),
                                    TileConfig(attn_pairs=True, kv_split=64, kv_block=64)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
+    check_kernel_against_vm(name, tiles)
+
+
+@pytest.mark.parametrize("tiles", [TileConfig(attn_pairs=True, attn_group=4, kv_split=64),
+                                   TileConfig(attn_pairs=True, attn_group=4, kv_split=64,
+                                              kv_block=32, kv_step=512)])
+def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
+    """Attention tasks over groups of 4 kv heads (a batched dot per step)."""
+    kinds = check_kernel_against_vm("tiny-llama-kv4", tiles)
+    assert kinds.count("attn_group") == 3 * B and "attn_pair" not in kinds
+
+
+def check_kernel_against_vm(name, tiles) -> list[str]:
+    """The kernel's step against the VM's, every buffer; the kinds of its tasks."""
     model = load(name)
     opts = CompileOptions(B, S, target="cpu", tile=tiles)
     compiled = compile_model(model, opts, name)
@@ -69,6 +90,7 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
             got = step.f32[off: off + ref.numel()].view(ref.shape)
             torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5, msg=lambda m: f"{name_}: {m}")
     torch.testing.assert_close(cache, cache_vm, atol=2e-5, rtol=2e-5)
+    return [t.kind for t in compiled.tasks.tasks]
 
 
 @pytest.mark.parametrize("name,workers,parts,slices,balance", [
@@ -78,15 +100,18 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     ("tiny-llama", 5, 1, 1, "stream"), ("tiny-qwen3", 32, 1, 1, "stream"),
     ("tiny-llama", 5, 1, 1, "cross"), ("tiny-llama", 13, 1, 1, "cross"),
     ("tiny-llama", 64, 1, 1, "cross"), ("tiny-qwen3", 5, 1, 1, "pairs"),
+    ("tiny-llama-kv4", 7, 1, 1, "groups"),
     ("tiny-qwen3", 7, 1, 1, "cross")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
-    stream, cross, pairs = balance == "stream", balance == "cross", balance == "pairs"
+    stream, cross, groups = balance == "stream", balance == "cross", balance == "groups"
+    pairs = balance == "pairs" or groups
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
                                           split_k=slices, attn_balance=balance is True,
                                           kv_split=64 if pairs else 16, attn_stream=stream,
-                                          kv_step=256, qkv_cross=cross, attn_pairs=pairs))
+                                          kv_step=256, qkv_cross=cross, attn_pairs=pairs,
+                                          attn_group=4 if groups else 2))
     compiled = compile_model(model, opts, name)
     if cross:       # pieces across heads in one wave (not where heads have a head norm)
         qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
@@ -104,10 +129,11 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
         kinds = [t.kind for t in compiled.tasks.tasks]
         assert kinds.count("attn_stream") > compiled.ops.dims.layers
         assert 0 < kinds.count("attn_combine") and "attn_partial" not in kinds
-    if pairs:       # a task per row and pair of kv heads, no partials
+    if pairs:       # a task per row and pair (group of 4) of kv heads, no partials
         kinds = [t.kind for t in compiled.tasks.tasks]
-        d = compiled.ops.dims
-        assert kinds.count("attn_pair") == d.layers * B * d.kv_heads // 2
+        d, n = compiled.ops.dims, opts.tile.attn_group
+        kind = "attn_group" if groups else "attn_pair"
+        assert kinds.count(kind) == d.layers * B * d.kv_heads // n
         assert "attn_partial" not in kinds and "attn_combine" not in kinds
     if balance is True:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
