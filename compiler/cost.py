@@ -26,6 +26,8 @@ class Target:
     sm_bytes_per_us: float    # what one SM streams at most, shared by its programs
     attn_bytes_per_us: float  # what one SM streams as attention partials (keys through the
                               # block table: two dependent loads per step)
+    attn_task_us: float = 2.0     # fixed cost of an attention task (position, table, first keys)
+    attn_chain_gain: float = 0.0  # a task over n kv heads side by side streams n ** gain as fast
 
     @property
     def max_workers(self) -> int:
@@ -34,27 +36,37 @@ class Target:
 
 # Fitted to traced llama-3.2-1b steps with folded projections (2026-11-30, one program per SM,
 # one wave per op): a task takes ~2 us plus its bytes, projections at ~43 GB/s per SM (batch 1:
-# o 64 KB 3.3 us, down 256 KB 8.2, qkv 128 KB 5.5; gate_up and lm_head at the chip's HBM rate),
-# attention partials at ~15 GB/s (batch 1: 16 KB 3.1 us; batch 17: 256 KB ~19 us).
+# o 64 KB 3.3 us, down 256 KB 8.2, qkv 128 KB 5.5; gate_up and lm_head at the chip's HBM rate).
+# Attention (traces of 2026-12-01): ~3 us plus its bytes at ~22 GB/s for one kv head, and a pair
+# of kv heads in one loop 2 ** 0.55 times as fast (16 rows: one head's 256 KB 13.5 us of work,
+# 17 rows: a pair's 512 KB 17.9, balanced pieces of 148 KB 8.5). With these the autotune ledger
+# of 2026-12-01 (12 batch sizes, the fastest of each schedule class) ranks at a mean Spearman
+# of 0.43 against measured, 0.24 before (attention at 15 GB/s, 2 us, pairs as two heads).
 H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=4.0e6, flops_per_us=7.0e8,
               sync_us=1.0, task_overhead_us=2.0, smem_bytes=228 * 1024, sm_bytes_per_us=4.3e4,
-              attn_bytes_per_us=1.5e4)
+              attn_bytes_per_us=2.2e4, attn_task_us=3.0, attn_chain_gain=0.55)
 # The Triton interpreter runs programs one after another: one worker, a topological queue.
 CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0,
-                         smem_bytes=1 << 30, sm_bytes_per_us=1.0e4, attn_bytes_per_us=1.0e4)
+                         smem_bytes=1 << 30, sm_bytes_per_us=1.0e4, attn_bytes_per_us=1.0e4,
+                         attn_task_us=1.0)
 TARGETS = {"h200": H200, "cpu": CPU_INTERPRETER}
 
 
 def task_us(task: Task, target: Target, workers: int) -> float:
     """Time of one task on one worker when ``workers`` run at once: a fixed cost, then its bytes
     at its program's share of the SM (programs on one SM share its rate; the op-level HBM limit
-    is ``op_waves_us``'s), or its flops at its share of the tensor cores if that is longer."""
+    is ``op_waves_us``'s), or its flops at its share of the tensor cores if that is longer.
+    Attention tasks have their own fixed cost and rate, the rate growing with the kv heads a
+    task runs side by side."""
     per_sm = max(1, -(-min(workers, target.max_workers) // target.sms))
     per_worker_flops = target.flops_per_us / max(1, min(workers, target.sms))
-    attention = task.kind in ("attn_partial", "attn_pair", "attn_group", "attn_stream")
-    rate = target.attn_bytes_per_us if attention else target.sm_bytes_per_us
-    return target.task_overhead_us + max(task.bytes * per_sm / rate, task.flops / per_worker_flops)
+    if task.kind in ("attn_partial", "attn_pair", "attn_group", "attn_stream"):
+        fixed = target.attn_task_us
+        rate = target.attn_bytes_per_us * task.args.get("heads", 1) ** target.attn_chain_gain
+    else:
+        fixed, rate = target.task_overhead_us, target.sm_bytes_per_us
+    return fixed + max(task.bytes * per_sm / rate, task.flops / per_worker_flops)
 
 
 def packed_us(costs: list[float], workers: int) -> float:
