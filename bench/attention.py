@@ -12,7 +12,8 @@ megakernel worker does, a kv head's query heads padded as the megakernel pads th
 the difference). ``--loads``: the same loop's loads alone (``kv_loads``), through the block
 table (an address per key as the body computes them, or per cache block) and at plain offsets:
 what the loads cost without the attention's arithmetic. ``--pairs``: two units per loop
-(``attn_pairs``), one unit's arithmetic beside the other's loads. With ``--block`` a multiple
+(``attn_pairs``), one unit's arithmetic beside the other's loads; ``--groups 4``: four units
+(kv heads of one row) per loop as batched dots (``attn_group_op``). With ``--block`` a multiple
 of the keys per step, each step reads one block-table entry (``load_kv``'s IN_BLOCK).
 """
 from __future__ import annotations
@@ -60,6 +61,22 @@ def attn_pairs(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexp
                                    (2 * pair) % HKV, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS,
                                    CHUNK, BLOCK_G, D, STAGES, BS % CHUNK == 0)
         pair += tl.num_programs(0)
+
+
+@triton.jit
+def attn_groups(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr,
+                HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                STAGES: tl.constexpr, NH: tl.constexpr):
+    """``attn_units`` NH units at a time (kv heads h .. h + NH - 1 of one row, HKV a multiple
+    of NH) through ``attn_group_op``."""
+    group = tl.program_id(0)
+    while group < units // NH:
+        attention_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr,
+                                    (NH * group) // HKV, (NH * group) % HKV, 0, D ** -0.5, B, HQ,
+                                    HKV, S, D, G, BS, CHUNK, BLOCK_G, D, STAGES,
+                                    BS % CHUNK == 0, NH)
+        group += tl.num_programs(0)
 
 
 @triton.jit
@@ -167,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--persistent", default="0,1", help="0: a program per unit; 1: per SM")
     p.add_argument("--pairs", action="store_true",
                    help="also time two units per loop (attn_pairs)")
+    p.add_argument("--groups", default="",
+                   help="also time N units per loop as batched dots (attn_group_op), e.g. 4")
     p.add_argument("--loads", action="store_true",
                    help="also time the loop's loads alone (kv_loads): by key, by block, plain")
     args = p.parse_args(argv)
@@ -186,16 +205,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.loads:
         time_loads(cache, pos, table, bs, sms, ints(args.persistent), ints(args.warps),
                    ints(args.chunks), ints(args.stages))
-    for persistent, warps, chunk, stages, pairs in itertools.product(
+    per_loop = [1] + [2] * args.pairs + (ints(args.groups) if args.groups else [])
+    for persistent, warps, chunk, stages, n in itertools.product(
             ints(args.persistent), ints(args.warps), ints(args.chunks), ints(args.stages),
-            (False, True) if args.pairs else (False,)):
+            per_loop):
         out = torch.full_like(q, float("nan"))
-        tasks = units // 2 if pairs else units
-        grid = (min(tasks, sms) if persistent else tasks,)
-        body, extra = (attn_pairs, ()) if pairs else (attn_units, (0,))
+        grid = (min(units // n, sms) if persistent else units // n,)
+        body, extra, tail = {1: (attn_units, (0,), ()), 2: (attn_pairs, (), ())}.get(
+            n, (attn_groups, (), (n,)))
         run = lambda: body[grid](q, cache, pos, table, out, units, *extra, b, hq, hkv, s, d, g,
-                                 bs, chunk, p2(g, TileConfig.attn_rows), stages, num_warps=warps)
-        show_timed(f"{'pairs ' * pairs}persistent={persistent:d} warps={warps} chunk={chunk:3d} "
+                                 bs, chunk, p2(g, TileConfig.attn_rows), stages, *tail,
+                                 num_warps=warps)
+        name = {1: "", 2: "pairs "}.get(n, f"groups of {n} ")
+        show_timed(f"{name}persistent={persistent:d} warps={warps} chunk={chunk:3d} "
                    f"stages={stages}", run, nbytes, lambda: rel_err(out, ref))
 
 

@@ -170,6 +170,20 @@ def test_paired_attention_probe_matches_sdpa(bs):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_grouped_attention_probe_matches_sdpa():
+    """``bench/attention.py``'s four units per loop (kv heads h .. h + 3 of a row as batched
+    dots), rows of unequal length through a shuffled block table, against SDPA."""
+    from megakernel.bench.attention import attn_groups
+
+    lengths, hkv = [S, S - 21], 4
+    q, cache, positions, table = paged_inputs(5, BS, 1, lengths, 2 * hkv, hkv)
+    out = torch.full_like(q, float("nan"))
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
+    attn_groups[(1,)](*args, B * hkv, B, 2 * hkv, hkv, S, D, 2, BS, 16, 4, 2, 4)
+    torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[0], table, BS, lengths),
+                               atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("use_table,chunk,bs", [(1, 32, BS), (1, 16, BS), (2, 32, BS), (2, 16, 32),
                                                (0, 32, BS)])
 def test_attention_loads_probe_sums_the_keys_and_values(use_table, chunk, bs):
