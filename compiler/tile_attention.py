@@ -2,9 +2,9 @@
 (``Tiler.kv_pieces``), partials in fp32 slots merged by one attn_combine per unit of several
 ranges; a unit of one range writes its output itself (with ``attn_pairs``, where every unit is
 one range: an attn_pair task per row and pair of kv heads, or an attn_group task per row and
-group of ``attn_group``). With ``attn_stream``, the units'
-keys laid end to end are cut into one equal share per worker (whole steps), an attn_stream task
-each; units cut between shares are merged by an attn_combine."""
+group of ``attn_group``). With ``attn_stream``, the units' keys laid end to end are cut into
+one equal share per worker (whole steps), an attn_stream task each; units cut between shares
+are merged by an attn_combine."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -29,10 +29,10 @@ reduced by whole rows and each row normalised in the same task, ``ab`` attention
 rows' keys laid end to end, about one cut per worker, ``af`` attention as one stream of keys per
 worker (an equal share of all units' keys), ``ap`` attention tasks over a row's pair of kv
 heads where each unit's keys are one task's (``agN``: groups of N kv heads), ``arN`` a kv
-head's query heads padded to at least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps' keys
-and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens (default
-16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at most N
-registers per thread.
+head's query heads padded to at least N rows in the attention dots (default 4), ``pk`` attention
+tasks asking L2 for earlier steps' keys and values before their waits, ``kbN`` cache blocks (the
+block table's unit) of N tokens (default 16; where a block holds whole attention steps each step
+reads one table entry), ``rgN`` at most N registers per thread.
 """
 from __future__ import annotations
 
