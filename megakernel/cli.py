@@ -193,17 +193,19 @@ def cmd_autotune(args) -> int:
     from rich.table import Table
 
     from megakernel.models import load_model
-    from megakernel.runtime.autotune import autotune
+    from megakernel.runtime.autotune import REFINE, autotune
     from megakernel.runtime.megakernel import cache_dir
 
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
     folder = Path(args.output or cache_dir() / "autotune" / loaded.name)
     winners = autotune(loaded.model, loaded.name, parse_batch_sizes(args.batch_sizes),
                        args.max_seq_len, folder, classes=args.classes, iters=args.iters,
-                       processes=args.jobs, max_rel_err=args.max_rel_err)
+                       processes=args.jobs, max_rel_err=args.max_rel_err,
+                       refine=() if args.no_refine else REFINE)
     table = Table(title=f"{loaded.name} on {device}, context {args.max_seq_len}: {folder}")
     for col in ("batch", "winner", "ms/token", "predicted us", "timed", "failed"):
-        table.add_column(col, justify="left" if col == "winner" else "right")
+        table.add_column(col, justify="left" if col == "winner" else "right",
+                         overflow="fold" if col == "winner" else "ellipsis")
     for w in winners:
         table.add_row(str(w.batch), w.label, f"{w.ms:.3f}", f"{w.predicted_us:.0f}", str(w.timed),
                       str(w.failed))
@@ -245,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--classes", type=int, default=2,
                       help="best schedules (by the cost model) whose kernel knobs are all timed")
     tune.add_argument("--iters", type=int, default=20, help="timed steps per variant")
+    tune.add_argument("--no-refine", action="store_true",
+                      help="do not time each batch size's fastest again with balanced "
+                           "projection spans flipped")
     tune.add_argument("--max-rel-err", type=float, default=0.1,
                       help="a variant whose logits differ more from eager's (relative norm) is "
                            "recorded as wrong and never kept (a bf16 step differs by ~3e-2)")
