@@ -37,14 +37,15 @@ class Target:
 # Fitted to traced llama-3.2-1b steps with folded projections (2026-11-30, one program per SM,
 # one wave per op): a task takes ~2 us plus its bytes, projections at ~43 GB/s per SM (batch 1:
 # o 64 KB 3.3 us, down 256 KB 8.2, qkv 128 KB 5.5; gate_up and lm_head at the chip's HBM rate).
-# Attention (traces of 2026-12-01): ~3 us plus its bytes at ~22 GB/s for one kv head, and a pair
-# of kv heads in one loop 2 ** 0.55 times as fast (16 rows: one head's 256 KB 13.5 us of work,
-# 17 rows: a pair's 512 KB 17.9, balanced pieces of 148 KB 8.5). With these the autotune ledger
-# of 2026-12-01 (12 batch sizes, the fastest of each schedule class) ranks at a mean Spearman
-# of 0.43 against measured, 0.24 before (attention at 15 GB/s, 2 us, pairs as two heads).
+# Attention (traced tasks, from first load to signal): ~2.15 us plus its bytes at ~17 GB/s for
+# one kv head (17 rows: balanced pieces of 148 KB 10.85 us; 16 rows: one head's 256 KB 17.2),
+# and a pair of kv heads in one loop 1.84 = 2 ** 0.88 times as fast (17 and 24 rows: 512 KB in
+# 18.5-18.9 us). With these the autotune ledger of 2026-12-01 (12 batch sizes, the fastest of
+# each schedule class) ranks at a mean Spearman of 0.40 against measured, 0.24 before (attention
+# at 15 GB/s after 2 us, a pair as slow as two heads).
 H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=4.0e6, flops_per_us=7.0e8,
               sync_us=1.0, task_overhead_us=2.0, smem_bytes=228 * 1024, sm_bytes_per_us=4.3e4,
-              attn_bytes_per_us=2.2e4, attn_task_us=3.0, attn_chain_gain=0.55)
+              attn_bytes_per_us=1.7e4, attn_task_us=2.15, attn_chain_gain=0.88)
 # The Triton interpreter runs programs one after another: one worker, a topological queue.
 CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0,
