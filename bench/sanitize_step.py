@@ -1,7 +1,7 @@
 """One megakernel step of tiny-llama on the GPU, for ``compute-sanitizer --tool memcheck``.
 
     compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step
-        [--attn-stream] [--kv-block 64] [--attn-pairs [--attn-group 4]]
+        [--attn-stream] [--kv-block 64] [--attn-pairs [--attn-group 4 | --pair-ranges]]
 """
 import argparse
 from dataclasses import replace
@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="TileConfig.kv_block (64: one block-table entry per attention step)")
     p.add_argument("--attn-group", type=int, default=TileConfig.attn_group,
                    help="TileConfig.attn_group (more than 2: tiny-llama with 4 kv heads)")
+    p.add_argument("--pair-ranges", action="store_true",
+                   help="TileConfig.attn_pair_ranges (32 keys per task: two ranges a unit)")
     args = p.parse_args(argv)
     if args.attn_group > 2:
         cfg = replace(PRESETS["tiny-llama"], num_heads=8, num_kv_heads=4)
@@ -35,7 +37,11 @@ def main(argv: list[str] | None = None) -> None:
                                               kv_block=args.kv_block,
                                               attn_pairs=args.attn_pairs,
                                               attn_group=args.attn_group,
-                                              kv_split=max(TileConfig.kv_split, args.kv_block)))
+                                              attn_pair_ranges=args.pair_ranges,
+                                              attn_tasks_per_worker=0 if args.pair_ranges else
+                                              TileConfig.attn_tasks_per_worker,
+                                              kv_split=max(32 if args.pair_ranges else
+                                                           TileConfig.kv_split, args.kv_block)))
     tokens = torch.tensor([[1], [2], [3]], device="cuda")
     positions = torch.tensor([[0], [5], [63]], device="cuda")
     logits = step(tokens, positions, cache)

@@ -111,23 +111,17 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
 
 
 @triton.jit
-def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
-                 scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr):
-    """Row ``row``'s query heads of kv heads kv_head and kv_head + 1 over all its keys, the two
-    heads' steps side by side in one pipelined loop (two independent chains of loads and dots:
-    one's arithmetic overlaps the other's loads) -> both normalised outputs in out [B, HQ * D].
-    IN_BLOCK: BS a multiple of CHUNK (one block-table entry per step and head)."""
+def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmask, scale,
+               B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+               G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+               BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
+               NCHUNK: tl.constexpr):
+    """Keys [lo, hi) of kv heads kv_head and kv_head + 1 of row ``row`` in NCHUNK CHUNK-key
+    steps, the two heads side by side in one pipelined loop (two independent chains of loads and
+    dots: one's arithmetic overlaps the other's loads), queries at q_ptr + offs (head a) and
+    + G * D (head b) -> (max, sum, unnormalised acc) of each head."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
-    hi = tl.load(pos_ptr + row) + 1
-    gs = tl.arange(0, BLOCK_G)
-    ds = tl.arange(0, BLOCK_D)
     ss = tl.arange(0, CHUNK)
-    qmask = (gs[:, None] < G) & (ds[None, :] < D)
-    heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ], head a
-    offs = heads[:, None] * D + ds[None, :]                               # [BLOCK_G, BLOCK_D]
     qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
     qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
     ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -136,17 +130,75 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
     lb = tl.zeros([BLOCK_G], tl.float32)
     acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for c in tl.range(0, (S + CHUNK - 1) // CHUNK, num_stages=STAGES):
-        valid = c * CHUNK + ss < hi
-        ka, va = load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head, B, HKV, S, D, BS,
+    for c in tl.range(0, NCHUNK, num_stages=STAGES):
+        start = lo + c * CHUNK
+        valid = start + ss < hi
+        ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
                          CHUNK, BLOCK_D, IN_BLOCK)
-        kb, vb = load_kv(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + 1, B, HKV, S, D,
+        kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S, D,
                          BS, CHUNK, BLOCK_D, IN_BLOCK)
         ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
         mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
+    return ma, la, acc_a, mb, lb, acc_b
+
+
+@triton.jit
+def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
+                 scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr):
+    """Row ``row``'s query heads of kv heads kv_head and kv_head + 1 over all its keys
+    (``pair_steps``) -> both normalised outputs in out [B, HQ * D]. IN_BLOCK: BS a multiple of
+    CHUNK (one block-table entry per step and head)."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    hi = tl.load(pos_ptr + row) + 1
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    heads = row * HQ + kv_head * G + gs                   # [BLOCK_G] rows of [B * HQ], head a
+    offs = heads[:, None] * D + ds[None, :]                               # [BLOCK_G, BLOCK_D]
+    ma, la, acc_a, mb, lb, acc_b = pair_steps(
+        q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, 0, hi, offs, qmask, scale, B, HKV, S, D,
+        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (S + CHUNK - 1) // CHUNK)
     tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT), mask=qmask)
     tl.store(out_ptr + offs + G * D, (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT),
              mask=qmask)
+
+
+@triton.jit
+def store_partial(acc_ptr, ml_ptr, slot, m, l, acc, G: tl.constexpr, D: tl.constexpr,
+                  BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A key range's acc [G, D] and (max, sum) [G, 2] into partial slot ``slot``."""
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    part = slot * G + gs
+    tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc,
+             mask=(gs[:, None] < G) & (ds[None, :] < D))
+    tl.store(ml_ptr + part * 2, m, mask=gs < G)
+    tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+
+
+@triton.jit
+def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_head, slot,
+                      slot2, lo, span, layer, scale: tl.constexpr, B: tl.constexpr,
+                      HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                      G: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                      CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                      STAGES: tl.constexpr, IN_BLOCK: tl.constexpr):
+    """``attn_pair_op`` over keys [lo, min(lo + span, len)) (span <= KV_SPLIT) -> each head's
+    unnormalised acc and (max, sum) into partial slots ``slot`` (kv_head) and ``slot2``
+    (kv_head + 1), for their units' combines. IN_BLOCK: lo and BS multiples of CHUNK."""
+    hi = tl.minimum(lo + span, tl.load(pos_ptr + row) + 1)
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    offs = (row * HQ + kv_head * G + gs)[:, None] * D + ds[None, :]
+    ma, la, acc_a, mb, lb, acc_b = pair_steps(
+        q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmask, scale, B, HKV, S, D,
+        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (KV_SPLIT + CHUNK - 1) // CHUNK)
+    store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G, BLOCK_D)
+    store_partial(acc_ptr, ml_ptr, slot2, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
 
 
 @triton.jit

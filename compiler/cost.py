@@ -52,6 +52,7 @@ CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          smem_bytes=1 << 30, sm_bytes_per_us=1.0e4, attn_bytes_per_us=1.0e4,
                          attn_task_us=1.0)
 TARGETS = {"h200": H200, "cpu": CPU_INTERPRETER}
+ATTENTION = ("attn_partial", "attn_pair", "attn_pair_part", "attn_group", "attn_stream")
 
 
 def task_us(task: Task, target: Target, workers: int) -> float:
@@ -62,7 +63,7 @@ def task_us(task: Task, target: Target, workers: int) -> float:
     task runs side by side."""
     per_sm = max(1, -(-min(workers, target.max_workers) // target.sms))
     per_worker_flops = target.flops_per_us / max(1, min(workers, target.sms))
-    if task.kind in ("attn_partial", "attn_pair", "attn_group", "attn_stream"):
+    if task.kind in ATTENTION:
         fixed = target.attn_task_us
         rate = target.attn_bytes_per_us * task.args.get("heads", 1) ** target.attn_chain_gain
     else:

@@ -158,6 +158,12 @@ def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
     return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0)
 
 
+def _attn_pair_part(t: Task, d: Dims, c: TileConfig) -> dict:
+    chunk = kv_chunk(t, d, c)
+    return _attn_body(d, c, chunk) | dict(KV_SPLIT=t.args["kv_split"],
+                                          IN_BLOCK=c.kv_block % chunk == 0)
+
+
 def _attn_group(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = max(16, kv_chunk(t, d, c) * 2 // c.attn_group)    # as many keys x heads as a pair
     return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, NH=c.attn_group)
@@ -209,6 +215,10 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("attn_pair", "attention_ops.attn_pair_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
                    "row:int kv_head:int layer:int"), _attn_pair),
+    OpSpec("attn_pair_part", "attention_ops.attn_pair_part_op",
+           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
+                   "ml:f32 row:int kv_head:int slot:int slot2:int lo:int span:int layer:int"),
+           _attn_pair_part),
     OpSpec("attn_group", "attention_ops.attn_group_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
                    "row:int kv_head:int layer:int"), _attn_group),

@@ -67,6 +67,8 @@ class TileConfig:
                                # of kv heads, both heads' steps in one loop (Tiler.attn_pairs)
     attn_group: int = 2        # kv heads per such task (2: attn_pair; more: attn_group, their
                                # steps as batched dots, keys per step 2 / attn_group as many)
+    attn_pair_ranges: bool = False  # pairs also where units have several key ranges (the same
+                                    # for all): an attn_pair_part per pair and range, combines
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)
@@ -205,10 +207,14 @@ class Tiler:
 
     def attn_pairs(self) -> bool:
         """``attn_pairs`` where it applies: kv heads in whole groups of ``attn_group``, no
-        stream, and each unit's keys one task's (``kv_pieces``)."""
-        return self.cfg.attn_pairs and not self.cfg.attn_stream and \
-            self.graph.dims.kv_heads % self.cfg.attn_group == 0 and \
-            all(len(p) == 1 for p in self.kv_pieces())
+        stream, and each unit's keys one task's (``kv_pieces``) or, with ``attn_pair_ranges``
+        and pairs, the same key ranges for every unit (not balanced): a pair's heads share each
+        range's task."""
+        cfg = self.cfg
+        if not cfg.attn_pairs or cfg.attn_stream or self.graph.dims.kv_heads % cfg.attn_group:
+            return False
+        return all(len(p) == 1 for p in self.kv_pieces()) or \
+            (cfg.attn_pair_ranges and cfg.attn_group == 2 and not cfg.attn_balance)
 
     def qkv_pieces(self, head_norm: bool) -> int:
         """Tasks per q/k/v head: one where a head RMSNorm needs the whole head (unless

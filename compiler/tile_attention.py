@@ -19,7 +19,8 @@ def tile_attention(t: Tiler, op) -> None:
     if t.cfg.attn_stream:
         return tile_attention_stream(t, op)
     if t.attn_pairs():
-        return tile_attention_pairs(t, op)
+        whole = all(len(p) == 1 for p in t.kv_pieces())
+        return tile_attention_pairs(t, op) if whole else tile_attention_pair_parts(t, op)
     tile_attention_pieces(t, op)
 
 
@@ -43,6 +44,59 @@ def tile_attention_pairs(t: Tiler, op) -> None:
                   2 * 2 * n * group * s * hd)
 
 
+def partial_slots(t: Tiler, op, pieces) -> tuple[Buffer, Buffer]:
+    """{op}.acc [P, G, D] and {op}.ml [P, G, 2]: a slot per key range of each unit of several
+    (registered where there is one)."""
+    d = t.graph.dims
+    slots, group = sum(len(p) for p in pieces if len(p) > 1), d.heads // d.kv_heads
+    acc = Buffer(f"{op.name}.acc", "f32", (slots, group, d.head_dim))
+    ml = Buffer(f"{op.name}.ml", "f32", (slots, group, 2))
+    if slots:
+        t.buffers.update({acc.name: acc, ml.name: ml})
+    return acc, ml
+
+
+def add_combine(t: Tiler, op, acc, ml, b: int, g: int, first: int, count: int, most: int):
+    """The attn_combine of unit (row b, kv head g): its ``count`` slots from ``first`` on."""
+    d = t.graph.dims
+    group, hd, out = d.heads // d.kv_heads, d.head_dim, t.b(op.outputs[0])
+    used = ((first, first + count), (0, group))
+    t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=b, kv_head=g,
+                                   first=first, count=count, nsplit=most),
+          [Region(acc.name, used + ((0, hd),)), Region(ml.name, used + ((0, 2),))],
+          [Region(out.name, ((b, b + 1), (g * group * hd, (g + 1) * group * hd)))],
+          group * count * (hd + 2) * 4 + group * hd * d.itemsize, 0)
+
+
+def tile_attention_pair_parts(t: Tiler, op) -> None:
+    """An attn_pair_part task per row, pair of kv heads and key range of ``Tiler.kv_pieces``
+    (the same ranges for every unit): both heads' partials into their units' slots, then an
+    attn_combine per unit."""
+    d = t.graph.dims
+    q, layer, pieces = t.b(op.params["q"]), op.params["layer"], t.kv_pieces()
+    group, hd, ranges = d.heads // d.kv_heads, d.head_dim, pieces[0]
+    acc, ml = partial_slots(t, op, pieces)
+    n, longest = len(ranges), max(hi - lo for lo, hi in ranges)
+    for b in range(d.batch):
+        for g in range(0, d.kv_heads, 2):
+            first = (b * d.kv_heads + g) * n                  # unit (b, g)'s slots, then g + 1's
+            cols = ((b, b + 1), (g * group * hd, (g + 2) * group * hd))
+            for s, (lo, hi) in enumerate(ranges):
+                kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 2),
+                                         (lo, hi), (0, hd)))
+                writes = [Region(buf.name, ((f, f + 1), (0, group), (0, w)))
+                          for f in (first + s, first + n + s) for buf, w in ((acc, hd), (ml, 2))]
+                t.add(op, "attn_pair_part",
+                      dict(q=q.name, acc=acc.name, ml=ml.name, row=b, kv_head=g, slot=first + s,
+                           slot2=first + n + s, lo=lo, span=hi - lo, layer=layer,
+                           kv_split=longest, heads=2),
+                      [Region(q.name, cols), kv, Region("positions", ((0, d.batch),))], writes,
+                      2 * ((2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4),
+                      8 * group * (hi - lo) * hd)
+            for h in (g, g + 1):
+                add_combine(t, op, acc, ml, b, h, first + (h - g) * n, n, n)
+
+
 def tile_attention_pieces(t: Tiler, op) -> None:
     """An attn_partial task per key range of ``Tiler.kv_pieces`` of each (row, kv head); a unit
     in one range writes its output itself, the others' ranges write consecutive slots of
@@ -50,13 +104,9 @@ def tile_attention_pieces(t: Tiler, op) -> None:
     d = t.graph.dims
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
     group, hd, pieces = d.heads // d.kv_heads, d.head_dim, t.kv_pieces()
-    slots = sum(len(p) for p in pieces if len(p) > 1)
     longest = max(hi - lo for p in pieces for lo, hi in p)
     most = max(len(p) for p in pieces)
-    acc = Buffer(f"{op.name}.acc", "f32", (slots, group, hd))
-    ml = Buffer(f"{op.name}.ml", "f32", (slots, group, 2))
-    if slots:
-        t.buffers.update({acc.name: acc, ml.name: ml})
+    acc, ml = partial_slots(t, op, pieces)
     first = 0
     for b in range(d.batch):
         for g in range(d.kv_heads):
@@ -80,12 +130,7 @@ def tile_attention_pieces(t: Tiler, op) -> None:
                       4 * group * (hi - lo) * hd)
             if direct:
                 continue
-            used = ((first, first + len(ranges)), (0, group))
-            t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=b,
-                                           kv_head=g, first=first, count=len(ranges),
-                                           nsplit=most),
-                  [Region(acc.name, used + ((0, hd),)), Region(ml.name, used + ((0, 2),))],
-                  [out_region], group * len(ranges) * (hd + 2) * 4 + group * hd * d.itemsize, 0)
+            add_combine(t, op, acc, ml, b, g, first, len(ranges), most)
             first += len(ranges)
 
 

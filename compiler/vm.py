@@ -190,6 +190,11 @@ class VM:
 
     attn_group = attn_pair
 
+    def attn_pair_part(self, a):
+        for g, slot in ((a["kv_head"], a["slot"]), (a["kv_head"] + 1, a["slot2"])):
+            acc, ml = self.attend(a["row"], g, a["lo"], a["lo"] + a["span"], a["layer"], a["q"])
+            self.buf[a["acc"]][slot], self.buf[a["ml"]][slot] = acc, ml
+
     def attn_stream(self, a):
         s, hkv, slot = self.d.max_seq_len, self.d.kv_heads, a["slot0"]
         for u in range(a["f0"] // s, (a["f1"] - 1) // s + 1):

@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--iters", type=int, default=20, help="timed steps per variant")
     tune.add_argument("--no-refine", action="store_true",
                       help="do not time each batch size's fastest again with balanced "
-                           "projection spans flipped")
+                           "projection spans, and pairs of kv heads over key ranges, flipped")
     tune.add_argument("--max-rel-err", type=float, default=0.1,
                       help="a variant whose logits differ more from eager's (relative norm) is "
                            "recorded as wrong and never kept (a bf16 step differs by ~3e-2)")

@@ -23,7 +23,8 @@ builds one kernel per process), then timed one after another (a decode step at p
 ``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's on
 the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong and
 never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
-(``REFINE``: balanced projection spans), the one step of search the cost model cannot rank.
+(``REFINE``: balanced projection spans, pairs of kv heads over key ranges), where that builds
+another variant.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -66,10 +67,18 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
             "prefetch_kb": CompileOptions.prefetch_kb, "attn_stream": TileConfig.attn_stream,
             "kv_block": TileConfig.kv_block, "attn_pairs": TileConfig.attn_pairs}
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
-# (``_refinements``): projection tasks in near-equal spans that fill whole waves of workers, where
-# that tiles otherwise (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms, 132 tasks of
-# gate_up, o and down instead of 128; llama-3.2-1b within 1% either way at 1-16 rows).
-REFINE = ("balance",)
+# (``_refinements``; a knob's companions take its new value too): projection tasks in near-equal
+# spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
+# 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b within 1% either way at 1-16
+# rows), and pairs of kv heads over key ranges (rated 5% faster at 13 and 16 rows).
+REFINE = ("balance", "attn_pair_ranges")
+COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
+
+
+def flip(v: Variant, knob: str) -> Variant:
+    """``v`` with ``knob`` flipped, and its companions set to the knob's new value."""
+    value = not getattr(v, knob)
+    return replace(v, **{k: value for k in (knob, *COMPANIONS.get(knob, ()))})
 
 
 @dataclass(frozen=True)
@@ -348,9 +357,7 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
         return out
 
     rows = timed(plans)
-    row = lambda b, v: ledger.get(ledger.key(batch=b, variant=v.label, **base))
-    more = _refinements(rows, refine, model, max_seq_len, target, processes,
-                        lambda b, v: (row(b, v) or {}).get("predicted_us"))
+    more = _refinements(ledger, base, rows, refine, model, max_seq_len, target, processes)
     bar.total += sum(map(len, more.values()))
     more = timed(more)
     bar.close()
@@ -358,25 +365,22 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
                          folder, root) for b in plans]
 
 
-def _refinements(rows: dict, refine: tuple[str, ...], model, max_seq_len: int, target: Target,
-                 processes: int, predicted) -> dict:
-    """Each batch size's fastest right variant with each ``refine`` knob flipped, where that
-    gives a variant not timed yet: {batch: [(variant, predicted us)]}; rated in worker
-    processes unless the ledger has them all (``predicted(batch, variant)``: its rating)."""
+def _refinements(ledger: Ledger, base: dict, rows: dict, refine: tuple[str, ...], model,
+                 max_seq_len: int, target: Target, processes: int) -> dict:
+    """Each batch size's fastest right variant with each ``refine`` knob flipped (``flip``), as
+    it will be built, where that is a variant not timed yet: {batch: [(variant, predicted
+    us)]}; rated in worker processes, kept in the ledger's plans (a rerun rates nothing)."""
     best = {b: min((row["ms"], v.label, v) for v, row in vr if row["error"] is None)[2]
             for b, vr in rows.items() if any(row["error"] is None for _, row in vr)}
-    out, jobs, dtype = {}, [], next(model.parameters()).dtype
-    for b, v in best.items():
-        plan = {u.label for u, _ in rows[b]}
-        flips = [u for u in (replace(v, **{k: not getattr(v, k)}) for k in refine)
-                 if u.label not in plan]
-        kept = [(u, predicted(b, u)) for u in flips]
-        if all(p is not None for _, p in kept):          # a rerun: nothing to rate
-            out[b] = kept
-        else:
-            jobs.append((model.config, dtype, b, max_seq_len, target.name, v, refine, plan))
-    out |= {job[2]: picks for job, picks in zip(jobs, fan_out(_flips, jobs, processes))}
-    return {b: out[b] for b in best if out.get(b)}
+    key = {b: ledger.key(batch=b, best=v.label, refine=list(refine), rules=rules_hash(), **base)
+           for b, v in best.items()}
+    todo = [b for b in best if ledger.plan(key[b]) is None]
+    dtype = next(model.parameters()).dtype
+    jobs = [(model.config, dtype, b, max_seq_len, target.name, best[b], refine,
+             {u.label for u, _ in rows[b]}) for b in todo]
+    for b, picks in zip(todo, fan_out(_flips, jobs, processes)):
+        ledger.add_plan(key[b], picks)
+    return {b: ledger.plan(key[b]) for b in best if ledger.plan(key[b])}
 
 
 def _flips(job) -> list[tuple[Variant, float]]:
@@ -387,7 +391,7 @@ def _flips(job) -> list[tuple[Variant, float]]:
     cfg, dtype, batch, seq, target, v, refine, labels = job
     model = empty_model(cfg).to(dtype)
     ops = lower(capture(model, batch, seq), model.lm_head.weight.element_size())
-    flipped = [effective(ops, replace(v, **{k: not getattr(v, k)})) for k in refine]
+    flipped = [effective(ops, flip(v, k)) for k in refine]
     return [(u, predict(ops, u, TARGETS[target]))
             for u in dict.fromkeys(flipped) if u.label not in labels]
 

@@ -109,6 +109,12 @@ assert {t.kind for t in c.tasks.tasks} >= {"attn_group"}
 out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
 assert out.metadata.shared <= 233472 - 1024, out.metadata.shared
 print("llama-3.2-1b", 64, "attn_group sm_90 ok", out.metadata.shared)
+# pairs of kv heads over key ranges, merged by combines
+tile = TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=512, kv_block=128)
+c = compile_model(model, CompileOptions(16, 1024, target="h200", tile=tile), "llama-3.2-1b")
+assert {t.kind for t in c.tasks.tasks} >= {"attn_pair_part", "attn_combine"}
+out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
+print("llama-3.2-1b", 16, "attn_pair_part sm_90 ok", out.metadata.shared)
 """
 
 
@@ -118,7 +124,7 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
     proc = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], env=env, capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("sm_90 ok") == 6
+    assert proc.stdout.count("sm_90 ok") == 7
 
 
 def test_top_level_compile_gives_one_kernel_per_batch_size():

@@ -99,6 +99,8 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(u, predicted)] = tuning._flips(job({v.label}))
     assert u == replace(v, balance=True) and predicted > 0
     assert tuning._flips(job({v.label, u.label})) == []
+    # a knob's companions take its value: pairs over key ranges are pairs
+    assert tuning.flip(v, "attn_pair_ranges") == replace(v, attn_pair_ranges=True, attn_pairs=True)
 
 
 def test_autotune_never_keeps_a_variant_with_wrong_logits(tmp_path, monkeypatch):
@@ -222,6 +224,13 @@ def test_variants_are_rated_as_they_will_be_built():
     assert tuning.effective(ops, replace(v, attn_pairs=True, attn_group=4, kv_split=64)) == \
         tuning.effective(ops, replace(v, kv_split=64))
     assert tuning.effective(ops, replace(v, attn_group=4)) == tuning.effective(ops, v)
+    # pairs over key ranges: where units have several, and only with pairs
+    ranged = tuning.effective(ops, replace(v, attn_pairs=True, attn_pair_ranges=True,
+                                           attn_tasks_per_worker=0))
+    assert ranged.attn_pairs and ranged.attn_pair_ranges and parse_variant(ranged.label) == ranged
+    assert not tuning.effective(ops, replace(v, attn_pair_ranges=True)).attn_pair_ranges
+    assert not tuning.effective(ops, replace(v, attn_pairs=True, attn_pair_ranges=True,
+                                             kv_split=64)).attn_pair_ranges
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)

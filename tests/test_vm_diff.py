@@ -55,7 +55,11 @@ def inputs(model):
                                               attn_tasks_per_worker=0),
                                    TileConfig(attn_stream=True, kv_step=256, kv_block=32),
                                    TileConfig(attn_pairs=True, kv_split=64),
-                                   TileConfig(attn_pairs=True, kv_split=64, kv_block=64)])
+                                   TileConfig(attn_pairs=True, kv_split=64, kv_block=64),
+                                   TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=16,
+                                              kv_step=256, attn_tasks_per_worker=0),
+                                   TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=32,
+                                              kv_block=32, attn_tasks_per_worker=0)])
 def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
     check_kernel_against_vm(name, tiles)
 
@@ -100,18 +104,21 @@ def check_kernel_against_vm(name, tiles) -> list[str]:
     ("tiny-llama", 5, 1, 1, "stream"), ("tiny-qwen3", 32, 1, 1, "stream"),
     ("tiny-llama", 5, 1, 1, "cross"), ("tiny-llama", 13, 1, 1, "cross"),
     ("tiny-llama", 64, 1, 1, "cross"), ("tiny-qwen3", 5, 1, 1, "pairs"),
-    ("tiny-llama-kv4", 7, 1, 1, "groups"),
+    ("tiny-llama-kv4", 7, 1, 1, "groups"), ("tiny-llama-kv4", 64, 1, 1, "pair parts"),
     ("tiny-qwen3", 7, 1, 1, "cross")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
     stream, cross, groups = balance == "stream", balance == "cross", balance == "groups"
-    pairs = balance == "pairs" or groups
+    parts = balance == "pair parts"
+    pairs = balance == "pairs" or groups or parts
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
                                           split_k=slices, attn_balance=balance is True,
-                                          kv_split=64 if pairs else 16, attn_stream=stream,
+                                          kv_split=64 if pairs and not parts else 16,
+                                          attn_stream=stream,
                                           kv_step=256, qkv_cross=cross, attn_pairs=pairs,
-                                          attn_group=4 if groups else 2))
+                                          attn_group=4 if groups else 2,
+                                          attn_pair_ranges=parts))
     compiled = compile_model(model, opts, name)
     if cross:       # pieces across heads in one wave (not where heads have a head norm)
         qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
@@ -129,12 +136,18 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
         kinds = [t.kind for t in compiled.tasks.tasks]
         assert kinds.count("attn_stream") > compiled.ops.dims.layers
         assert 0 < kinds.count("attn_combine") and "attn_partial" not in kinds
-    if pairs:       # a task per row and pair (group of 4) of kv heads, no partials
+    if pairs and not parts:     # a task per row and pair (group of 4) of kv heads, no partials
         kinds = [t.kind for t in compiled.tasks.tasks]
         d, n = compiled.ops.dims, opts.tile.attn_group
         kind = "attn_group" if groups else "attn_pair"
         assert kinds.count(kind) == d.layers * B * d.kv_heads // n
         assert "attn_partial" not in kinds and "attn_combine" not in kinds
+    if parts:       # a task per row, pair of kv heads and key range; a combine per unit
+        kinds = [t.kind for t in compiled.tasks.tasks]
+        d = compiled.ops.dims
+        assert kinds.count("attn_pair_part") == d.layers * B * d.kv_heads // 2 * (S // 16)
+        assert kinds.count("attn_combine") == d.layers * B * d.kv_heads
+        assert "attn_partial" not in kinds
     if balance is True:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
