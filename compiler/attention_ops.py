@@ -104,10 +104,7 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
         out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
         tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
     else:
-        part = slot * G + gs
-        tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
-        tl.store(ml_ptr + part * 2, m, mask=gs < G)
-        tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+        store_partial(acc_ptr, ml_ptr, slot, m, l, acc, G, D, BLOCK_G, BLOCK_D)
 
 
 @triton.jit

@@ -213,8 +213,12 @@ class Tiler:
         cfg = self.cfg
         if not cfg.attn_pairs or cfg.attn_stream or self.graph.dims.kv_heads % cfg.attn_group:
             return False
-        return all(len(p) == 1 for p in self.kv_pieces()) or \
+        return self.whole_units() or \
             (cfg.attn_pair_ranges and cfg.attn_group == 2 and not cfg.attn_balance)
+
+    def whole_units(self) -> bool:
+        """Whether each (row, kv head) unit's keys are one attention task's (``kv_pieces``)."""
+        return all(len(p) == 1 for p in self.kv_pieces())
 
     def qkv_pieces(self, head_norm: bool) -> int:
         """Tasks per q/k/v head: one where a head RMSNorm needs the whole head (unless

@@ -19,8 +19,7 @@ def tile_attention(t: Tiler, op) -> None:
     if t.cfg.attn_stream:
         return tile_attention_stream(t, op)
     if t.attn_pairs():
-        whole = all(len(p) == 1 for p in t.kv_pieces())
-        return tile_attention_pairs(t, op) if whole else tile_attention_pair_parts(t, op)
+        return tile_attention_pairs(t, op) if t.whole_units() else tile_attention_pair_parts(t, op)
     tile_attention_pieces(t, op)
 
 

@@ -380,7 +380,8 @@ def _refinements(ledger: Ledger, base: dict, rows: dict, refine: tuple[str, ...]
              {u.label for u, _ in rows[b]}) for b in todo]
     for b, picks in zip(todo, fan_out(_flips, jobs, processes)):
         ledger.add_plan(key[b], picks)
-    return {b: ledger.plan(key[b]) for b in best if ledger.plan(key[b])}
+    plans = {b: ledger.plan(key[b]) for b in best}
+    return {b: picks for b, picks in plans.items() if picks}
 
 
 def _flips(job) -> list[tuple[Variant, float]]:

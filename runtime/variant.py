@@ -219,7 +219,7 @@ def effective(ops, v: Variant) -> Variant:
         return effective(ops, replace(v, attn_pairs=False))
     if v.attn_group != TileConfig.attn_group and not v.attn_pairs:
         return effective(ops, replace(v, attn_group=TileConfig.attn_group))
-    if v.attn_pair_ranges and (not v.attn_pairs or all(len(p) == 1 for p in tiler.kv_pieces())):
+    if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return effective(ops, replace(v, attn_pair_ranges=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:
