@@ -22,7 +22,12 @@ def eager_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
 
 def torch_compile_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
     """``torch.compile(mode="reduce-overhead")``: Inductor kernels replayed as one CUDA graph. The
-    cache is marked static so that its in-place update stays inside the graph."""
+    cache is marked static so that its in-place update stays inside the graph. Dynamo's caches
+    are cleared first: every batch size is another specialisation of the same ``forward``, and
+    with ``fullgraph=True`` the ninth in one process (the bench of 12 batch sizes) would fail on
+    Dynamo's recompile limit of 8 instead of compiling; a step built earlier compiles again if
+    it is called again."""
+    torch._dynamo.reset()
     torch._dynamo.mark_static_address(kv_cache)
     return torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
