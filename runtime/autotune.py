@@ -23,8 +23,7 @@ builds one kernel per process), then timed one after another (a decode step at p
 ``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's on
 the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong and
 never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
-(``REFINE``: balanced projection spans, pairs of kv heads over key ranges), where that builds
-another variant.
+(``REFINE``: balanced projection spans), where that builds another variant.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -69,9 +68,10 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
 # (``_refinements``; a knob's companions take its new value too): projection tasks in near-equal
 # spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
-# 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b within 1% either way at 1-16
-# rows), and pairs of kv heads over key ranges (rated 5% faster at 13 and 16 rows).
-REFINE = ("balance", "attn_pair_ranges")
+# 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b within 1% either way). Pairs of
+# kv heads over key ranges (``attn_pair_ranges``) were flipped too, and lost on every winner they
+# applied to (llama-3.2-1b: 3 rows 0.935 -> 0.958 ms, 5 1.013 -> 1.069, 8 1.007 -> 1.060).
+REFINE = ("balance",)
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 
 
