@@ -53,6 +53,13 @@ class Variant:
     prefetch: str      # the kind's prefetch body, or ""
 
 
+def body_modules() -> list[str]:
+    """The modules under megakernel.compiler that the kernel imports: the loop's and every op
+    body's (the registry's)."""
+    bodies = [b for spec in REGISTRY.values() for b in (spec.body, spec.prefetch) if b]
+    return sorted({"kernel_loop"} | {b.split(".")[0] for b in bodies})
+
+
 def generate(enc: Encoded, model: str, batch: int, num_tasks: int) -> KernelSource:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
@@ -62,5 +69,6 @@ def generate(enc: Encoded, model: str, batch: int, num_tasks: int) -> KernelSour
     source = env.get_template("megakernel.py.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, num_words=NUM_WORDS, align=ALIGN,
+        modules=body_modules(),
         h={name: f"w{i}" for i, name in enumerate(HEADER)})
     return KernelSource(source, KERNEL_NAME, len(enc.queues), enc)
