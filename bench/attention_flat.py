@@ -1,4 +1,4 @@
-"""Streamed decode attention (``stream_ops.attn_stream_op``) alone on the GPU, beside the
+"""Streamed decode attention (``attention_ops.attn_stream_op``) alone on the GPU, beside the
 per-unit body the megakernel's workers otherwise walk, and SDPA.
 
     python -m megakernel.bench.attention_flat --batch-sizes 17,32,64 --context 1024
@@ -23,7 +23,7 @@ import triton.language as tl
 
 from megakernel.bench.attention import attn_units, sdpa
 from megakernel.bench.sweep import rel_err
-from megakernel.compiler import stream_ops
+from megakernel.compiler import attention_ops
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig
 from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
@@ -39,7 +39,7 @@ def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cu
     """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total)), the
     query heads of a kv head padded to BLOCK_G rows."""
     t = tl.program_id(0)
-    stream_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
+    attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                  t * cut, tl.minimum(t * cut + cut, total), layer,
                                  tl.load(slot0_ptr + t), D ** -0.5, B, HQ, HKV, S, D, G, BS,
                                  STEP, BLOCK_G, D, STAGES)

@@ -1,7 +1,7 @@
 """Attention op bodies of the megakernel (``@triton.jit``, one tile task each): a partial over
 one key range of one row's query heads of a kv head, a pair (or a group) of a row's kv heads
-over all its keys, and the combine of partials (streams over the keys of consecutive units:
-``stream_ops``).
+over all its keys, a stream over the keys of consecutive (row, kv head) units, and the combine
+of partials.
 
 The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``ops.cache_slots``;
 partials are fp32 acc [P, G, D] and (max, sum) [P, G, 2], one slot per key range (P in all), the
@@ -256,6 +256,55 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
         acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, :, None], DT)
         m = m_new
     tl.store(out_ptr + offs, (acc / tl.where(l == 0.0, 1.0, l)[:, :, None]).to(DT), mask=qmask)
+
+
+@triton.jit
+def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f0, f1, layer,
+                   slot0, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                   BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_D: tl.constexpr, STAGES: tl.constexpr):
+    """Keys [f0, f1) of the (row, kv head) units laid end to end (unit u = row * HKV + kv head
+    holds keys [u * S, (u + 1) * S); f0, f1 and S multiples of CHUNK) in one pipelined loop of
+    CHUNK-key steps, whatever unit each step belongs to. Where a unit's piece ends: the whole
+    unit -> its normalised output in out [B, HQ * D]; a part of one (only the first and the last
+    piece can be) -> acc and (max, sum) in partial slot slot0, or slot0 + 1 for the last where
+    the first was a part too."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, CHUNK)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    c0 = f0 // CHUNK
+    c1 = f1 // CHUNK
+    first_cut = c0 % NCH != 0               # the first piece is a part (and not the last)
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for c in tl.range(c0, c1, num_stages=STAGES):
+        u = c // NCH
+        row = u // HKV
+        kv_head = u % HKV
+        start = (c % NCH) * CHUNK
+        hi = tl.load(pos_ptr + row) + 1
+        heads = row * HQ + kv_head * G + gs                            # [BLOCK_G] of [B * HQ]
+        q = tl.load(q_ptr + heads[:, None] * D + ds[None, :], mask=qmask, other=0.0).to(DT)
+        k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
+                       CHUNK, BLOCK_D, BS % CHUNK == 0)           # steps start at CHUNK multiples
+        m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
+        last = (c % NCH == NCH - 1) | (c == c1 - 1)                # this unit's piece ends
+        whole = (c % NCH == NCH - 1) & (u * NCH >= c0)
+        out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+        tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask & whole)
+        part = (slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)) * G + gs
+        split = last & ~whole
+        tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask & split)
+        tl.store(ml_ptr + part * 2, m, mask=(gs < G) & split)
+        tl.store(ml_ptr + part * 2 + 1, l, mask=(gs < G) & split)
+        m = tl.where(last, float("-inf"), m)
+        l = tl.where(last, 0.0, l)
+        acc = tl.where(last, 0.0, acc)
 
 
 @triton.jit

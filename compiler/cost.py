@@ -52,8 +52,7 @@ CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          smem_bytes=1 << 30, sm_bytes_per_us=1.0e4, attn_bytes_per_us=1.0e4,
                          attn_task_us=1.0)
 TARGETS = {"h200": H200, "cpu": CPU_INTERPRETER}
-ATTENTION = ("attn_partial", "attn_pair", "attn_pair_part", "attn_group", "attn_stream",
-             "attn_pair_stream")
+ATTENTION = ("attn_partial", "attn_pair", "attn_pair_part", "attn_group", "attn_stream")
 
 
 def task_us(task: Task, target: Target, workers: int) -> float:

@@ -11,8 +11,7 @@ Tilings (``TileConfig`` sets the sizes):
                attn_combine per (row, kv head); a partial waits only for its q heads and its k/v
                head; a single range writes the output itself (``attn_pairs``: attn_pair per row
                and pair of kv heads where every unit is a single range); or (``attn_stream``) one
-               attn_stream per equal share of all units' keys, attn_pair_stream with pairs
-               of kv heads as units (``tile_attention``)
+               attn_stream per equal share of all units' keys (``tile_attention``)
     linear     one task per output columns [n0, n1) (norm, residual fused in); with
                ``split_k`` S > 1 and no norm, linear_part per (column group, K slice) into
                fp32 partials {op}.part [S, B, N], then linear_reduce per column group
@@ -65,8 +64,7 @@ class TileConfig:
     attn_stream: bool = False  # one attn_stream task per equal share of those keys, each one
                                # pipelined loop across its units (see tile_attention)
     attn_pairs: bool = False   # where each unit's keys are one task's: a task per row and pair
-                               # of kv heads, both heads' steps in one loop (Tiler.attn_pairs);
-                               # with attn_stream, streams over pairs (Tiler.stream_pairs)
+                               # of kv heads, both heads' steps in one loop (Tiler.attn_pairs)
     attn_group: int = 2        # kv heads per such task (2: attn_pair; more: attn_group, their
                                # steps as batched dots, keys per step 2 / attn_group as many)
     attn_pair_ranges: bool = False  # pairs also where units have several key ranges (the same
@@ -217,13 +215,6 @@ class Tiler:
             return False
         return self.whole_units() or \
             (cfg.attn_pair_ranges and cfg.attn_group == 2 and not cfg.attn_balance)
-
-    def stream_pairs(self) -> bool:
-        """``attn_pairs`` with ``attn_stream``: streams over (row, pair of kv heads) units, where
-        kv heads come in pairs (groups of 2 only)."""
-        cfg = self.cfg
-        return cfg.attn_stream and cfg.attn_pairs and cfg.attn_group == 2 and \
-            self.graph.dims.kv_heads % 2 == 0
 
     def whole_units(self) -> bool:
         """Whether each (row, kv head) unit's keys are one attention task's (``kv_pieces``)."""

@@ -3,9 +3,8 @@
 ranges; a unit of one range writes its output itself (with ``attn_pairs``, where every unit is
 one range: an attn_pair task per row and pair of kv heads, or an attn_group task per row and
 group of ``attn_group``). With ``attn_stream``, the units' keys laid end to end are cut into
-one equal share per worker (whole steps), an attn_stream task each (attn_pair_stream, with
-``attn_pairs``, over units of a row's pair of kv heads); the kv heads of units cut between
-shares are merged by an attn_combine each."""
+one equal share per worker (whole steps), an attn_stream task each; units cut between shares
+are merged by an attn_combine."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -184,46 +183,42 @@ def tile_attention_stream(t: Tiler, op) -> None:
     """attn_stream task i: keys [i * cut, (i + 1) * cut) of the units laid end to end; a whole
     unit writes its output, a unit's piece a partial slot of {op}.acc / {op}.ml (numbered in
     stream order from the task's ``slot0``: each stream has at most a first and a last piece
-    cut, and a unit's pieces take consecutive slots), merged by an attn_combine per cut unit's
-    kv head. With ``Tiler.stream_pairs`` a unit is a row's pair of kv heads (attn_pair_stream):
-    the second head's slots follow the first's, ``half`` (the pieces' count) later."""
+    cut, and a unit's pieces take consecutive slots), merged by an attn_combine per cut unit."""
     d, s = t.graph.dims, t.graph.dims.max_seq_len
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
-    n = 2 if t.stream_pairs() else 1                                   # kv heads per unit
-    group, hd, per_row = d.heads // d.kv_heads, d.head_dim, d.kv_heads // n
-    units = d.batch * per_row
-    # a pair's step of as many key elements as one head's: finer shares at the same bytes
-    step, cut = stream_shares(units * s, s, t.workers, t.cfg.kv_step // hd // n)
+    group, hd, units = d.heads // d.kv_heads, d.head_dim, d.batch * d.kv_heads
+    step, cut = stream_shares(units * s, s, t.workers, t.cfg.kv_step // hd)
     streams, pieces, slot_of = stream_plan(units, s, cut)
     slots = unit_slots(slot_of)
-    half = len(slot_of)
-    acc, ml = (Buffer(f"{op.name}.{k}", "f32", (n * half, group, w))
-               for k, w in (("acc", hd), ("ml", 2)))
-    if half:
+    n = len(slot_of)
+    acc, ml = (Buffer(f"{op.name}.{k}", "f32", (n, group, w)) for k, w in (("acc", hd), ("ml", 2)))
+    if n:
         t.buffers.update({acc.name: acc, ml.name: ml})
-    head0 = lambda u: u % per_row * n                                  # the unit's first kv head
-    heads = lambda u, k=n: ((u // per_row, u // per_row + 1),
-                            (head0(u) * group * hd, (head0(u) + k) * group * hd))
+    heads = lambda u: ((u // d.kv_heads, u // d.kv_heads + 1),
+                       (u % d.kv_heads * group * hd, (u % d.kv_heads + 1) * group * hd))
     slot0s = first_slots(streams, slot_of)
     for i, ((f0, f1), ps) in enumerate(zip(streams, pieces)):
         reads, writes = [Region("positions", ((0, d.batch),))], []
         for u, lo, hi in ps:
+            b = u // d.kv_heads
             reads += [Region(q.name, heads(u)), Region("kv_cache", (
-                (layer, layer + 1), (0, 2), (u // per_row, u // per_row + 1),
-                (head0(u), head0(u) + n), (lo, hi), (0, hd)))]
+                (layer, layer + 1), (0, 2), (b, b + 1), (u % d.kv_heads, u % d.kv_heads + 1),
+                (lo, hi), (0, hd)))]
             slot = slot_of.get((i, u))
             writes += [Region(out.name, heads(u))] if slot is None else \
-                [Region(buf.name, ((f, f + 1), (0, group), (0, w)))
-                 for f in range(slot, slot + n * half, half) for buf, w in ((acc, hd), (ml, 2))]
-        nbytes = n * (2 * (f1 - f0) * hd + len(ps) * group * hd) * d.itemsize
-        args = dict(q=q.name, out=out.name, acc=acc.name if half else None,
-                    ml=ml.name if half else None, f0=f0, f1=f1, layer=layer, slot0=slot0s[i],
-                    step=step)
-        t.add(op, "attn_pair_stream" if n == 2 else "attn_stream",
-              args | (dict(half=half, heads=2) if n == 2 else {}), reads, writes,
-              nbytes + n * group * (hd + 2) * 4, 4 * n * group * (f1 - f0) * hd)
+                [Region(acc.name, ((slot, slot + 1), (0, group), (0, hd))),
+                 Region(ml.name, ((slot, slot + 1), (0, group), (0, 2)))]
+        nbytes = (2 * (f1 - f0) * hd + len(ps) * group * hd) * d.itemsize
+        t.add(op, "attn_stream", dict(q=q.name, out=out.name, acc=acc.name if n else None,
+                                      ml=ml.name if n else None, f0=f0, f1=f1, layer=layer,
+                                      slot0=slot0s[i], step=step),
+              reads, writes, nbytes + group * (hd + 2) * 4, 4 * group * (f1 - f0) * hd)
     most = max(map(len, slots.values()), default=0)
     for u, used in slots.items():
-        for h in range(n):
-            add_combine(t, op, acc, ml, u // per_row, head0(u) + h, used[0] + h * half,
-                        len(used), most)
+        rows = ((used[0], used[-1] + 1), (0, group))
+        t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=u // d.kv_heads,
+                                       kv_head=u % d.kv_heads, first=used[0], count=len(used),
+                                       nsplit=most),
+              [Region(acc.name, rows + ((0, hd),)), Region(ml.name, rows + ((0, 2),))],
+              [Region(out.name, heads(u))], group * len(used) * (hd + 2) * 4
+              + group * hd * d.itemsize, 0)

@@ -196,24 +196,15 @@ class VM:
             self.buf[a["acc"]][slot], self.buf[a["ml"]][slot] = acc, ml
 
     def attn_stream(self, a):
-        """Units of ``heads`` kv heads (1, or 2 for attn_pair_stream); a piece's slot is its
-        first head's, the next head's ``half`` slots later."""
-        s, n, slot = self.d.max_seq_len, a.get("heads", 1), a["slot0"]
-        per_row = self.d.kv_heads // n
+        s, hkv, slot = self.d.max_seq_len, self.d.kv_heads, a["slot0"]
         for u in range(a["f0"] // s, (a["f1"] - 1) // s + 1):
             lo, hi = max(a["f0"], u * s) - u * s, min(a["f1"], (u + 1) * s) - u * s
-            row = u // per_row
-            for h in range(n):
-                g = u % per_row * n + h
-                acc, ml = self.attend(row, g, lo, hi, a["layer"], a["q"])
-                if hi - lo == s:                     # the whole unit: its output
-                    self.attn_out(a, row, g, acc / ml[:, 1:])
-                else:                                # a piece: the stream's next slot
-                    f = slot + h * a.get("half", 0)
-                    self.buf[a["acc"]][f], self.buf[a["ml"]][f] = acc, ml
-            slot += hi - lo != s
-
-    attn_pair_stream = attn_stream
+            acc, ml = self.attend(u // hkv, u % hkv, lo, hi, a["layer"], a["q"])
+            if hi - lo == s:                         # the whole unit: its output
+                self.attn_out(a, u // hkv, u % hkv, acc / ml[:, 1:])
+            else:                                    # a piece: the stream's next slot
+                self.buf[a["acc"]][slot], self.buf[a["ml"]][slot] = acc, ml
+                slot += 1
 
     def attn_combine(self, a):
         used = slice(a["first"], a["first"] + a["count"])

@@ -204,8 +204,8 @@ def effective(ops, v: Variant) -> Variant:
     of the three), the fused reduce and norm only with both norm first and split-K, the attention
     rows only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
     (their pieces per head then mean nothing), pairs (or groups) of kv heads per task only where
-    they apply (``Tiler.attn_pairs``, or streams over pairs: ``Tiler.stream_pairs``), the group
-    size only with them, pairs over key ranges only where units have several (and no stream). Equal results build equal kernels."""
+    they apply (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only
+    where units have several. Equal results build equal kernels."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
@@ -215,11 +215,11 @@ def effective(ops, v: Variant) -> Variant:
     if v.attn_balance and tiler.kv_pieces() == \
             Tiler(ops, replace(v.tile, attn_balance=False), v.workers).kv_pieces():
         return effective(ops, replace(v, attn_balance=False))
-    if v.attn_pairs and not (tiler.attn_pairs() or tiler.stream_pairs()):
+    if v.attn_pairs and not tiler.attn_pairs():
         return effective(ops, replace(v, attn_pairs=False))
     if v.attn_group != TileConfig.attn_group and not v.attn_pairs:
         return effective(ops, replace(v, attn_group=TileConfig.attn_group))
-    if v.attn_pair_ranges and (not v.attn_pairs or v.attn_stream or tiler.whole_units()):
+    if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return effective(ops, replace(v, attn_pair_ranges=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:

@@ -115,12 +115,6 @@ c = compile_model(model, CompileOptions(16, 1024, target="h200", tile=tile), "ll
 assert {t.kind for t in c.tasks.tasks} >= {"attn_pair_part", "attn_combine"}
 out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
 print("llama-3.2-1b", 16, "attn_pair_part sm_90 ok", out.metadata.shared)
-# streams over pairs of kv heads, the cut units' heads merged by combines
-tile = TileConfig(attn_stream=True, attn_pairs=True, kv_split=128, kv_block=128)
-c = compile_model(model, CompileOptions(17, 1024, target="h200", tile=tile), "llama-3.2-1b")
-assert {t.kind for t in c.tasks.tasks} >= {"attn_pair_stream", "attn_combine"}
-out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
-print("llama-3.2-1b", 17, "attn_pair_stream sm_90 ok", out.metadata.shared)
 """
 
 
@@ -130,7 +124,7 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
     proc = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], env=env, capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("sm_90 ok") == 8
+    assert proc.stdout.count("sm_90 ok") == 7
 
 
 def test_top_level_compile_gives_one_kernel_per_batch_size():

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.compiler import attention_ops, stream_ops
+from megakernel.compiler import attention_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 B, HQ, HKV, S, D, BS = 2, 4, 2, 64, 16, 16
@@ -233,53 +233,42 @@ def test_flat_attention_probe_matches_sdpa():
 
 @triton.jit
 def streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f_ptr, slot0_ptr,
-                   nstreams, merge_ptr, nmerge, layer, half, B: tl.constexpr, HQ: tl.constexpr,
+                   nstreams, merge_ptr, nmerge, layer, B: tl.constexpr, HQ: tl.constexpr,
                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                   BS: tl.constexpr, STEP: tl.constexpr, PAIRS: tl.constexpr):
+                   BS: tl.constexpr, STEP: tl.constexpr):
     for i in range(nstreams):
-        f0, f1, slot0 = tl.load(f_ptr + i), tl.load(f_ptr + i + 1), tl.load(slot0_ptr + i)
-        if PAIRS:
-            stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
-                                           out_ptr, f0, f1, layer, slot0, half, D ** -0.5, B, HQ,
-                                           HKV, S, D, G, BS, STEP, G, D, 2)
-        else:
-            stream_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
-                                      out_ptr, f0, f1, layer, slot0, D ** -0.5, B, HQ, HKV, S,
-                                      D, G, BS, STEP, G, D, 2)
+        attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
+                                     tl.load(f_ptr + i), tl.load(f_ptr + i + 1), layer,
+                                     tl.load(slot0_ptr + i), D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                     STEP, G, D, 2)
     tl.debug_barrier()
-    for j in range(nmerge):                    # (row, kv head, first slot, count) of each
-        attention_ops.attn_combine_op(acc_ptr, ml_ptr, out_ptr, tl.load(merge_ptr + 4 * j),
-                                      tl.load(merge_ptr + 4 * j + 1),
-                                      tl.load(merge_ptr + 4 * j + 2),
-                                      tl.load(merge_ptr + 4 * j + 3), HQ, D, G, G, 4, D)
+    for j in range(nmerge):                    # (unit, first slot, count) of each cut unit
+        u = tl.load(merge_ptr + 3 * j)
+        attention_ops.attn_combine_op(acc_ptr, ml_ptr, out_ptr, u // HKV, u % HKV,
+                                      tl.load(merge_ptr + 3 * j + 1),
+                                      tl.load(merge_ptr + 3 * j + 2), HQ, D, G, G, 4, D)
 
 
-@pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("cut", [16, 48, 80])
-def test_streams_across_units_merge_to_attention(cut, pairs):
+def test_streams_across_units_merge_to_attention(cut):
     """The units' keys end to end, cut every ``cut`` keys: units in four pieces (16), streams
     holding pieces of two units (48), whole units too (80); rows of unequal length through a
     shuffled block table. Pieces go to slots in stream order, a cut unit's slots merged by the
-    combine. With ``pairs`` a unit is a row's two kv heads, the second head's slots ``half``
-    after the first's."""
+    combine."""
     from megakernel.compiler.tile_attention import first_slots, stream_plan, unit_slots
 
-    lengths, n = [50, 64], 2 if pairs else 1
+    lengths = [50, 64]
     q, cache, positions, table = paged_inputs(cut, BS, 1, lengths)
-    per_row = HKV // n
-    streams, _, slot_of = stream_plan(B * per_row, S, cut)
-    edges, slot0 = [f0 for f0, _ in streams] + [B * per_row * S], first_slots(streams, slot_of)
-    half = len(slot_of)
-    merge = [[u // per_row, u % per_row * n + h, used[0] + h * half, len(used)]
-             for u, used in unit_slots(slot_of).items() for h in range(n)]
-    acc = torch.full((n * half, G, D), float("nan"))
-    ml = torch.full((n * half, G, 2), float("nan"))
+    streams, _, slot_of = stream_plan(B * HKV, S, cut)
+    edges, slot0 = [f0 for f0, _ in streams] + [B * HKV * S], first_slots(streams, slot_of)
+    merge = [[u, used[0], len(used)] for u, used in unit_slots(slot_of).items()]
+    n = len(slot_of)
+    acc, ml = torch.full((n, G, D), float("nan")), torch.full((n, G, 2), float("nan"))
     out = torch.full((B, HQ * D), float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out,
                                    torch.tensor(edges, dtype=torch.int32),
                                    torch.tensor(slot0, dtype=torch.int32))]
-    merge = torch.tensor(merge or [[0] * 4], dtype=torch.int32).to(DEVICE)
-    streams_kernel[(1,)](*args, len(edges) - 1, merge, half and len(merge), 0, half, B, HQ, HKV,
-                         S, D, G, BS, 16, pairs)
+    streams_kernel[(1,)](*args, len(edges) - 1, torch.tensor(merge, dtype=torch.int32).to(DEVICE),
+                         len(merge), 0, B, HQ, HKV, S, D, G, BS, 16)
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[0], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)

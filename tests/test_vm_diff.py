@@ -54,7 +54,6 @@ def inputs(model):
                                    TileConfig(kv_block=32, kv_split=32,
                                               attn_tasks_per_worker=0),
                                    TileConfig(attn_stream=True, kv_step=256, kv_block=32),
-                                   TileConfig(attn_stream=True, attn_pairs=True, kv_step=256),
                                    TileConfig(attn_pairs=True, kv_split=64),
                                    TileConfig(attn_pairs=True, kv_split=64, kv_block=64),
                                    TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=16,
@@ -106,21 +105,18 @@ def check_kernel_against_vm(name, tiles) -> list[str]:
     ("tiny-llama", 5, 1, 1, "cross"), ("tiny-llama", 13, 1, 1, "cross"),
     ("tiny-llama", 64, 1, 1, "cross"), ("tiny-qwen3", 5, 1, 1, "pairs"),
     ("tiny-llama-kv4", 7, 1, 1, "groups"), ("tiny-llama-kv4", 64, 1, 1, "pair parts"),
-    ("tiny-qwen3", 7, 1, 1, "cross"), ("tiny-llama-kv4", 5, 1, 1, "pair streams"),
-    ("tiny-qwen3", 2, 1, 1, "pair streams")])
+    ("tiny-qwen3", 7, 1, 1, "cross")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
-    stream, cross, groups = balance in ("stream", "pair streams"), balance == "cross", \
-        balance == "groups"
-    parts, pair_streams = balance == "pair parts", balance == "pair streams"
+    stream, cross, groups = balance == "stream", balance == "cross", balance == "groups"
+    parts = balance == "pair parts"
     pairs = balance == "pairs" or groups or parts
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
                                           split_k=slices, attn_balance=balance is True,
                                           kv_split=64 if pairs and not parts else 16,
                                           attn_stream=stream,
-                                          kv_step=256, qkv_cross=cross,
-                                          attn_pairs=pairs or pair_streams,
+                                          kv_step=256, qkv_cross=cross, attn_pairs=pairs,
                                           attn_group=4 if groups else 2,
                                           attn_pair_ranges=parts))
     compiled = compile_model(model, opts, name)
@@ -138,8 +134,7 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
             assert not crossing
     if stream:      # shares of whole 16-key steps, units cut between them, each merged once
         kinds = [t.kind for t in compiled.tasks.tasks]
-        kind = "attn_pair_stream" if pair_streams else "attn_stream"
-        assert kinds.count(kind) > compiled.ops.dims.layers
+        assert kinds.count("attn_stream") > compiled.ops.dims.layers
         assert 0 < kinds.count("attn_combine") and "attn_partial" not in kinds
     if pairs and not parts:     # a task per row and pair (group of 4) of kv heads, no partials
         kinds = [t.kind for t in compiled.tasks.tasks]
