@@ -19,10 +19,10 @@ default's class, the ``classes`` best and, per attention layout, the class neare
 each also with the K slices' reduce fused with the norm or not (``shortlist``), each crossed with
 every code-level knob (block_k, stages, warps, cache block, KV prefetch, prefetch cap), are
 compiled and built side by side (``processes`` at once, as is the rating of each batch size: Triton
-builds one kernel per process), then timed one after another (a decode step at position
-``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's on
-the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong and
-never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
+builds one kernel per process), each timed as soon as it is built while the later ones build
+(one after another, in plan order: a decode step at position ``max_seq_len - 1``, median of
+``iters``), each step's logits checked against the eager model's on the same step: a variant
+farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
 (``REFINE``: balanced projection spans), where that builds another variant.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
@@ -48,6 +48,7 @@ from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TILERS, TileConfig, Tiler
 
+from .fanout import fan_out, fan_out_lazy
 from .ledger import Ledger
 from .variant import Variant, effective, stream_kv_split
 
@@ -57,14 +58,15 @@ SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_w
          "split_k": (1, 4), "norm_first": (False, True), "reduce_norm": (False, True),
          "prefetch_kv": (CompileOptions.prefetch_kv,),
          "prefetch_kb": (CompileOptions.prefetch_kb,), "attn_stream": (False, True),
-         "kv_block": (16, 128), "attn_pairs": (False, True)}
+         "kv_block": (16, 128), "attn_pairs": (False, True), "attn_group": (2, 4)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
             "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,
             "reduce_norm": TileConfig.reduce_norm,
             "prefetch_kv": CompileOptions.prefetch_kv,
             "prefetch_kb": CompileOptions.prefetch_kb, "attn_stream": TileConfig.attn_stream,
-            "kv_block": TileConfig.kv_block, "attn_pairs": TileConfig.attn_pairs}
+            "kv_block": TileConfig.kv_block, "attn_pairs": TileConfig.attn_pairs,
+            "attn_group": TileConfig.attn_group}
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
 # (``_refinements``; a knob's companions take its new value too): projection tasks in near-equal
 # spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
@@ -119,7 +121,7 @@ def candidates(target: Target, space: dict) -> list[Variant]:
 
 SCHEDULE_FIELDS = ("block_n", "workers", "kv_split", "qkv_parts", "split_head_norm",
                    "attn_tasks_per_worker", "split_k", "norm_first", "reduce_norm",
-                   "attn_balance", "attn_stream", "qkv_cross", "attn_pairs")
+                   "attn_balance", "attn_stream", "qkv_cross", "attn_pairs", "attn_group")
 
 
 def schedule_class(v: Variant) -> tuple:
@@ -162,8 +164,9 @@ def predict(ops, v: Variant, target: Target, alike: list | None = None) -> float
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
     """The default variant, then every code-level knob of the default's schedule class, of the
     ``classes`` best-rated classes (equal ratings: the class nearer the default first) and, for
-    each attention layout (keys per task, balanced, streamed, pairs of kv heads) at the default's
-    workers, of the class nearest the default (equally near: the better rated); and of each of
+    each attention layout (keys per task, balanced, streamed, pairs or groups of 4 kv heads; at
+    64 rows groups of 4 took 1.751 ms against pairs' 1.845) at the default's workers, of the
+    class nearest the default (equally near: the better rated); and of each of
     these classes with the K slices' reduce fused with the norm where it was not, or not where it
     was (``fused_sibling``; llama-3.2-1b on the H200, each batch size's winner -> fused, ms: 13
     rows 1.120 -> 1.092, 17 1.296 -> 1.270, 24 1.320 -> 1.293, 32 1.349 -> 1.324, 64 1.902 ->
@@ -186,7 +189,8 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     layouts = {}
     for v in sorted(variants, key=lambda v: (near(schedule_class(v)), rank(schedule_class(v)))):
         if v.workers == default.workers:
-            layouts.setdefault((v.kv_split, v.attn_balance, v.attn_stream, v.attn_pairs),
+            layouts.setdefault((v.kv_split, v.attn_balance, v.attn_stream, v.attn_pairs,
+                                v.attn_group),
                                schedule_class(v))
     picked = dict.fromkeys([home, *sorted(rated, key=rank)[:classes], *layouts.values()])
     picked |= dict.fromkeys(k for k in map(fused_sibling, list(picked)) if k in rated)
@@ -271,18 +275,6 @@ def _plan(job) -> list[tuple[Variant, float]]:
     return shortlist(ops, TARGETS[target], space, classes)
 
 
-def fan_out(fn, jobs: list, processes: int) -> list:
-    """``[fn(job) for job in jobs]``, in ``processes`` worker processes when more than one."""
-    if processes <= 1 or len(jobs) <= 1:
-        return [fn(job) for job in jobs]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx) as pool:
-        return list(pool.map(fn, jobs))
-
-
 def rules_hash() -> str:
     """The modules that decide a shortlist (this one, and ``variant`` with ``effective``): a
     plan kept in the ledger under other rules is rated again."""
@@ -329,23 +321,24 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     bar = tqdm(total=sum(map(len, plans.values())), desc="autotune", disable=not progress)
 
     def timed(plans: dict) -> dict:
-        """Each batch size's [(variant, ledger row)]: built side by side, then timed."""
+        """Each batch size's [(variant, ledger row)]: built side by side, each timed as soon as
+        it is built (in plan order) while the later ones build."""
         opts = {(b, v): CompileOptions(b, max_seq_len, target=target.name,
                                        **v.options(target.sms))
                 for b, picks in plans.items() for v, _ in picks}
         key = {(b, v): ledger.key(batch=b, variant=v.label, **base) for b, v in opts}
         todo = [bv for bv in opts if ledger.get(key[bv]) is None]
-        built = fan_out(_prepare, [(model.config, dtype, name, opts[bv], str(root), device.type)
-                                   for bv in todo], processes)
-        failed = {bv: err for bv, err in zip(todo, built) if err}
+        built = fan_out_lazy(_prepare, [(model.config, dtype, name, opts[bv], str(root),
+                                         device.type) for bv in todo], processes)
         out = {}
         for b, picks in plans.items():
             inputs = None                      # one set of decode inputs serves every variant
             for v, predicted in picks:
                 row = ledger.get(key[b, v])
-                if row is None:
-                    if (b, v) in failed:
-                        fields = dict(ms=None, error=failed[b, v])
+                if row is None:                # the next of ``todo``: the same order
+                    failed = next(built)
+                    if failed:
+                        fields = dict(ms=None, error=failed)
                     else:
                         inputs = inputs or step_inputs(model, b, max_seq_len)
                         fields = measure(model, name, opts[b, v], root, iters, inputs,
@@ -354,6 +347,7 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
                                      predicted_us=predicted, **fields)
                 out.setdefault(b, []).append((v, row))
                 bar.update()
+        built.close()
         return out
 
     rows = timed(plans)

@@ -285,3 +285,13 @@ def test_shortlist_times_the_default_and_every_attention_layout_near_it():
     wide = dict(space, kv_block=(16, 128), kv_split=(64, 128), attn_stream=(False, True))
     blocks = {v.kv_block for v, _ in tuning.shortlist(ops, H200, wide, 1)}
     assert blocks == {16}
+
+
+def test_builds_are_yielded_in_order_as_they_finish_and_dropped_when_not_wanted():
+    from megakernel.runtime.fanout import fan_out_lazy
+
+    assert list(fan_out_lazy(abs, [-3, 1, -2], 2)) == [3, 1, 2]
+    assert list(fan_out_lazy(abs, [-3], 2)) == [3]            # one job: in this process
+    rest = fan_out_lazy(abs, list(range(-200, 0)), 2)
+    assert next(rest) == 200
+    rest.close()                                              # the others are not waited for
