@@ -22,8 +22,9 @@ compiled and built side by side (``processes`` at once, as is the rating of each
 builds one kernel per process), each timed as soon as it is built while the later ones build
 (one after another, in plan order: a decode step at position ``max_seq_len - 1``, median of
 ``iters``), each step's logits checked against the eager model's on the same step: a variant
-farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
-(``REFINE``: balanced projection spans), where that builds another variant.
+farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept. Then each
+batch size's fastest is timed again with each knob of ``refine`` flipped (``REFINE``: balanced
+projection spans, pairs over key ranges), where that builds another variant.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -70,17 +71,23 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
 # (``_refinements``; a knob's companions take its new value too): projection tasks in near-equal
 # spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
-# 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b within 1% either way). Pairs of
-# kv heads over key ranges (``attn_pair_ranges``) were flipped too, and lost on every winner they
-# applied to (llama-3.2-1b: 3 rows 0.935 -> 0.958 ms, 5 1.013 -> 1.069, 8 1.007 -> 1.060).
-REFINE = ("balance",)
+# 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b within 1% either way), and pairs
+# of kv heads over key ranges, turned on with at most half the context per range (llama-3.2-1b:
+# rated 5% faster at 13 and 16 rows, where one-head tasks of 1024 keys are the winners'; lost
+# where the winners had ranges already: 3 rows 0.935 -> 0.958 ms, 5 1.013 -> 1.069, 8 1.007 ->
+# 1.060).
+REFINE = ("balance", "attn_pair_ranges")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 
 
-def flip(v: Variant, knob: str) -> Variant:
-    """``v`` with ``knob`` flipped, and its companions set to the knob's new value."""
+def flip(v: Variant, knob: str, seq: int) -> Variant:
+    """``v`` with ``knob`` flipped, and its companions set to the knob's new value; key ranges
+    turned on (``attn_pair_ranges``) hold at most half of the ``seq`` keys."""
     value = not getattr(v, knob)
-    return replace(v, **{k: value for k in (knob, *COMPANIONS.get(knob, ()))})
+    u = replace(v, **{k: value for k in (knob, *COMPANIONS.get(knob, ()))})
+    if knob == "attn_pair_ranges" and value:
+        u = replace(u, kv_split=min(u.kv_split, seq // 2))
+    return u
 
 
 @dataclass(frozen=True)
@@ -386,7 +393,7 @@ def _flips(job) -> list[tuple[Variant, float]]:
     cfg, dtype, batch, seq, target, v, refine, labels = job
     model = empty_model(cfg).to(dtype)
     ops = lower(capture(model, batch, seq), model.lm_head.weight.element_size())
-    flipped = [effective(ops, flip(v, k)) for k in refine]
+    flipped = [effective(ops, flip(v, k, seq)) for k in refine]
     return [(u, predict(ops, u, TARGETS[target]))
             for u in dict.fromkeys(flipped) if u.label not in labels]
 

@@ -99,8 +99,15 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(u, predicted)] = tuning._flips(job({v.label}))
     assert u == replace(v, balance=True) and predicted > 0
     assert tuning._flips(job({v.label, u.label})) == []
-    # a knob's companions take its value: pairs over key ranges are pairs
-    assert tuning.flip(v, "attn_pair_ranges") == replace(v, attn_pair_ranges=True, attn_pairs=True)
+    # a knob's companions take its value: pairs over key ranges are pairs, in ranges of at most
+    # half the context
+    assert tuning.flip(v, "attn_pair_ranges", 64) == \
+        replace(v, attn_pair_ranges=True, attn_pairs=True)
+    whole = replace(v, kv_split=64)
+    assert tuning.flip(whole, "attn_pair_ranges", 64) == \
+        replace(v, attn_pair_ranges=True, attn_pairs=True)
+    assert tuning.flip(tuning.flip(v, "attn_pair_ranges", 64), "attn_pair_ranges", 64) == \
+        replace(v, attn_pair_ranges=False, attn_pairs=False)
 
 
 def test_autotune_never_keeps_a_variant_with_wrong_logits(tmp_path, monkeypatch):
