@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -335,26 +336,25 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
                 for b, picks in plans.items() for v, _ in picks}
         key = {(b, v): ledger.key(batch=b, variant=v.label, **base) for b, v in opts}
         todo = [bv for bv in opts if ledger.get(key[bv]) is None]
-        built = fan_out_lazy(_prepare, [(model.config, dtype, name, opts[bv], str(root),
-                                         device.type) for bv in todo], processes)
+        jobs = [(model.config, dtype, name, opts[bv], str(root), device.type) for bv in todo]
         out = {}
-        for b, picks in plans.items():
-            inputs = None                      # one set of decode inputs serves every variant
-            for v, predicted in picks:
-                row = ledger.get(key[b, v])
-                if row is None:                # the next of ``todo``: the same order
-                    failed = next(built)
-                    if failed:
-                        fields = dict(ms=None, error=failed)
-                    else:
-                        inputs = inputs or step_inputs(model, b, max_seq_len)
-                        fields = measure(model, name, opts[b, v], root, iters, inputs,
-                                         max_rel_err)
-                    row = ledger.add(key[b, v], batch=b, variant=v.label,
-                                     predicted_us=predicted, **fields)
-                out.setdefault(b, []).append((v, row))
-                bar.update()
-        built.close()
+        with closing(fan_out_lazy(_prepare, jobs, processes)) as built:
+            for b, picks in plans.items():
+                inputs = None                  # one set of decode inputs serves every variant
+                for v, predicted in picks:
+                    row = ledger.get(key[b, v])
+                    if row is None:            # the next of ``todo``: the same order
+                        failed = next(built)
+                        if failed:
+                            fields = dict(ms=None, error=failed)
+                        else:
+                            inputs = inputs or step_inputs(model, b, max_seq_len)
+                            fields = measure(model, name, opts[b, v], root, iters, inputs,
+                                             max_rel_err)
+                        row = ledger.add(key[b, v], batch=b, variant=v.label,
+                                         predicted_us=predicted, **fields)
+                    out.setdefault(b, []).append((v, row))
+                    bar.update()
         return out
 
     rows = timed(plans)
