@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TILERS, TileConfig, Tiler
 
-from .fanout import fan_out, fan_out_lazy
+from .fanout import fan_out, worker_pool
 from .ledger import Ledger
 from .variant import Variant, effective, stream_kv_split
 
@@ -70,7 +69,7 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
             "kv_block": TileConfig.kv_block, "attn_pairs": TileConfig.attn_pairs,
             "attn_group": TileConfig.attn_group}
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
-# (``_refinements``; a knob's companions take its new value too): projection tasks in near-equal
+# (``_refinement``; a knob's companions take its new value too): projection tasks in near-equal
 # spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
 # 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b within 1% either way), and pairs
 # of kv heads over key ranges, turned on with at most half the context per range (llama-3.2-1b:
@@ -327,67 +326,72 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     plans = _plans(ledger, model, batch_sizes, max_seq_len, target, space, classes, processes,
                    base)
     bar = tqdm(total=sum(map(len, plans.values())), desc="autotune", disable=not progress)
-
-    def timed(plans: dict) -> dict:
-        """Each batch size's [(variant, ledger row)]: built side by side, each timed as soon as
-        it is built (in plan order) while the later ones build."""
-        opts = {(b, v): CompileOptions(b, max_seq_len, target=target.name,
+    opts = lambda b, v: CompileOptions(b, max_seq_len, target=target.name,
                                        **v.options(target.sms))
-                for b, picks in plans.items() for v, _ in picks}
-        key = {(b, v): ledger.key(batch=b, variant=v.label, **base) for b, v in opts}
-        todo = [bv for bv in opts if ledger.get(key[bv]) is None]
-        jobs = [(model.config, dtype, name, opts[bv], str(root), device.type) for bv in todo]
-        out = {}
-        with closing(fan_out_lazy(_prepare, jobs, processes)) as built:
-            for b, picks in plans.items():
-                inputs = None                  # one set of decode inputs serves every variant
-                for v, predicted in picks:
-                    row = ledger.get(key[b, v])
-                    if row is None:            # the next of ``todo``: the same order
-                        failed = next(built)
-                        if failed:
-                            fields = dict(ms=None, error=failed)
-                        else:
-                            inputs = inputs or step_inputs(model, b, max_seq_len)
-                            fields = measure(model, name, opts[b, v], root, iters, inputs,
-                                             max_rel_err)
-                        row = ledger.add(key[b, v], batch=b, variant=v.label,
-                                         predicted_us=predicted, **fields)
-                    out.setdefault(b, []).append((v, row))
-                    bar.update()
+    key = lambda b, v: ledger.key(batch=b, variant=v.label, **base)
+
+    def build(pool, b: int, picks: list) -> dict:
+        """The builds of the picks not in the ledger yet, asked of the pool: {label: future}."""
+        return {v.label: pool.submit(_prepare, (model.config, dtype, name, opts(b, v),
+                                                str(root), device.type))
+                for v, _ in picks if ledger.get(key(b, v)) is None}
+
+    def timed(b: int, picks: list, builds: dict) -> list:
+        """[(variant, ledger row)] of the picks, each timed once its build is done."""
+        inputs, out = None, []                 # one set of decode inputs serves every variant
+        for v, predicted in picks:
+            row = ledger.get(key(b, v))
+            if row is None:
+                failed = builds[v.label].result()
+                if failed:
+                    fields = dict(ms=None, error=failed)
+                else:
+                    inputs = inputs or step_inputs(model, b, max_seq_len)
+                    fields = measure(model, name, opts(b, v), root, iters, inputs, max_rel_err)
+                row = ledger.add(key(b, v), batch=b, variant=v.label, predicted_us=predicted,
+                                 **fields)
+            out.append((v, row))
+            bar.update()
         return out
 
-    rows = timed(plans)
-    more = _refinements(ledger, base, rows, refine, model, max_seq_len, target, processes)
-    bar.total += sum(map(len, more.values()))
-    more = timed(more)
+    # every build asked at once; each batch size timed in turn as its builds come, its
+    # refinement then rated and asked for, and timed once the shortlists are
+    with worker_pool(processes) as pool:
+        builds = {b: build(pool, b, picks) for b, picks in plans.items()}
+        rows, more = {}, {}
+        for b, picks in plans.items():
+            rows[b] = timed(b, picks, builds[b])
+            more[b] = _refinement(ledger, base, b, rows[b], refine, model, max_seq_len, target)
+            bar.total += len(more[b])
+            builds[b] |= build(pool, b, more[b])
+        for b in plans:
+            rows[b] += timed(b, more[b], builds[b])
     bar.close()
-    return [_keep_winner(model, name, b, max_seq_len, target, rows[b] + more.get(b, []),
-                         folder, root) for b in plans]
+    return [_keep_winner(model, name, b, max_seq_len, target, rows[b], folder, root)
+            for b in plans]
 
 
-def _refinements(ledger: Ledger, base: dict, rows: dict, refine: tuple[str, ...], model,
-                 max_seq_len: int, target: Target, processes: int) -> dict:
-    """Each batch size's fastest right variant with each ``refine`` knob flipped (``flip``), as
-    it will be built, where that is a variant not timed yet: {batch: [(variant, predicted
-    us)]}; rated in worker processes, kept in the ledger's plans (a rerun rates nothing)."""
-    best = {b: min((row["ms"], v.label, v) for v, row in vr if row["error"] is None)[2]
-            for b, vr in rows.items() if any(row["error"] is None for _, row in vr)}
-    key = {b: ledger.key(batch=b, best=v.label, refine=list(refine), rules=rules_hash(), **base)
-           for b, v in best.items()}
-    todo = [b for b in best if ledger.plan(key[b]) is None]
-    dtype = next(model.parameters()).dtype
-    jobs = [(model.config, dtype, b, max_seq_len, target.name, best[b], refine,
-             {u.label for u, _ in rows[b]}) for b in todo]
-    for b, picks in zip(todo, fan_out(_flips, jobs, processes)):
-        ledger.add_plan(key[b], picks)
-    plans = {b: ledger.plan(key[b]) for b in best}
-    return {b: picks for b, picks in plans.items() if picks}
+def _refinement(ledger: Ledger, base: dict, batch: int, rows: list, refine: tuple[str, ...],
+                model, max_seq_len: int, target: Target) -> list[tuple[Variant, float]]:
+    """The batch size's fastest right variant with each ``refine`` knob flipped (``flip``), as
+    it will be built, where that is a variant not timed yet: [(variant, predicted us)]; rated
+    here, kept in the ledger's plans (a rerun rates nothing)."""
+    ok = [(row["ms"], v.label, v) for v, row in rows if row["error"] is None]
+    if not ok:
+        return []
+    best = min(ok)[2]
+    key = ledger.key(batch=batch, best=best.label, refine=list(refine), rules=rules_hash(),
+                     **base)
+    if ledger.plan(key) is None:
+        dtype = next(model.parameters()).dtype
+        ledger.add_plan(key, _flips((model.config, dtype, batch, max_seq_len, target.name, best,
+                                     refine, {u.label for u, _ in rows})))
+    return ledger.plan(key)
 
 
 def _flips(job) -> list[tuple[Variant, float]]:
-    """In a worker process: a variant with each knob of ``refine`` flipped (as it will be built),
-    rated, unless a variant of that label is timed already (``labels``)."""
+    """A variant with each knob of ``refine`` flipped (as it will be built), rated, unless a
+    variant of that label is timed already (``labels``)."""
     from megakernel.models.weights import empty_model
 
     cfg, dtype, batch, seq, target, v, refine, labels = job

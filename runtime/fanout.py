@@ -1,35 +1,45 @@
 """Jobs over worker processes (spawned: each builds Triton kernels of its own): all at once, or
-yielded in order as each is ready, the caller working meanwhile."""
+asked one by one of a pool while the caller works."""
 from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 
 
 def fan_out(fn, jobs: list, processes: int) -> list:
     """``[fn(job) for job in jobs]``, in ``processes`` worker processes when more than one."""
     if processes <= 1 or len(jobs) <= 1:
         return [fn(job) for job in jobs]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx) as pool:
         return list(pool.map(fn, jobs))
 
 
-def fan_out_lazy(fn, jobs: list, processes: int):
-    """``fn(job)`` for each job, yielded in order as each is ready while the rest go on in
-    ``processes`` worker processes (at a lower priority than the caller, which times kernels
-    meanwhile); those not yet started are dropped if the caller stops early."""
-    if processes <= 1 or len(jobs) <= 1:
-        yield from map(fn, jobs)
-        return
-    import multiprocessing
-    import os
-    from concurrent.futures import ProcessPoolExecutor
+class Inline:
+    """``submit`` runs the job here, at once (one process)."""
 
+    def submit(self, fn, *args) -> Future:
+        done = Future()
+        try:
+            done.set_result(fn(*args))
+        except Exception as err:  # handed to whoever asks for the result, as a pool would
+            done.set_exception(err)
+        return done
+
+
+@contextmanager
+def worker_pool(processes: int):
+    """An executor (``submit(fn, *args) -> Future``) of ``processes`` worker processes at a lower
+    priority than the caller, which works meanwhile (times kernels); jobs not yet started when
+    the block ends are dropped. One process: ``Inline``."""
+    if processes <= 1:
+        yield Inline()
+        return
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx, initializer=os.nice,
-                               initargs=(10,))
+    pool = ProcessPoolExecutor(processes, mp_context=ctx, initializer=os.nice, initargs=(10,))
     try:
-        yield from pool.map(fn, jobs)
+        yield pool
     finally:
         pool.shutdown(cancel_futures=True)

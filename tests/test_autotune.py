@@ -294,11 +294,12 @@ def test_shortlist_times_the_default_and_every_attention_layout_near_it():
     assert blocks == {16}
 
 
-def test_builds_are_yielded_in_order_as_they_finish_and_dropped_when_not_wanted():
-    from megakernel.runtime.fanout import fan_out_lazy
+def test_worker_pool_runs_jobs_there_or_here_and_hands_errors_to_the_asker():
+    from megakernel.runtime.fanout import worker_pool
 
-    assert list(fan_out_lazy(abs, [-3, 1, -2], 2)) == [3, 1, 2]
-    assert list(fan_out_lazy(abs, [-3], 2)) == [3]            # one job: in this process
-    rest = fan_out_lazy(abs, list(range(-200, 0)), 2)
-    assert next(rest) == 200
-    rest.close()                                              # the others are not waited for
+    for processes in (2, 1):
+        with worker_pool(processes) as pool:
+            jobs = [pool.submit(abs, x) for x in (-3, 1, -2)]
+            assert [job.result() for job in jobs] == [3, 1, 2]
+            with pytest.raises(TypeError):
+                pool.submit(abs, "not a number").result()
