@@ -384,22 +384,21 @@ def _refinement(ledger: Ledger, base: dict, batch: int, rows: list, refine: tupl
                      **base)
     if ledger.plan(key) is None:
         dtype = next(model.parameters()).dtype
-        ledger.add_plan(key, _flips((model.config, dtype, batch, max_seq_len, target.name, best,
-                                     refine, {u.label for u, _ in rows})))
+        ledger.add_plan(key, _flips(model.config, dtype, batch, max_seq_len, target, best,
+                                    refine, {u.label for u, _ in rows}))
     return ledger.plan(key)
 
 
-def _flips(job) -> list[tuple[Variant, float]]:
-    """A variant with each knob of ``refine`` flipped (as it will be built), rated, unless a
+def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
+           refine: tuple[str, ...], labels: set[str]) -> list[tuple[Variant, float]]:
+    """``v`` with each knob of ``refine`` flipped (as it will be built), rated, unless a
     variant of that label is timed already (``labels``)."""
     from megakernel.models.weights import empty_model
 
-    cfg, dtype, batch, seq, target, v, refine, labels = job
     model = empty_model(cfg).to(dtype)
     ops = lower(capture(model, batch, seq), model.lm_head.weight.element_size())
     flipped = [effective(ops, flip(v, k, seq)) for k in refine]
-    return [(u, predict(ops, u, TARGETS[target]))
-            for u in dict.fromkeys(flipped) if u.label not in labels]
+    return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 
 def _keep_winner(model, name, batch, max_seq_len, target, rows, folder, root) -> Winner:

@@ -9,11 +9,11 @@ from contextlib import contextmanager
 
 
 def fan_out(fn, jobs: list, processes: int) -> list:
-    """``[fn(job) for job in jobs]``, in ``processes`` worker processes when more than one."""
+    """``[fn(job) for job in jobs]``, in ``processes`` worker processes (``worker_pool``) when
+    more than one."""
     if processes <= 1 or len(jobs) <= 1:
         return [fn(job) for job in jobs]
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx) as pool:
+    with worker_pool(min(processes, len(jobs))) as pool:
         return list(pool.map(fn, jobs))
 
 

@@ -95,10 +95,10 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
 
     cfg = load_model("tiny-llama", progress=False).model.config
     v = Variant(32, 32, 4, 132, stages=1, kv_split=32, qkv_parts=1, split_k=1, norm_first=False)
-    job = lambda timed: (cfg, torch.float32, 2, 64, H200.name, v, ("balance",), timed)
-    [(u, predicted)] = tuning._flips(job({v.label}))
+    flips = lambda timed: tuning._flips(cfg, torch.float32, 2, 64, H200, v, ("balance",), timed)
+    [(u, predicted)] = flips({v.label})
     assert u == replace(v, balance=True) and predicted > 0
-    assert tuning._flips(job({v.label, u.label})) == []
+    assert flips({v.label, u.label}) == []
     # a knob's companions take its value: pairs over key ranges are pairs, in ranges of at most
     # half the context
     assert tuning.flip(v, "attn_pair_ranges", 64) == \
