@@ -1,12 +1,13 @@
 """How fast one op body streams weights, alone: a persistent grid runs ``ops.matmul_tile``
 (RMSNorm prologue off) over row blocks of one large [N, K] bf16 matrix, no waits between
-programs, and reports TB/s beside ``torch.mv`` on the same matrix. Separates the body's
-bytes in flight from the megakernel's synchronisation.
+programs, and reports TB/s beside ``torch.mv`` (``--batch`` rows: ``torch.mm``) on the same
+matrix. Separates the body's bytes in flight from the megakernel's synchronisation.
 
     python -m megakernel.bench.stream --variants 64x256x4x1xs3,16x1024x4x1xs3xf16
+    python -m megakernel.bench.stream --batch 64 --variants 64x256x4x1xs3,64x256x4x1xs3xt
 
 Variant: BNxBKxWARPSxCTAS_PER_SMxsSTAGES, then flags: g GEMV form, fN N column slices folded into
-the dot, p L2 prefetch of the next tile, n the RMSNorm prologue.
+the dot, p L2 prefetch of the next tile, n the RMSNorm prologue, t weight rows as the dot's M.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from megakernel.compiler import kernel_loop, ops
 def stream_kernel(x_ptr, w_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
                   PREFETCH: tl.constexpr, NORM: tl.constexpr, BLOCK_B: tl.constexpr,
-                  FOLD: tl.constexpr):
+                  FOLD: tl.constexpr, B: tl.constexpr):
     pid, grid = tl.program_id(0), tl.num_programs(0)
     rstd = tl.zeros([BLOCK_B], tl.float32)
     tile = pid
@@ -33,10 +34,10 @@ def stream_kernel(x_ptr, w_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N
             nxt = tl.minimum(tile + grid, N // BLOCK_N - 1)
             kernel_loop.prefetch_l2(w_ptr + nxt.to(tl.int64) * BLOCK_N * K, BLOCK_N * K)
         if NORM:                                       # the RMSNorm prologue of a projection
-            rstd = ops.row_rstd(x_ptr, 1e-5, 1, K, BLOCK_B, K)
-        acc = ops.matmul_tile(x_ptr, x_ptr, rstd, w_ptr, n0, BLOCK_N, 0, 1, K, NORM, BLOCK_B,
+            rstd = ops.row_rstd(x_ptr, 1e-5, B, K, BLOCK_B, K)
+        acc = ops.matmul_tile(x_ptr, x_ptr, rstd, w_ptr, n0, BLOCK_N, 0, B, K, NORM, BLOCK_B,
                               BLOCK_N, BLOCK_N, BLOCK_K, tl.bfloat16, FORM, STAGES, FOLD)
-        ops.store_rows(y_ptr, acc.to(tl.bfloat16), n0, N, 1, N, BLOCK_B, BLOCK_N)
+        ops.store_rows(y_ptr, acc.to(tl.bfloat16), n0, N, B, N, BLOCK_B, BLOCK_N)
         tile += grid
 
 
@@ -56,29 +57,35 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--n", type=int, default=65536)
     p.add_argument("--k", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=1)
     p.add_argument("--variants", default="64x256x4x1xs3")
     args = p.parse_args(argv)
+    b = args.batch
     w = torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(1, args.k, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty(1, args.n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(b, args.k, device="cuda", dtype=torch.bfloat16)  # [B, K]
+    y = torch.empty(b, args.n, device="cuda", dtype=torch.bfloat16)  # [B, N]
     nbytes, sms = w.numel() * 2, torch.cuda.get_device_properties(0).multi_processor_count
-    ms = time_ms(lambda: torch.mv(w, x[0]))
-    print(f"torch.mv {args.n}x{args.k}: {ms * 1e3:7.1f} us {nbytes / ms / 1e9:5.2f} TB/s", flush=True)
-    ref = (w.float() @ x[0].float())
+    ms = time_ms(lambda: torch.mv(w, x[0]) if b == 1 else torch.mm(x, w.t()))
+    name = "torch.mv" if b == 1 else f"torch.mm x[{b}]"
+    print(f"{name} {args.n}x{args.k}: {ms * 1e3:7.1f} us {nbytes / ms / 1e9:5.2f} TB/s", flush=True)
+    ref = x.float() @ w.float().t()  # [B, N]
     for text in args.variants.split(","):
         parts = text.split("x")
         bn, bk, warps, per_sm = (int(v) for v in parts[:4])
         flag = lambda c, default: next((int(f[1:]) for f in parts[4:] if f[0] == c), default)
         stages, fold, gemv = flag("s", 1), flag("f", 1), "g" in parts[4:]
+        form = 1 if gemv else 2 if "t" in parts[4:] else 0
+        rows = 1 << max(b - 1, 0).bit_length()                     # BLOCK_B: the next power of 2
+        rows = max(rows, 1 if gemv else 16 // fold)
         run = lambda: stream_kernel[(sms * per_sm,)](
-            x, w, y, args.n, args.k, bn, bk, int(gemv), stages, "p" in parts[4:],
-            "n" in parts[4:], 1 if gemv else 16 // fold, fold, num_warps=warps)
+            x, w, y, args.n, args.k, bn, bk, form, stages, "p" in parts[4:],
+            "n" in parts[4:], rows, fold, b, num_warps=warps)
         try:
             ms = time_ms(run)
         except Exception as err:  # a variant that does not build or launch: report, go on
             print(f"{text:<22} failed: {type(err).__name__}: {str(err)[:120]}", flush=True)
             continue
-        err = ((y[0].float() - ref).norm() / ref.norm()).item()
+        err = ((y.float() - ref).norm() / ref.norm()).item()
         print(f"{text:<22} {ms * 1e3:7.1f} us {nbytes / ms / 1e9:5.2f} TB/s  rel err {err:.1e}",
               flush=True)
 
