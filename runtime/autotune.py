@@ -17,14 +17,14 @@ does not divide the context, are dropped. The knobs that shape the task graph (`
 are rated by the cost model's estimate of their tasks (tiling only, no code generated); the
 default's class, the ``classes`` best and, per attention layout, the class nearest the default,
 each also with the K slices' reduce fused with the norm or not (``shortlist``), each crossed with
-every code-level knob (block_k, stages, warps, cache block, KV prefetch, prefetch cap), are
-compiled and built side by side (``processes`` at once, as is the rating of each batch size: Triton
-builds one kernel per process), each timed as soon as it is built while the later ones build
+every code-level knob (block_k, stages, warps, KV prefetch, prefetch cap) with the largest cache
+block that fits (``largest_blocks``), are compiled and built side by side (``processes`` at
+once, as is the rating of each batch size: Triton builds one kernel per process), each timed as soon as it is built while the later ones build
 (one after another, in plan order: a decode step at position ``max_seq_len - 1``, median of
 ``iters``), each step's logits checked against the eager model's on the same step: a variant
 farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept. Then each
 batch size's fastest is timed again with each knob of ``refine`` flipped (``REFINE``: balanced
-projection spans, pairs over key ranges), where that builds another variant.
+projection spans, the cache block), where that builds another variant.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -71,23 +71,49 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
 # (``_refinement``; a knob's companions take its new value too): projection tasks in near-equal
 # spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
-# 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b within 1% either way), and pairs
-# of kv heads over key ranges, turned on with at most half the context per range (llama-3.2-1b:
-# rated 5% faster at 13 and 16 rows, where one-head tasks of 1024 keys are the winners'; lost
-# where the winners had ranges already: 3 rows 0.935 -> 0.958 ms, 5 1.013 -> 1.069, 8 1.007 ->
-# 1.060).
-REFINE = ("balance", "attn_pair_ranges")
+# 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b: the winner at 1 and 13 rows,
+# within 1% elsewhere), and the cache block (the shortlist times the largest that fits). Pairs of
+# kv heads over key ranges (``attn_pair_ranges``, flipped with at most half the context per
+# range) lost at each of the five batch sizes where they applied (llama-3.2-1b, ms: 3 rows 0.916
+# -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115, 16 1.084 -> 1.208).
+REFINE = ("balance", "kv_block")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 
 
 def flip(v: Variant, knob: str, seq: int) -> Variant:
     """``v`` with ``knob`` flipped, and its companions set to the knob's new value; key ranges
-    turned on (``attn_pair_ranges``) hold at most half of the ``seq`` keys."""
+    turned on (``attn_pair_ranges``) hold at most half of the ``seq`` keys; the cache block
+    flipped to the largest other one of ``SPACE`` that fits (``v`` itself where none does)."""
+    if knob == "kv_block":
+        fits = [b for b in SPACE["kv_block"] if b != v.kv_block and block_fits(v, b, seq)]
+        if not fits:
+            return v
+        b = max(fits)
+        return replace(v, kv_block=b, kv_split=stream_kv_split(b) if v.attn_stream else v.kv_split)
     value = not getattr(v, knob)
     u = replace(v, **{k: value for k in (knob, *COMPANIONS.get(knob, ()))})
     if knob == "attn_pair_ranges" and value:
         u = replace(u, kv_split=min(u.kv_split, seq // 2))
     return u
+
+
+def block_fits(v: Variant, block: int, seq: int) -> bool:
+    """Whether cache blocks of ``block`` keys fit the variant: they divide the context and
+    its keys per task (streams: any, their tasks' keys ignore it)."""
+    return seq % block == 0 and (v.attn_stream or v.kv_split % block == 0)
+
+
+def largest_blocks(variants: list[Variant]) -> list[Variant]:
+    """Of variants equal but for the cache block, the one with the largest (the refinement
+    times the other; llama-3.2-1b on the H200, the fastest with 16-key blocks against the
+    fastest with 128-key ones: 1.3-4.0% slower at 11 of 12 batch sizes, 0.7% faster at 16
+    rows), in order."""
+    same = lambda v: replace(v, kv_block=0, kv_split=0 if v.attn_stream else v.kv_split)
+    largest: dict = {}
+    for v in variants:
+        if same(v) not in largest or v.kv_block > largest[same(v)].kv_block:
+            largest[same(v)] = v
+    return [v for v in variants if largest[same(v)] is v]
 
 
 @dataclass(frozen=True)
@@ -181,8 +207,9 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     attention least well: llama-3.2-1b on the H200 at 16 rows, 1024 keys per task 1.130 ms against
     512 1.250, rated the other way round; at 13 rows the default with 1024 keys 1.153, the
     best-rated class with 1024 keys (no K slices) 1.267."""
-    variants = list(dict.fromkeys(effective(ops, v) for v in candidates(target, space)
-                                  if ops.dims.max_seq_len % v.kv_block == 0))
+    variants = largest_blocks(list(dict.fromkeys(
+        effective(ops, v) for v in candidates(target, space)
+        if ops.dims.max_seq_len % v.kv_block == 0)))
     rated, alike = {}, alike_ops(ops)
     for v in variants:
         if schedule_class(v) not in rated:

@@ -108,6 +108,28 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
         replace(v, attn_pair_ranges=True, attn_pairs=True)
     assert tuning.flip(tuning.flip(v, "attn_pair_ranges", 64), "attn_pair_ranges", 64) == \
         replace(v, attn_pair_ranges=False, attn_pairs=False)
+    # the cache block flips to the largest other one that fits the context and the keys per
+    # task (streams: their keys per task follow it); where none does, nothing changes
+    wide = replace(v, kv_split=128)
+    assert tuning.flip(wide, "kv_block", 1024) == replace(wide, kv_block=128)
+    assert tuning.flip(replace(wide, kv_block=128), "kv_block", 1024) == wide
+    assert tuning.flip(wide, "kv_block", 64) == wide and tuning.flip(v, "kv_block", 1024) == v
+    stream = replace(v, attn_stream=True, kv_split=64)
+    assert tuning.flip(stream, "kv_block", 1024) == replace(stream, kv_block=128, kv_split=128)
+
+
+def test_the_shortlist_takes_the_largest_cache_block_of_variants_alike():
+    """Variants equal but for the cache block (and a stream's keys per task, which follow it):
+    only the one with the largest block stays, in order; others stay as they are."""
+    from megakernel.runtime.variant import Variant
+
+    v = Variant(32, 32, 4, 132, kv_split=128)
+    small, large = v, replace(v, kv_block=128)
+    other = replace(v, kv_split=64)
+    stream = replace(v, attn_stream=True, kv_split=64)
+    stream_large = replace(stream, kv_block=128, kv_split=128)
+    kept = tuning.largest_blocks([small, other, stream, large, stream_large])
+    assert kept == [other, large, stream_large]
 
 
 def test_autotune_never_keeps_a_variant_with_wrong_logits(tmp_path, monkeypatch):
