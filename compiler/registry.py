@@ -65,12 +65,25 @@ def rstd_block(k: int, rows: int, c: TileConfig) -> int:
     return max(min(c.block_k, p2(k)), min(p2(k), 8192 // rows))
 
 
-def _projection(k: int, bn: int, bk: int, d: Dims, c: TileConfig) -> dict:
+MAX_STAGES = 8
+
+
+def stages(bn: int, bk: int, rows: int, d: Dims, c: TileConfig, weights: int = 1) -> int:
+    """A projection loop's pipeline stages: ``c.stages``, or (``c.stage_kib``) as many as fit
+    that much shared memory, up to MAX_STAGES, each stage holding a bn x bk step of each of
+    ``weights`` matrices and rows x bk of x (folding keeps the same elements per step)."""
+    if not c.stage_kib:
+        return c.stages
+    stage = (bn * weights + rows) * bk * d.itemsize
+    return max(c.stages, min(MAX_STAGES, c.stage_kib * 1024 // stage))
+
+
+def _projection(k: int, bn: int, bk: int, d: Dims, c: TileConfig, weights: int = 1) -> dict:
     """The constexprs every projection body takes for a step of bn x bk weights over K = k."""
     f = fold(bn, bk, d, c)
     r = rows(d, c, f)
     return dict(B=d.batch, K=k, BLOCK_B=r, BLOCK_K=bk, BLOCK_R=rstd_block(k, r, c), FORM=c.form,
-                STAGES=c.stages, RMS_UNROLL=c.rms_unroll, FOLD=f)
+                STAGES=stages(bn, bk, r, d, c, weights), RMS_UNROLL=c.rms_unroll, FOLD=f)
 
 
 def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -83,7 +96,7 @@ def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:
     proj = _projection(t.args["ks"], t.args["bn"], t.args["bk"], d, c)
     return dict(B=d.batch, K=t.args["k"], KS=t.args["ks"], N=t.args["n"],
                 BLOCK_B=proj["BLOCK_B"], BLOCK_N=t.args["bn"], BLOCK_K=t.args["bk"],
-                FORM=c.form, STAGES=c.stages, FOLD=proj["FOLD"])
+                FORM=c.form, STAGES=proj["STAGES"], FOLD=proj["FOLD"])
 
 
 def _linear_reduce(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -106,7 +119,7 @@ def _rms_norm(t: Task, d: Dims, c: TileConfig) -> dict:
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=d.intermediate, BLOCK_N=t.args["bn"],
                 HAS_NORM=t.args["norm"] is not None,
-                **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c))
+                **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c, weights=2))
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:

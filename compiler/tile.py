@@ -85,6 +85,11 @@ class TileConfig:
     reduce_norm: bool = False  # with norm first and split-K: the slices reduced by whole rows,
                                # each row normalised for the next op in the same task
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
+    stage_kib: int = 0         # ... deepened per op to as many stages as fit this many KiB of
+                               # shared memory (at most 8; 0: ``stages`` everywhere): where x
+                               # takes half of each stage (64 rows: 64 x 128 weight steps, 3
+                               # stages hold 32 KB of weights in flight, 23 GB/s per SM at
+                               # about 1.5 us of latency), deeper ones keep more in flight
     fold: int = 16             # at most this many column slices of a narrow projection step
                                # folded into its dot's rows and columns (1: none)
     fold_rows: int = 16        # ... while the slices' batch rows stay within this many dot rows
@@ -105,6 +110,8 @@ class TileConfig:
     def __post_init__(self) -> None:
         if self.stages < 1:
             raise ValueError(f"stages={self.stages}: a projection pipeline needs at least 1")
+        if self.stage_kib < 0:
+            raise ValueError(f"stage_kib={self.stage_kib}: shared memory is at least 0 KiB")
         if self.fold < 1 or self.fold & (self.fold - 1):
             raise ValueError(f"fold={self.fold} is not a power of two")
         if self.attn_rows not in (4, 8, 16):

@@ -72,24 +72,39 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
 # (``_refinement``; a knob's companions take its new value too): projection tasks in near-equal
 # spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
 # 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b: the winner at 1 and 13 rows,
-# within 1% elsewhere), and the cache block (the shortlist times the largest that fits). Pairs of
+# within 1% elsewhere), the cache block (the shortlist times the largest that fits) and deeper
+# projection pipelines (``TileConfig.stage_kib``; not measured yet: at 48 and 64 rows the
+# projections' steps hold 16-32 KB of weights, too few in flight with 3 stages). Pairs of
 # kv heads over key ranges (``attn_pair_ranges``, flipped with at most half the context per
 # range) lost at each of the five batch sizes where they applied (llama-3.2-1b, ms: 3 rows 0.916
 # -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115, 16 1.084 -> 1.208).
-REFINE = ("balance", "kv_block")
+REFINE = ("balance", "kv_block", "stage_kib")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
+# the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
+# an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
+DEEP_STAGES_KIB = 200
+
+
+def other_block(v: Variant, seq: int) -> Variant:
+    """``v`` with the largest other cache block of ``SPACE`` that fits (itself where none does)."""
+    fits = [b for b in SPACE["kv_block"] if b != v.kv_block and block_fits(v, b, seq)]
+    if not fits:
+        return v
+    b = max(fits)
+    return replace(v, kv_block=b, kv_split=stream_kv_split(b) if v.attn_stream else v.kv_split)
+
+
+# knobs whose flip is not a switch's: (variant, context) -> the flipped variant
+FLIPS = {"kv_block": other_block,
+         "stage_kib": lambda v, seq: replace(v, stage_kib=0 if v.stage_kib else DEEP_STAGES_KIB)}
 
 
 def flip(v: Variant, knob: str, seq: int) -> Variant:
-    """``v`` with ``knob`` flipped, and its companions set to the knob's new value; key ranges
-    turned on (``attn_pair_ranges``) hold at most half of the ``seq`` keys; the cache block
-    flipped to the largest other one of ``SPACE`` that fits (``v`` itself where none does)."""
-    if knob == "kv_block":
-        fits = [b for b in SPACE["kv_block"] if b != v.kv_block and block_fits(v, b, seq)]
-        if not fits:
-            return v
-        b = max(fits)
-        return replace(v, kv_block=b, kv_split=stream_kv_split(b) if v.attn_stream else v.kv_split)
+    """``v`` with ``knob`` flipped (``FLIPS``, else a switch), and its companions set to the
+    knob's new value; key ranges turned on (``attn_pair_ranges``) hold at most half of the
+    ``seq`` keys."""
+    if knob in FLIPS:
+        return FLIPS[knob](v, seq)
     value = not getattr(v, knob)
     u = replace(v, **{k: value for k in (knob, *COMPANIONS.get(knob, ()))})
     if knob == "attn_pair_ranges" and value:

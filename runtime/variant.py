@@ -3,7 +3,8 @@ sweep, the trace command and the autotuner.
 
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``: ``g`` GEMV
 projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN`` an N-stage
-projection pipeline (s1: none), ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head
+projection pipeline (s1: none), ``smN`` each projection's pipeline deepened to as many stages
+as fit N KiB of shared memory (at most 8), ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head
 (none: as many as spread the heads over the workers), ``qc`` q/k/v pieces across heads (each
 kind's RoPE pairs end to end, equal pieces filling one wave; models without head norms), ``hn0``
 heads with a head norm kept whole (by default they split into pieces too, then one task per head
@@ -52,6 +53,7 @@ class Variant:
     workers: int
     gemv: bool = False
     stages: int = TileConfig.stages
+    stage_kib: int = TileConfig.stage_kib
     kv_split: int = TileConfig.kv_split
     kv_block: int = TileConfig.kv_block
     prefetch: bool = True
@@ -89,6 +91,7 @@ class Variant:
     def label(self) -> str:
         flags = ["g"] * self.gemv + ["t"] * self.swap_ab
         flags += [f"s{self.stages}", f"kv{self.kv_split}"]
+        flags += [f"sm{self.stage_kib}"] * bool(self.stage_kib)
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["qc"] * self.qkv_cross
         flags += ["hn0"] * (not self.split_head_norm)
@@ -156,7 +159,8 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "rn": {"reduce_norm": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
-NUMBERS = {"s": lambda n: {"stages": n}, "kv": lambda n: {"kv_split": n},
+NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
+           "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "kb": lambda n: {"kv_block": n},

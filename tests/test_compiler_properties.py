@@ -169,3 +169,20 @@ def test_unknown_nodes_are_listed():
     out.args = (odd,)
     with pytest.raises(LoweringError, match="tanh"):
         lower(gm, 4)
+
+
+def test_deeper_projection_pipelines_fill_the_shared_memory_asked_and_never_shorten():
+    """``stage_kib``: each projection loop as many stages as fit (weights of each matrix and
+    x per step), never fewer than ``stages``, at most MAX_STAGES; without it, ``stages``."""
+    from megakernel.compiler.registry import MAX_STAGES, stages
+
+    d = Dims(batch=64, max_seq_len=1024, hidden=2048, intermediate=8192, heads=32, kv_heads=8,
+             head_dim=64, vocab=128256, layers=16, itemsize=2)
+    assert stages(64, 128, 64, d, TileConfig()) == TileConfig.stages
+    deep = TileConfig(stage_kib=200)
+    assert stages(64, 128, 64, d, deep) == 6                     # 32 KiB a stage
+    assert stages(64, 128, 64, d, deep, weights=2) == 4          # gate and up: 48 KiB
+    assert stages(256, 32, 64, d, deep) == MAX_STAGES            # 20 KiB: 10 would fit
+    assert stages(64, 512, 64, d, deep, weights=2) == TileConfig.stages   # 192 KiB: one fits
+    with pytest.raises(ValueError, match="stage_kib"):
+        TileConfig(stage_kib=-1)
