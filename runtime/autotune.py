@@ -18,13 +18,14 @@ are rated by the cost model's estimate of their tasks (tiling only, no code gene
 default's class, the ``classes`` best and, per attention layout, the class nearest the default,
 each also with the K slices' reduce fused with the norm or not (``shortlist``), each crossed with
 every code-level knob (block_k, stages, warps, KV prefetch, prefetch cap) with the largest cache
-block that fits (``largest_blocks``), are compiled and built side by side (``processes`` at
-once, as is the rating of each batch size: Triton builds one kernel per process), each timed as soon as it is built while the later ones build
-(one after another, in plan order: a decode step at position ``max_seq_len - 1``, median of
-``iters``), each step's logits checked against the eager model's on the same step: a variant
-farther than ``max_rel_err`` (relative norm) is recorded as wrong and never kept. Then each
-batch size's fastest is timed again with each knob of ``refine`` flipped (``REFINE``: balanced
-projection spans, the cache block), where that builds another variant.
+block that fits (``largest_blocks``), are compiled and built side by side (``processes`` at once,
+as is the rating of each batch size: Triton builds one kernel per process), each timed as soon as
+it is built while the later ones build (one after another, in plan order: a decode step at position
+``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's on
+the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong and
+never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
+(``REFINE``: balanced projection spans, the cache block, deeper projection pipelines), where
+that builds another variant.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
