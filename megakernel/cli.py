@@ -147,6 +147,10 @@ def cmd_trace(args) -> int:
         for _ in range(args.steps):
             step(tokens, positions, cache)
     traces = trace_step(step)
+    from megakernel.runtime.variant import variant_of
+
+    print(f"kernel: {variant_of(step.compiled).label}"
+          f"{'' if args.variant else ' (autotuned, or the default variant)'}")
     if args.json:
         import dataclasses
         import json

@@ -52,6 +52,9 @@ def test_trace_cli_draws_a_timeline(tmp_path, capsys):
                  "--variant", "32x64x4x1xgxs1xkv32"]) == 0
     out = capsys.readouterr().out
     assert "qkv_rope" in out and "attn_partial" in out
+    # what was traced, by its label as the compiler resolved it (keys per task, q/k/v pieces,
+    # norm first and K slices decided for this batch)
+    assert "kernel: 32x64x4x1xgxs1xkv64xq1xnf0xsk1\n" in out
     assert png.stat().st_size > 5000
     rows = json.loads(stamps.read_text())
     assert sorted(r["task"] for r in rows) == list(range(len(rows)))
