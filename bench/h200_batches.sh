@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every batch size on the H200, from the repository root, in stages that each fit one call:
 #   bash bench/h200_batches.sh tune  [BATCH_SIZES]   install, autotune one megakernel per batch
-#                                                    size into /tmp/megakernel-tuned/MODEL;
+#                                                    size into /tmp/megakernel-tuned/MODEL (then
+#                                                    the same command again, warm, timed too);
 #                                                    $OUT/autotune.json holds every variant timed
 #   bash bench/h200_batches.sh bench [BATCH_SIZES]   eager, torch-compile and the tuned kernels
 #                                                    side by side into $OUT/h200.json (merged into
@@ -25,11 +26,14 @@ export PYTHONUNBUFFERED=1
 lock=(); command -v flock >/dev/null && lock=(flock /tmp/megakernel-install.lock)
 ${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation --no-index \
   -e . 2>&1 | tail -2
-tune() {  # autotune every batch size into $tuned; the ledger into $out
-  local start; start=$(date +%s)
-  python3 -m megakernel autotune "$model" --batch-sizes "$batches" --max-seq-len 1024 \
-    --classes "${CLASSES:-2}" --jobs "${JOBS:-12}" -o "$tuned"
-  echo "autotune: $(( $(date +%s) - start )) s for batch sizes $batches"
+tune() {  # autotune every batch size into $tuned (then once more: the warm rerun's time)
+  local start run
+  for run in first warm; do
+    start=$(date +%s)
+    python3 -m megakernel autotune "$model" --batch-sizes "$batches" --max-seq-len 1024 \
+      --classes "${CLASSES:-2}" --jobs "${JOBS:-12}" -o "$tuned"
+    echo "autotune ($run run): $(( $(date +%s) - start )) s for batch sizes $batches"
+  done
   cp "$tuned/autotune.json" "$out/autotune.json"
 }
 bench_rows() {  # BATCH_SIZES JSON [PLOT]: the three backends side by side, rows merged into JSON
