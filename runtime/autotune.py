@@ -95,6 +95,7 @@ def other_block(v: Variant, seq: int) -> Variant:
     return replace(v, kv_block=b, kv_split=stream_kv_split(b) if v.attn_stream else v.kv_split)
 
 
+GPU_ONLY_FLIPS = ("stage_kib",)   # the interpreter ignores pipeline stages
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block,
          "stage_kib": lambda v, seq: replace(v, stage_kib=0 if v.stage_kib else DEEP_STAGES_KIB)}
@@ -440,7 +441,8 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
 
     model = empty_model(cfg).to(dtype)
     ops = lower(capture(model, batch, seq), model.lm_head.weight.element_size())
-    flipped = [effective(ops, flip(v, k, seq)) for k in refine]
+    gpu_only = target.name == "cpu" and GPU_ONLY_FLIPS        # the interpreter's are alike
+    flipped = [effective(ops, flip(v, k, seq)) for k in refine if k not in gpu_only]
     return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 

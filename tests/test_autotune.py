@@ -116,6 +116,11 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     assert tuning.flip(wide, "kv_block", 64) == wide and tuning.flip(v, "kv_block", 1024) == v
     stream = replace(v, attn_stream=True, kv_split=64)
     assert tuning.flip(stream, "kv_block", 1024) == replace(stream, kv_block=128, kv_split=128)
+    # deeper pipelines: the interpreter ignores them, so they are flipped for GPUs only
+    from megakernel.compiler.cost import CPU_INTERPRETER
+
+    assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("stage_kib",),
+                         {v.label}) == []
     deep = tuning.flip(v, "stage_kib", 64)
     assert deep == replace(v, stage_kib=tuning.DEEP_STAGES_KIB) and "xsm" in deep.label
     assert tuning.flip(deep, "stage_kib", 64) == v
