@@ -441,8 +441,8 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
 
     model = empty_model(cfg).to(dtype)
     ops = lower(capture(model, batch, seq), model.lm_head.weight.element_size())
-    gpu_only = target.name == "cpu" and GPU_ONLY_FLIPS        # the interpreter's are alike
-    flipped = [effective(ops, flip(v, k, seq)) for k in refine if k not in gpu_only]
+    skip = GPU_ONLY_FLIPS if target.name == "cpu" else ()      # the interpreter's are alike
+    flipped = [effective(ops, flip(v, k, seq)) for k in refine if k not in skip]
     return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 
