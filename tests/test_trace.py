@@ -116,6 +116,24 @@ def test_variant_labels():
         CompileOptions(1, 64, max_registers=300)
     with pytest.raises(ValueError, match="unknown flag"):
         parse_variant("64x64x4x132xq")
+    deep = parse_variant("64x64x4x132xs3xsm200xkv1024")
+    assert deep.options(132)["tile"].stage_kib == 200 and parse_variant(deep.label) == deep
+
+
+def test_a_compiled_kernel_names_its_variant_and_that_label_builds_it_again():
+    """``variant_of``: the options as the compiler resolved them, as a label; compiled again
+    from that label, the same kernel and the same queues."""
+    from megakernel.compiler.pipeline import compile_model
+    from megakernel.runtime.variant import variant_of
+
+    model = load_model("tiny-llama", progress=False).model
+    build = lambda label: compile_model(model, CompileOptions(
+        2, 64, target="cpu", **parse_variant(label).options(1)), "tiny-llama")
+    first = build("32x64x4x1xs2xsm16xkv16xbal")
+    again = build(variant_of(first).label)
+    assert variant_of(first).stage_kib == 16 and variant_of(first).balance
+    assert again.kernel.source == first.kernel.source
+    assert again.schedule.queues == first.schedule.queues
 
 
 def test_prefetch_cap_limits_every_task():
