@@ -24,8 +24,8 @@ it is built while the later ones build (one after another, in plan order: a deco
 ``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's on
 the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong and
 never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
-(``REFINE``: balanced projection spans, the cache block, deeper projection pipelines), where
-that builds another variant.
+(``REFINE``: balanced projection spans, the cache block, deeper projection and attention
+pipelines), where that builds another variant.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -75,15 +75,21 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
 # 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b: the winner at 1 and 13 rows,
 # within 1% elsewhere), the cache block (the shortlist times the largest that fits) and deeper
 # projection pipelines (``TileConfig.stage_kib``; not measured yet: at 48 and 64 rows the
-# projections' steps hold 16-32 KB of weights, too few in flight with 3 stages). Pairs of
+# projections' steps hold 16-32 KB of weights, too few in flight with 3 stages) and a deeper
+# attention pipeline (8 stages: three buffers of keys and values instead of two; not measured;
+# one buffer instead of two cost 5-12% from 13 rows on). Pairs of
 # kv heads over key ranges (``attn_pair_ranges``, flipped with at most half the context per
 # range) lost at each of the five batch sizes where they applied (llama-3.2-1b, ms: 3 rows 0.916
 # -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115, 16 1.084 -> 1.208).
-REFINE = ("balance", "kv_block", "stage_kib")
+REFINE = ("balance", "kv_block", "stage_kib", "attn_stages")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
 # an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
 DEEP_STAGES_KIB = 200
+# the attention pipeline's stages when deepened: the block table's gathers keep (stages - 1) // 2
+# steps in shared memory (sm_90 builds of llama-3.2-1b's winners: 194 KiB at 32 rows with
+# pairs and at 64 with groups of 4, 144 KiB at 13 rows)
+DEEP_ATTN_STAGES = 8
 
 
 def other_block(v: Variant, seq: int) -> Variant:
@@ -95,10 +101,16 @@ def other_block(v: Variant, seq: int) -> Variant:
     return replace(v, kv_block=b, kv_split=stream_kv_split(b) if v.attn_stream else v.kv_split)
 
 
-GPU_ONLY_FLIPS = ("stage_kib",)   # the interpreter ignores pipeline stages
+def deeper(knob: str, deep: int, default: int):
+    """The flip of a pipeline depth: ``deep`` from the default, the default from any other."""
+    return lambda v, seq: replace(v, **{knob: deep if getattr(v, knob) == default else default})
+
+
+GPU_ONLY_FLIPS = ("stage_kib", "attn_stages")   # the interpreter ignores pipeline stages
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block,
-         "stage_kib": lambda v, seq: replace(v, stage_kib=0 if v.stage_kib else DEEP_STAGES_KIB)}
+         "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
+         "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages)}
 
 
 def flip(v: Variant, knob: str, seq: int) -> Variant:
