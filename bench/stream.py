@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from megakernel.compiler import kernel_loop, ops
+from megakernel.compiler.registry import p2
 
 
 @triton.jit
@@ -75,8 +76,7 @@ def main(argv=None) -> None:
         flag = lambda c, default: next((int(f[1:]) for f in parts[4:] if f[0] == c), default)
         stages, fold, gemv = flag("s", 1), flag("f", 1), "g" in parts[4:]
         form = 1 if gemv else 2 if "t" in parts[4:] else 0
-        rows = 1 << max(b - 1, 0).bit_length()                     # BLOCK_B: the next power of 2
-        rows = max(rows, 1 if gemv else 16 // fold)
+        rows = p2(b, 1 if gemv else 16 // fold)           # BLOCK_B, as the registry pads it
         run = lambda: stream_kernel[(sms * per_sm,)](
             x, w, y, args.n, args.k, bn, bk, form, stages, "p" in parts[4:],
             "n" in parts[4:], rows, fold, b, num_warps=warps)

@@ -140,8 +140,9 @@ def largest_blocks(variants: list[Variant]) -> list[Variant]:
     same = lambda v: replace(v, kv_block=0, kv_split=0 if v.attn_stream else v.kv_split)
     largest: dict = {}
     for v in variants:
-        if same(v) not in largest or v.kv_block > largest[same(v)].kv_block:
-            largest[same(v)] = v
+        k = same(v)
+        if k not in largest or v.kv_block > largest[k].kv_block:
+            largest[k] = v
     return [v for v in variants if largest[same(v)] is v]
 
 
@@ -238,7 +239,7 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     best-rated class with 1024 keys (no K slices) 1.267."""
     variants = largest_blocks(list(dict.fromkeys(
         effective(ops, v) for v in candidates(target, space)
-        if ops.dims.max_seq_len % v.kv_block == 0)))
+        if block_fits(v, v.kv_block, ops.dims.max_seq_len))))
     rated, alike = {}, alike_ops(ops)
     for v in variants:
         if schedule_class(v) not in rated:
