@@ -205,7 +205,7 @@ def cmd_autotune(args) -> int:
     winners = autotune(loaded.model, loaded.name, parse_batch_sizes(args.batch_sizes),
                        args.max_seq_len, folder, classes=args.classes, iters=args.iters,
                        processes=args.jobs, max_rel_err=args.max_rel_err,
-                       refine=() if args.no_refine else REFINE)
+                       refine=() if args.no_refine else REFINE, finalists=args.finalists)
     table = Table(title=f"{loaded.name} on {device}, context {args.max_seq_len}: {folder}")
     for col in ("batch", "winner", "ms/token", "predicted us", "timed", "failed"):
         table.add_column(col, justify="left" if col == "winner" else "right",
@@ -225,6 +225,8 @@ def cmd_bench_decode(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from megakernel.runtime.finals import FINALISTS
+
     parser = argparse.ArgumentParser(prog="megakernel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -253,7 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--iters", type=int, default=20, help="timed steps per variant")
     tune.add_argument("--no-refine", action="store_true",
                       help="do not time each batch size's fastest again with balanced "
-                           "projection spans, and pairs of kv heads over key ranges, flipped")
+                           "projection spans, the other cache block and deeper pipelines")
+    tune.add_argument("--finalists", type=int, default=FINALISTS,
+                      help="each batch size's fastest variants timed again side by side in "
+                           "interleaved rounds, the winner the fastest there (below 2: none)")
     tune.add_argument("--max-rel-err", type=float, default=0.1,
                       help="a variant whose logits differ more from eager's (relative norm) is "
                            "recorded as wrong and never kept (a bf16 step differs by ~3e-2)")

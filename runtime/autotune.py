@@ -25,7 +25,9 @@ it is built while the later ones build (one after another, in plan order: a deco
 the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong and
 never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
 (``REFINE``: balanced projection spans, the cache block, deeper projection and attention
-pipelines), where that builds another variant.
+pipelines), where that builds another variant. Last, the ``finalists`` fastest right variants
+of each batch size are timed again side by side in ``final_rounds`` interleaved rounds
+(``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -51,6 +53,7 @@ from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TILERS, TileConfig, Tiler
 
 from .fanout import fan_out, worker_pool
+from .finals import FINAL_ROUNDS, FINALISTS, final_round
 from .ledger import Ledger
 from .variant import Variant, effective, stream_kv_split
 
@@ -367,7 +370,8 @@ def _plans(ledger: Ledger, model, batch_sizes, max_seq_len, target, space, class
 def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder: Path,
              space: dict = SPACE, classes: int = 2, iters: int = 20, progress: bool = True,
              cache_root: Path | None = None, processes: int = 1,
-             max_rel_err: float = 0.1, refine: tuple[str, ...] = REFINE) -> list[Winner]:
+             max_rel_err: float = 0.1, refine: tuple[str, ...] = REFINE,
+             finalists: int = FINALISTS, final_rounds: int = FINAL_ROUNDS) -> list[Winner]:
     from tqdm import tqdm
 
     from megakernel.interpreter import kernel_target
@@ -387,11 +391,13 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
                                        **v.options(target.sms))
     key = lambda b, v: ledger.key(batch=b, variant=v.label, **base)
 
+    def submit(pool, b: int, v: Variant):
+        return pool.submit(_prepare, (model.config, dtype, name, opts(b, v), str(root),
+                                      device.type))
+
     def build(pool, b: int, picks: list) -> dict:
         """The builds of the picks not in the ledger yet, asked of the pool: {label: future}."""
-        return {v.label: pool.submit(_prepare, (model.config, dtype, name, opts(b, v),
-                                                str(root), device.type))
-                for v, _ in picks if ledger.get(key(b, v)) is None}
+        return {v.label: submit(pool, b, v) for v, _ in picks if ledger.get(key(b, v)) is None}
 
     def timed(b: int, picks: list, builds: dict) -> list:
         """[(variant, ledger row)] of the picks, each timed once its build is done."""
@@ -411,8 +417,26 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
             bar.update()
         return out
 
+    def final_picks(b: int) -> tuple[str, list[Variant]]:
+        """The ledger key and variants of the batch size's final round: its ``finalists``
+        fastest right variants (none where fewer than 2 are right)."""
+        ok = sorted((row["ms"], v.label, v) for v, row in rows[b] if row["error"] is None)
+        picks = [v for *_, v in ok[:finalists]] if final_rounds >= 1 else []
+        picks = picks if len(picks) >= 2 else []
+        return ledger.key(batch=b, finals=[v.label for v in picks], rounds=final_rounds,
+                          iters=iters, **base), picks
+
+    def final(b: int, final_key: str, picks: list, builds: list) -> dict:
+        """{label: ms} of the final round, once its variants are built (in the pool: a rerun
+        that resumes on another machine builds them there side by side, not here in turn)."""
+        for job in builds:
+            job.result()
+        return final_round(ledger, final_key, model, name, [(v.label, opts(b, v)) for v in picks],
+                           root, iters, final_rounds,
+                           lambda: step_inputs(model, b, max_seq_len)[0]) if picks else {}
+
     # every build asked at once; each batch size timed in turn as its builds come, its
-    # refinement then rated and asked for, and timed once the shortlists are
+    # refinement then rated and asked for, and timed once the shortlists are; then the finals
     with worker_pool(processes) as pool:
         builds = {b: build(pool, b, picks) for b, picks in plans.items()}
         rows, more = {}, {}
@@ -423,8 +447,12 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
             builds[b] |= build(pool, b, more[b])
         for b in plans:
             rows[b] += timed(b, more[b], builds[b])
+        finals = {b: final_picks(b) for b in plans}
+        ready = {b: [submit(pool, b, v) for v in picks] for b, (fk, picks) in finals.items()
+                 if ledger.final(fk) is None}
+        times = {b: final(b, *finals[b], ready.get(b, [])) for b in plans}
     bar.close()
-    return [_keep_winner(model, name, b, max_seq_len, target, rows[b], folder, root)
+    return [_keep_winner(model, name, b, max_seq_len, target, rows[b], times[b], folder, root)
             for b in plans]
 
 
@@ -459,12 +487,16 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
     return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 
-def _keep_winner(model, name, batch, max_seq_len, target, rows, folder, root) -> Winner:
-    ok = [(row["ms"], v.label, v, row) for v, row in rows if row["error"] is None]
+def _keep_winner(model, name, batch, max_seq_len, target, rows, finals, folder,
+                 root) -> Winner:
+    """The fastest right variant (by the final round's figures where there was one), saved
+    as ``folder/b{batch}``."""
+    ok = [(finals.get(v.label, row["ms"]), v.label, v, row) for v, row in rows
+          if row["error"] is None]
     if not ok:
         raise RuntimeError(f"autotune: every variant failed at batch {batch}: "
                            f"{rows[0][1]['error']}")
-    ms, label, v, row = min(ok)
+    ms, label, v, row = min(x for x in ok if not finals or x[1] in finals)
     opts = CompileOptions(batch, max_seq_len, target=target.name, **v.options(target.sms))
     key = cache_key(model, opts)
     if saved_key(folder / f"b{batch}") != key:            # a warm rerun keeps what is there

@@ -1,6 +1,7 @@
 """The autotuner's ledger, ``autotune.json``: every measurement as a row under a key (model hash,
-batch size, device, code version, variant), so that a rerun times only what is missing, and each
-batch size's shortlist (``plans``), so that a rerun need not rate the candidates again."""
+batch size, device, code version, variant), so that a rerun times only what is missing, each
+batch size's shortlist (``plans``), so that a rerun need not rate the candidates again, and each
+batch size's final round (``finals``: label -> ms of the finalists timed again side by side)."""
 from __future__ import annotations
 
 import json
@@ -10,13 +11,15 @@ from .variant import Variant, parse_variant
 
 
 class Ledger:
-    """autotune.json: every measurement, keyed so that a rerun resumes, and each batch size's
-    shortlist (``plans``), so that a rerun need not rate the candidates again."""
+    """autotune.json: every measurement, keyed so that a rerun resumes, each batch size's
+    shortlist (``plans``), so that a rerun need not rate the candidates again, and its final
+    round (``finals``)."""
 
     def __init__(self, path: Path):
         self.path = path
         data = json.loads(path.read_text()) if path.is_file() else {}
         self.rows, self.plans = data.get("runs", []), data.get("plans", {})
+        self.finals = data.get("finals", {})
 
     def key(self, **fields) -> str:
         return json.dumps(fields, sort_keys=True)
@@ -37,6 +40,15 @@ class Ledger:
         picks = self.plans.get(key)
         return None if picks is None else [(parse_variant(label), p) for label, p in picks]
 
+    def add_final(self, key: str, times: dict[str, float]) -> dict[str, float]:
+        self.finals[key] = times
+        self.save()
+        return times
+
+    def final(self, key: str) -> dict[str, float] | None:
+        return self.finals.get(key)
+
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"runs": self.rows, "plans": self.plans}, indent=1))
+        self.path.write_text(json.dumps(
+            {"runs": self.rows, "plans": self.plans, "finals": self.finals}, indent=1))

@@ -21,7 +21,7 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     run = lambda jobs: tuning.autotune(model, "tiny-llama", [1, 2], 64, folder, space=SPACE,
                                        classes=1, iters=1, progress=False,
                                        cache_root=tmp_path / "c", processes=jobs,
-                                       refine=("prefetch_kv",))
+                                       refine=("prefetch_kv",), finalists=2, final_rounds=2)
     def no_compiling(*args, **kwargs):
         raise AssertionError("variants are compiled in the worker processes, not here")
 
@@ -42,6 +42,14 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
         assert [r["variant"] for r in flipped] == \
             [variant_of_label(fastest["variant"], prefetch_kv=True)]
 
+    # then each batch size's two fastest timed again side by side: the winner is the faster there
+    assert len(ledger.finals) == 2
+    for w, times in zip(winners, ledger.finals.values()):
+        fastest = sorted((r for r in ledger.rows if r["batch"] == w.batch and r["error"] is None),
+                         key=lambda r: (r["ms"], r["variant"]))[:2]
+        assert sorted(times) == sorted(r["variant"] for r in fastest)
+        assert w.ms == min(times.values()) == times[w.label]
+
     def no_timing(*args, **kwargs):
         raise AssertionError("a rerun must not time what autotune.json already holds")
 
@@ -49,6 +57,7 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
         raise AssertionError("a rerun reads each batch size's shortlist from autotune.json")
 
     monkeypatch.setattr(tuning, "time_variant", no_timing)
+    monkeypatch.setattr("megakernel.runtime.finals.final_times", no_timing)
     monkeypatch.setattr(tuning, "_plan", no_rating)
     monkeypatch.setattr(tuning, "_flips", no_rating)
     with monkeypatch.context() as patch:  # the kept winners are not compiled or loaded again
@@ -163,13 +172,16 @@ def test_autotune_never_keeps_a_variant_with_wrong_logits(tmp_path, monkeypatch)
     space = dict(SPACE, stages=(1,), kv_split=(32,), qkv_parts=(1,))
     folder = tmp_path / "tuned"
     [winner] = tuning.autotune(model, "tiny-llama", [1], 64, folder, space=space, classes=2,
-                               iters=1, progress=False, cache_root=tmp_path / "c")
+                               iters=1, progress=False, cache_root=tmp_path / "c",
+                               final_rounds=1)
     rows = tuning.Ledger(folder / "autotune.json").rows
     bad = [r for r in rows if r["variant"].startswith("16x")]
     assert bad and all(r["error"].startswith("wrong logits") and r["rel_err"] > 0.5
                        for r in bad)
     assert not winner.label.startswith("16x") and winner.failed == len(bad)
     assert all(r["rel_err"] < 1e-4 for r in rows if r not in bad)
+    [finals] = tuning.Ledger(folder / "autotune.json").finals.values()    # right ones only
+    assert len(finals) >= 2 and not any(label.startswith("16x") for label in finals)
 
 
 def test_candidates_respect_shared_memory_and_the_interpreter():
