@@ -24,8 +24,8 @@ it is built while the later ones build (one after another, in plan order: a deco
 ``max_seq_len - 1``, median of ``iters``), each step's logits checked against the eager model's on
 the same step: a variant farther than ``max_rel_err`` (relative norm) is recorded as wrong and
 never kept. Then each batch size's fastest is timed again with each knob of ``refine`` flipped
-(``REFINE``: balanced projection spans, the cache block, deeper projection and attention
-pipelines), where that builds another variant. Last, the ``finalists`` fastest right variants
+(``REFINE``: balanced projection spans, the cache block, deeper projection pipelines, the K
+slices of o and down at each warp count), where that builds another variant. Last, the ``finalists`` fastest right variants
 of each batch size are timed again side by side in ``final_rounds`` interleaved rounds
 (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -76,15 +76,18 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
 # (``_refinement``; a knob's companions take its new value too): projection tasks in near-equal
 # spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
 # 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b: the winner at 1 and 13 rows,
-# within 1% elsewhere), the cache block (the shortlist times the largest that fits) and deeper
-# projection pipelines (``TileConfig.stage_kib``; not measured yet: at 48 and 64 rows the
-# projections' steps hold 16-32 KB of weights, too few in flight with 3 stages) and a deeper
-# attention pipeline (8 stages: three buffers of keys and values instead of two; not measured;
-# one buffer instead of two cost 5-12% from 13 rows on). Pairs of
-# kv heads over key ranges (``attn_pair_ranges``, flipped with at most half the context per
-# range) lost at each of the five batch sizes where they applied (llama-3.2-1b, ms: 3 rows 0.916
-# -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115, 16 1.084 -> 1.208).
-REFINE = ("balance", "kv_block", "stage_kib", "attn_stages")
+# within 1% elsewhere), the cache block (the shortlist times the largest that fits), deeper
+# projection pipelines (``TileConfig.stage_kib``; llama-3.2-1b, tuned ms: 64 rows 1.749 -> 1.704,
+# 48 1.655 -> 1.634, won at 5 and 32 rows too, 0.5-3.4% slower elsewhere) and the K slices of o
+# and down (on, their reduce fused with the norm where it comes first, or off; at each warp
+# count, ``RESHAPING``): the cost model rates them against the measurements at 8 rows (4 slices
+# fused 0.997 ms with 8 warps, 1.033 with 4; none 1.037 / 1.030; rated 1153 us against 1078),
+# so the shortlists of 1 to 5 rows hold none. A deeper attention pipeline (``attn_stages``: 8
+# stages, three buffers of keys and values) lost at all 12 batch sizes (0.2-4.9%), pairs of kv
+# heads over key ranges (``attn_pair_ranges``, flipped with at most half the context per range)
+# at each of the five where they applied (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 ->
+# 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115, 16 1.084 -> 1.208): both left the refinement.
+REFINE = ("balance", "kv_block", "stage_kib", "split_k")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
 # an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
@@ -109,11 +112,21 @@ def deeper(knob: str, deep: int, default: int):
     return lambda v, seq: replace(v, **{knob: deep if getattr(v, knob) == default else default})
 
 
+def other_split(v: Variant, seq: int) -> Variant:
+    """K slices of the projections without a norm on (4, their reduce fused with the norm where
+    the norm comes first) where ``v`` has none, else none."""
+    split = 1 if v.split_k > 1 else 4
+    return replace(v, split_k=split, reduce_norm=split > 1 and bool(v.norm_first))
+
+
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages")   # the interpreter ignores pipeline stages
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
-FLIPS = {"kv_block": other_block,
+FLIPS = {"kv_block": other_block, "split_k": other_split,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages)}
+# flips that change the shape of every task of some ops: timed at each warp count of ``SPACE``
+# (on GPUs; the interpreter ignores warps)
+RESHAPING = ("split_k",)
 
 
 def flip(v: Variant, knob: str, seq: int) -> Variant:
@@ -482,8 +495,11 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
 
     model = empty_model(cfg).to(dtype)
     ops = lower(capture(model, batch, seq), model.lm_head.weight.element_size())
-    skip = GPU_ONLY_FLIPS if target.name == "cpu" else ()      # the interpreter's are alike
-    flipped = [effective(ops, flip(v, k, seq)) for k in refine if k not in skip]
+    cpu = target.name == "cpu"
+    skip = GPU_ONLY_FLIPS if cpu else ()      # the interpreter's are alike
+    warps = lambda k: SPACE["num_warps"] if k in RESHAPING and not cpu else (None,)
+    flipped = [effective(ops, replace(u, num_warps=w or u.num_warps))
+               for k in refine if k not in skip for u in [flip(v, k, seq)] for w in warps(k)]
     return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 

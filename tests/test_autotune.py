@@ -138,6 +138,18 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     assert tuning.flip(longer, "attn_stages", 64) == v
     assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("attn_stages",),
                          {v.label}) == []
+    # K slices on (their reduce fused with the norm where it comes first) or off, timed at each
+    # warp count on GPUs
+    first = replace(v, norm_first=True)
+    sliced = tuning.flip(first, "split_k", 64)
+    assert sliced == replace(first, split_k=4, reduce_norm=True) and "xrnxsk4" in sliced.label
+    assert tuning.flip(sliced, "split_k", 64) == first
+    assert tuning.flip(v, "split_k", 64) == replace(v, split_k=4)
+    gpu = tuning._flips(cfg, torch.float32, 2, 64, H200, v, ("split_k",), {v.label})
+    assert [(u.split_k, u.num_warps) for u, _ in gpu] == [(4, 4), (4, 8)]
+    [(cpu, _)] = tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("split_k",),
+                               {v.label})
+    assert cpu == gpu[0][0]
 
 
 def test_the_shortlist_takes_the_largest_cache_block_of_variants_alike():
