@@ -85,6 +85,10 @@ class TileConfig:
     reduce_norm: bool = False  # with norm first and split-K: the slices reduced by whole rows,
                                # each row normalised for the next op in the same task
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
+    step_weights: int = 1      # 2: steps of one-matrix projections (all but gate_up) as deep
+                               # as fit gate_up's step's elements (64 rows: lm_head 256 x 64
+                               # instead of 256 x 32, whose 16 KB of weights a step streamed at
+                               # 17 GB/s per SM; 16 rows and batch 1: 256 x 128, not 64)
     stage_kib: int = 0         # ... deepened per op to as many stages as fit this many KiB of
                                # shared memory (at most 8; 0: ``stages`` everywhere): where x
                                # takes half of each stage (64 rows: 64 x 128 weight steps, 3
@@ -110,6 +114,8 @@ class TileConfig:
     def __post_init__(self) -> None:
         if self.stages < 1:
             raise ValueError(f"stages={self.stages}: a projection pipeline needs at least 1")
+        if self.step_weights not in (1, 2):
+            raise ValueError(f"step_weights={self.step_weights}: 1, or 2 (as deep as gate_up)")
         if self.stage_kib < 0:
             raise ValueError(f"stage_kib={self.stage_kib}: shared memory is at least 0 KiB")
         if self.fold < 1 or self.fold & (self.fold - 1):
@@ -173,12 +179,20 @@ class Tiler:
         halved while the activation rows beyond 32 would make a step stage more than that (at
         large batches the activation tile rivals the weights' in the pipeline's shared memory:
         batch 64 took 480 KB without it, 104 KB with it; up to batch 32 the steps stay whole,
-        145 KB at batch 32, where halving them at 17-32 rows made batch 32 35% slower)."""
+        145 KB at batch 32, where halving them at 17-32 rows made batch 32 35% slower). With
+        ``step_weights`` 2, a one-matrix step is then doubled while its weights and x rows fit
+        in as many elements as gate_up's step (its two matrices' and x's): no more shared
+        memory than gate_up's stages take."""
         nominal = self.cfg.block_n * self.cfg.block_k
         bk = min(max(16, nominal // rows), p2(k))
         extra = max(0, p2(self.graph.dims.batch) - 32)
         while bk > 16 and (rows * weights + extra) * bk > nominal * weights:
             bk //= 2
+        if weights == 1 and self.cfg.step_weights == 2:
+            b, n = p2(self.graph.dims.batch), self.cfg.block_n
+            gate = (2 * n + b) * self.depth(self.graph.dims.hidden, n, weights=2)
+            while 2 * bk <= p2(k) and (rows + b) * 2 * bk <= gate:
+                bk *= 2
         return bk
 
     def kv_span(self) -> int:

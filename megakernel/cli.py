@@ -255,8 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--iters", type=int, default=20, help="timed steps per variant")
     tune.add_argument("--no-refine", action="store_true",
                       help="do not time each batch size's fastest again with balanced "
-                           "projection spans, the other cache block, deeper pipelines and K "
-                           "slices on or off")
+                           "projection spans, the other cache block, deeper pipelines and "
+                           "steps, and K slices on or off")
     tune.add_argument("--finalists", type=int, default=FINALISTS,
                       help="each batch size's fastest variants timed again side by side in "
                            "interleaved rounds, the winner the fastest there (below 2: none)")

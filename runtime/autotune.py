@@ -11,7 +11,8 @@ at position ``max_seq_len - 1``, median of ``iters``), each step's logits checke
 eager model's on the same step: a variant farther than ``max_rel_err`` (relative norm) is
 recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of
 ``refine`` flipped (``REFINE``: balanced projection spans, the cache block, deeper projection
-pipelines, the K slices of o and down at each warp count), where that builds another variant.
+pipelines, the K slices of o and down at each warp count, deeper one-matrix steps), where that
+builds another variant.
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -53,12 +54,14 @@ from .variant import Variant, effective, stream_kv_split
 # and down (on, their reduce fused with the norm where it comes first, or off; at each warp
 # count, ``RESHAPING``): the cost model rates them against the measurements at 8 rows (4 slices
 # fused 0.997 ms with 8 warps, 1.033 with 4; none 1.037 / 1.030; rated 1153 us against 1078),
-# so the shortlists of 1 to 5 rows hold none. A deeper attention pipeline (``attn_stages``: 8
+# so the shortlists of 1 to 5 rows hold none; and one-matrix steps as deep as gate_up's
+# (``TileConfig.step_weights``, not measured: lm_head at 64 rows streams 16 KB of weights a
+# step, 2.45 TB/s). A deeper attention pipeline (``attn_stages``: 8
 # stages, three buffers of keys and values) lost at all 12 batch sizes (0.2-4.9%), pairs of kv
 # heads over key ranges (``attn_pair_ranges``, flipped with at most half the context per range)
 # at each of the five where they applied (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 ->
 # 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115, 16 1.084 -> 1.208): both left the refinement.
-REFINE = ("balance", "kv_block", "stage_kib", "split_k")
+REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
 # an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
@@ -90,11 +93,13 @@ def other_split(v: Variant, seq: int) -> Variant:
     return replace(v, split_k=split, reduce_norm=split > 1 and bool(v.norm_first))
 
 
-GPU_ONLY_FLIPS = ("stage_kib", "attn_stages")   # the interpreter ignores pipeline stages
+# the interpreter ignores pipeline stages; step sizes change only what streams at once
+GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
-         "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages)}
+         "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
+         "step_weights": deeper("step_weights", 2, TileConfig.step_weights)}
 # flips that change the shape of every task of some ops: timed at each warp count of ``SPACE``
 # (on GPUs; the interpreter ignores warps)
 RESHAPING = ("split_k",)

@@ -52,6 +52,7 @@ class Variant:
     gemv: bool = False
     stages: int = TileConfig.stages
     stage_kib: int = TileConfig.stage_kib
+    step_weights: int = TileConfig.step_weights
     kv_split: int = TileConfig.kv_split
     kv_block: int = TileConfig.kv_block
     prefetch: bool = True
@@ -89,6 +90,7 @@ class Variant:
     def label(self) -> str:
         flags = ["g"] * self.gemv + ["t"] * self.swap_ab
         flags += [f"s{self.stages}"] + [f"sm{self.stage_kib}"] * bool(self.stage_kib)
+        flags += [f"sw{self.step_weights}"] * (self.step_weights != TileConfig.step_weights)
         flags += [f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["qc"] * self.qkv_cross
@@ -158,6 +160,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
+           "sw": lambda n: {"step_weights": n},
            "kv": lambda n: {"kv_split": n},
            "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},

@@ -133,6 +133,11 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     deep = tuning.flip(v, "stage_kib", 64)
     assert deep == replace(v, stage_kib=tuning.DEEP_STAGES_KIB) and "xsm" in deep.label
     assert tuning.flip(deep, "stage_kib", 64) == v
+    steps = tuning.flip(v, "step_weights", 64)
+    assert steps == replace(v, step_weights=2) and parse_variant(steps.label) == steps
+    assert tuning.flip(steps, "step_weights", 64) == v
+    assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("step_weights",),
+                         {v.label}) == []
     longer = tuning.flip(v, "attn_stages", 64)
     assert longer == replace(v, attn_stages=tuning.DEEP_ATTN_STAGES) and "xas8" in longer.label
     assert tuning.flip(longer, "attn_stages", 64) == v

@@ -186,3 +186,31 @@ def test_deeper_projection_pipelines_fill_the_shared_memory_asked_and_never_shor
     assert stages(64, 512, 64, d, deep, weights=2) == TileConfig.stages   # 192 KiB: one fits
     with pytest.raises(ValueError, match="stage_kib"):
         TileConfig(stage_kib=-1)
+
+
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_one_matrix_steps_deepen_only_within_gate_ups_step(batch):
+    """``step_weights=2``: each one-matrix projection step as deep as with 1 or deeper, a
+    deepened one holding no more elements (its weight rows' and x's) than gate_up's step; the
+    tasks otherwise the same."""
+    from megakernel.compiler.registry import p2
+
+    cfg = ModelConfig(arch="llama", vocab_size=32768, hidden_size=2048, intermediate_size=4096,
+                      num_layers=1, num_heads=32, num_kv_heads=8, head_dim=64, rms_norm_eps=1e-5,
+                      rope_theta=1e4, max_position_embeddings=128, tie_word_embeddings=True)
+    ops = lower(capture(empty_model(cfg), batch, 128), 2)
+    plain, deep = (tile(ops, TileConfig(step_weights=sw), 132).tasks for sw in (1, 2))
+    assert [(t.kind, t.reads, t.writes) for t in plain] == [(t.kind, t.reads, t.writes)
+                                                            for t in deep]
+    elements = lambda t, weights=1: (p2(t.args["bn"]) * weights + p2(batch)) * t.args["bk"]
+    [gate] = {elements(t, 2) for t in deep if t.kind == "gate_up"}
+    deeper = 0
+    for a, b in zip(plain, deep):
+        if a.kind in ("linear", "linear_part", "qkv_rope"):
+            assert b.args["bk"] >= a.args["bk"]
+        if a.kind in ("linear", "linear_part") and b.args["bk"] > a.args["bk"]:
+            assert elements(b) <= gate
+            deeper += 1
+    assert deeper                                   # lm_head's steps, at least
+    with pytest.raises(ValueError, match="step_weights"):
+        TileConfig(step_weights=3)

@@ -135,8 +135,8 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                 kv_block=128), id="llama-3.2-1b-16-apr-kb128"),
                             pytest.param("llama-3.2-1b", 64, TileConfig(
                                 attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
-                                reduce_norm=True, stage_kib=200),
-                                id="llama-3.2-1b-64-ap-ag4-rn-sm200")])
+                                reduce_norm=True, stage_kib=200, step_weights=2),
+                                id="llama-3.2-1b-64-ap-ag4-rn-sm200-sw2")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
