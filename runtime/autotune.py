@@ -51,16 +51,16 @@ from .variant import Variant, effective, stream_kv_split
 # within 1% elsewhere), the cache block (the shortlist times the largest that fits), deeper
 # projection pipelines (``TileConfig.stage_kib``; llama-3.2-1b, tuned ms: 64 rows 1.749 -> 1.704,
 # 48 1.655 -> 1.634, won at 5 and 32 rows too, 0.5-3.4% slower elsewhere) and the K slices of o
-# and down (on, their reduce fused with the norm where it comes first, or off; at each warp
-# count, ``RESHAPING``): the cost model rates them against the measurements at 8 rows (4 slices
-# fused 0.997 ms with 8 warps, 1.033 with 4; none 1.037 / 1.030; rated 1153 us against 1078),
-# so the shortlists of 1 to 5 rows hold none; and one-matrix steps as deep as gate_up's
-# (``TileConfig.step_weights``, not measured: lm_head at 64 rows streams 16 KB of weights a
-# step, 2.45 TB/s). A deeper attention pipeline (``attn_stages``: 8
-# stages, three buffers of keys and values) lost at all 12 batch sizes (0.2-4.9%), pairs of kv
-# heads over key ranges (``attn_pair_ranges``, flipped with at most half the context per range)
-# at each of the five where they applied (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 ->
-# 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115, 16 1.084 -> 1.208): both left the refinement.
+# and down (on, their reduce fused with the norm where it comes first, or off; at each warp count,
+# ``RESHAPING``): the cost model rates them against the measurements at 8 rows (4 slices fused
+# 0.997 ms with 8 warps, 1.033 with 4; none 1.037 / 1.030; rated 1153 us against 1078), so the
+# shortlists of 1 to 5 rows hold none; and one-matrix steps as deep as gate_up's
+# (``TileConfig.step_weights``, not measured: lm_head at 64 rows streams 16 KB of weights a step,
+# 2.45 TB/s). A deeper attention pipeline (``attn_stages``: 8 stages, three buffers of keys and
+# values) lost at all 12 batch sizes (0.2-4.9%), pairs of kv heads over key ranges
+# (``attn_pair_ranges``, flipped with at most half the context per range) at each of the five
+# where they applied (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058,
+# 13 1.080 -> 1.115, 16 1.084 -> 1.208): both left the refinement.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
