@@ -284,7 +284,7 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
         """The ledger key and variants of the batch size's final round: its ``finalists``
         fastest right variants (none where fewer than 2 are right)."""
         ok = sorted((row["ms"], v.label, v) for v, row in rows[b] if row["error"] is None)
-        picks = [v for *_, v in ok[:finalists]] if final_rounds >= 1 else []
+        picks = [v for *_, v in ok[:finalists]] if finalists >= 2 and final_rounds >= 1 else []
         picks = picks if len(picks) >= 2 else []
         return ledger.key(batch=b, finals=[v.label for v in picks], rounds=final_rounds,
                           iters=iters, **base), picks

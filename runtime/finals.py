@@ -7,10 +7,11 @@ the fastest of some tens of such figures leans to the lucky. So the finalists (l
 ``CompileOptions``) are timed again in ``rounds`` rounds, every finalist once a round in turn on
 the same decode state, so that whatever drifts between rounds (clocks, the other processes'
 builds) reaches all of them alike; each one's figure is the median of its rounds. Kept in the
-ledger under ``key`` (a rerun times nothing). On the H200 (llama-3.2-1b, 12 batch sizes, 3
-finalists, 5 rounds of 20 steps) each batch size's fastest first figure sat 0-1% under its final
-one (24 rows 1.279 -> 1.292 ms), and the final round picked another winner at 3 of 12 batch
-sizes, each within 0.5% of the first pick.
+ledger under ``key`` (a rerun times nothing). Each finalist's step binds its own copy of the
+weights while the round runs. On the H200 (llama-3.2-1b, 12 batch sizes, 3 finalists, 5 rounds
+of 20 steps) each batch size's fastest first figure sat 0-1% under its final one (24 rows 1.279
+-> 1.292 ms), and the final round picked another winner at 3 of 12 batch sizes, each within 0.5%
+of the first pick.
 """
 from __future__ import annotations
 
