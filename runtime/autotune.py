@@ -241,6 +241,8 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
 
     from .megakernel import cache_dir
 
+    if iters < 1:
+        raise ValueError(f"iters={iters}: each variant needs at least one timed step")
     device = next(model.parameters()).device
     target = TARGETS[kernel_target(device.type)]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

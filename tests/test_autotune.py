@@ -93,6 +93,13 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     assert step.compiled.options == CompileOptions(2, 64, target="cpu")   # the default, compiled
 
 
+def test_autotune_refuses_zero_timed_steps(tmp_path):
+    model = load_model("tiny-llama", progress=False).model
+    with pytest.raises(ValueError, match="iters=0"):
+        tuning.autotune(model, "tiny-llama", [1], 64, tmp_path, iters=0, progress=False)
+    assert not (tmp_path / "autotune.json").exists()
+
+
 def variant_of_label(label: str, **knobs) -> str:
     return replace(parse_variant(label), **knobs).label
 
