@@ -19,8 +19,6 @@ import statistics
 
 import torch
 
-from megakernel.compiler.artifact import compile_cached
-
 from .ledger import Ledger
 
 FINALISTS = 3       # each batch size's fastest right variants timed again (fewer than 2: none)
@@ -32,6 +30,7 @@ def final_times(model, name: str, options: list, root, iters: int, rounds: int,
     """Median over ``rounds`` interleaved rounds of each compiled variant's median step (ms) on
     ``state`` = (tokens, positions, cache), in the order of ``options``."""
     from megakernel.bench.decode import median_step_ms
+    from megakernel.compiler.artifact import compile_cached
 
     from .megakernel import MegakernelStep
 

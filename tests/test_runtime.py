@@ -120,6 +120,18 @@ def test_cli_generate_json(capsys):
     assert len(out["text"]) == 2
 
 
+def test_the_cli_loads_triton_only_once_a_command_runs():
+    """On the CPU the CLI turns the Triton interpreter on when a command asks for it, which
+    works only if nothing imported triton before: not the module, not its parser."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import sys, megakernel.cli as c; c.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'triton'))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
 def test_console_script_reports_bad_model():
     proc = subprocess.run([sys.executable, "-m", "megakernel", "generate", "--model", "no-such",
                            "--prompt", "x", "--device", "cpu"], capture_output=True, text=True)
