@@ -374,3 +374,34 @@ def test_worker_pool_runs_jobs_there_or_here_and_hands_errors_to_the_asker():
             assert [job.result() for job in jobs] == [3, 1, 2]
             with pytest.raises(TypeError):
                 pool.submit(abs, "not a number").result()
+
+
+def test_final_round_times_the_finalists_in_turn_and_keeps_each_ones_median(monkeypatch):
+    """Every round times each finalist once, in order, on the same state; a finalist's figure
+    is the median of its rounds (neither ``b``'s slow round nor its fastest decides)."""
+    from megakernel.runtime import finals
+
+    class Step:
+        def __init__(self, compiled, model, cache):
+            self.name = compiled
+
+        def __call__(self, *state):
+            return self.name
+
+        def synchronize(self):
+            pass
+
+    rounds = {"a": [3.0, 3.0, 3.0], "b": [9.0, 1.0, 1.5], "c": [2.0, 2.5, 2.2]}
+    order = []
+
+    def median_step_ms(fn, device, warmup, iters):
+        order.append(fn())
+        return rounds[order[-1]][sum(o == order[-1] for o in order) - 1]
+
+    monkeypatch.setattr("megakernel.runtime.megakernel.MegakernelStep", Step)
+    monkeypatch.setattr("megakernel.compiler.artifact.compile_cached",
+                        lambda model, opts, name, root: (opts, None))
+    monkeypatch.setattr("megakernel.bench.decode.median_step_ms", median_step_ms)
+    state = (None, None, torch.zeros(1))
+    assert finals.final_times(None, "m", ["a", "b", "c"], None, 5, 3, state) == [3.0, 1.5, 2.2]
+    assert order == ["a", "b", "c"] * 3
