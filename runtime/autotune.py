@@ -285,8 +285,7 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     def final_picks(b: int) -> tuple[str, list[Variant]]:
         """The ledger key and variants of the batch size's final round: its ``finalists``
         fastest right variants (none where fewer than 2 are right)."""
-        ok = sorted((row["ms"], v.label, v) for v, row in rows[b] if row["error"] is None)
-        picks = [v for *_, v in ok[:finalists]] if finalists >= 2 and final_rounds >= 1 else []
+        picks = ranked(rows[b])[:finalists] if finalists >= 2 and final_rounds >= 1 else []
         picks = picks if len(picks) >= 2 else []
         return ledger.key(batch=b, finals=[v.label for v in picks], rounds=final_rounds,
                           iters=iters, **base), picks
@@ -321,15 +320,22 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
             for b in plans]
 
 
+def ranked(rows: list) -> list[Variant]:
+    """The right variants of timed ``rows`` [(variant, ledger row)], fastest first (equal times:
+    by label)."""
+    return [v for *_, v in sorted((row["ms"], v.label, v) for v, row in rows
+                                   if row["error"] is None)]
+
+
 def _refinement(ledger: Ledger, base: dict, batch: int, rows: list, refine: tuple[str, ...],
                 model, max_seq_len: int, target: Target) -> list[tuple[Variant, float]]:
     """The batch size's fastest right variant with each ``refine`` knob flipped (``flip``), as
     it will be built, where that is a variant not timed yet: [(variant, predicted us)]; rated
     here, kept in the ledger's plans (a rerun rates nothing)."""
-    ok = [(row["ms"], v.label, v) for v, row in rows if row["error"] is None]
+    ok = ranked(rows)
     if not ok:
         return []
-    best = min(ok)[2]
+    best = ok[0]
     key = ledger.key(batch=batch, best=best.label, refine=list(refine), rules=rules_hash(),
                      **base)
     if ledger.plan(key) is None:
