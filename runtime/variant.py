@@ -176,15 +176,6 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "pt": lambda n: {"prefetch": True, "prefetch_wait": True, "prefetch_start": n}}
 
 
-def variant_of(compiled) -> Variant:
-    """The variant a compiled kernel was built with, its options as the compiler resolved them
-    for the batch (keys per task, q/k/v pieces, norm first, K slices)."""
-    opts = compiled.options
-    return Variant(num_warps=opts.num_warps, workers=compiled.schedule.num_workers,
-                   **{f: getattr(opts.tile, f) for f in TILE_FIELDS},
-                   **{v: getattr(opts, o) for v, o in OPTION_FIELDS.items()})
-
-
 def parse_variant(text: str) -> Variant:
     parts = text.split("x")
     try:
