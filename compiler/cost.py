@@ -37,15 +37,16 @@ class Target:
 # Fitted to traced llama-3.2-1b steps with folded projections (2026-11-30, one program per SM,
 # one wave per op): a task takes ~2 us plus its bytes, projections at ~43 GB/s per SM (batch 1:
 # o 64 KB 3.3 us, down 256 KB 8.2, qkv 128 KB 5.5; gate_up and lm_head at the chip's HBM rate).
-# Attention (traced tasks, from first load to signal): ~2.15 us plus its bytes at ~17 GB/s for
-# one kv head (17 rows: balanced pieces of 148 KB 10.85 us; 16 rows: one head's 256 KB 17.2),
-# and a pair of kv heads in one loop 1.84 = 2 ** 0.88 times as fast (17 and 24 rows: 512 KB in
-# 18.5-18.9 us). With these the autotune ledger of 2026-12-01 (12 batch sizes, the fastest of
-# each schedule class) ranks at a mean Spearman of 0.40 against measured, 0.24 before (attention
-# at 15 GB/s after 2 us, a pair as slow as two heads).
+# Attention (traced tasks, from first load to signal, with one block-table entry per step):
+# ~2.15 us plus its bytes at ~30 GB/s for one kv head (16 rows: one head's 256 KB 10.9 us; batch
+# 1: 128-key streams 3.4 us), a pair of kv heads in one loop 2 ** 0.1 times as fast (17 rows:
+# 512 KB in 18.4 us). With these the autotune ledger of 2026-12-01 (12 batch sizes, the fastest
+# of each schedule class) ranks at a mean Spearman of 0.58 against measured (mean error of the
+# rated step 2-6% a batch size), 0.40 with the figures of earlier traces (17 GB/s, 2 ** 0.88;
+# errors up to 15%).
 H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=4.0e6, flops_per_us=7.0e8,
               sync_us=1.0, task_overhead_us=2.0, smem_bytes=228 * 1024, sm_bytes_per_us=4.3e4,
-              attn_bytes_per_us=1.7e4, attn_task_us=2.15, attn_chain_gain=0.88)
+              attn_bytes_per_us=3.0e4, attn_task_us=2.15, attn_chain_gain=0.1)
 # The Triton interpreter runs programs one after another: one worker, a topological queue.
 CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0,
