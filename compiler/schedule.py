@@ -33,12 +33,22 @@ def costs(graph: TaskGraph, target: Target, workers: int) -> list[float]:
 
 
 def greedy(graph: TaskGraph, target: Target, num_workers: int) -> Schedule:
+    """Ops in graph order; within an op, the tasks that feed another task of the op (attention
+    pieces before their combine) first, then the most critical first. Placed longest first,
+    whole units would push the pieces of units spilled over the workers (``attn_spill``) behind
+    them, and their combines after those, a task's length and a sync past the op's other tasks;
+    first, the pieces end early and their combines run where a whole unit ends."""
     cost = costs(graph, target, num_workers)
     level = bottom_levels(graph, cost)
     op_index = {}
     for t in graph.tasks:
         op_index.setdefault(t.op, len(op_index))
-    order = sorted(range(len(cost)), key=lambda t: (op_index[graph.tasks[t].op], -level[t]))
+    feeds = [False] * len(cost)
+    for t in graph.tasks:
+        for d in graph.deps[t.id]:
+            feeds[d] = feeds[d] or graph.tasks[d].op == t.op
+    order = sorted(range(len(cost)),
+                   key=lambda t: (op_index[graph.tasks[t].op], not feeds[t], -level[t]))
     return place(graph, order, cost, target, num_workers, "greedy")
 
 

@@ -99,11 +99,15 @@ def tile_attention_pair_parts(t: Tiler, op) -> None:
 def tile_attention_pieces(t: Tiler, op) -> None:
     """An attn_partial task per key range of ``Tiler.kv_pieces`` of each (row, kv head); a unit
     in one range writes its output itself, the others' ranges write consecutive slots of
-    {op}.acc [P, G, D] and {op}.ml [P, G, 2] and an attn_combine per unit merges them."""
+    {op}.acc [P, G, D] and {op}.ml [P, G, 2] and an attn_combine per unit merges them. Each
+    kind's tasks loop over as many steps as its longest range takes (whole units and pieces
+    are two opcodes: a piece does not step through a whole unit's keys masked)."""
     d = t.graph.dims
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
     group, hd, pieces = d.heads // d.kv_heads, d.head_dim, t.kv_pieces()
-    longest = max(hi - lo for p in pieces for lo, hi in p)
+    longest = {}                 # keys of the longest task, of units in one range and in several
+    for p in pieces:
+        longest[len(p) == 1] = max([longest.get(len(p) == 1, 0)] + [hi - lo for lo, hi in p])
     most = max(len(p) for p in pieces)
     acc, ml = partial_slots(t, op, pieces)
     first = 0
@@ -123,7 +127,8 @@ def tile_attention_pieces(t: Tiler, op) -> None:
                                                       Region(ml.name, slot + ((0, 2),))]
                 t.add(op, "attn_partial", dict(q=q.name, row=b, kv_head=g, slot=first + s,
                                                lo=lo, span=hi - lo, layer=layer,
-                                               kv_split=longest, direct=direct, **into),
+                                               kv_split=longest[direct], direct=direct,
+                                               **into),
                       [q_region, kv, Region("positions", ((0, d.batch),))], writes,
                       (2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4,
                       4 * group * (hi - lo) * hd)

@@ -5,9 +5,9 @@
 Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
 per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
 heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused with
-it), streamed attention, attention tasks over pairs of kv heads, cache blocks (16 keys, or 128: one
-block-table entry per attention step, where the keys per task are whole blocks), KV prefetch and
-the cap on each task's L2 prefetch of its weights (only the defaults of these two in ``SPACE``, as
+it), streamed attention, attention tasks over pairs of kv heads, spilled attention units, cache
+blocks (16 keys, or 128: one block-table entry per attention step, where the keys per task are
+whole blocks), KV prefetch and the cap on each task's L2 prefetch of its weights (only the defaults of these two in ``SPACE``, as
 measured on the H200 with llama-3.2-1b: KV prefetch at most 1% faster at 1 to 8 rows and slower
 from 13 on, in the autotune ledger bench/results/session-2026-11-30g/autotune-12.json; the cap's
 256 KiB slower than 64 at every size, 16 and 32 no faster at batch 1; a space given by the caller
@@ -36,7 +36,8 @@ SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_w
          "split_k": (1, 4), "norm_first": (False, True), "reduce_norm": (False, True),
          "prefetch_kv": (CompileOptions.prefetch_kv,),
          "prefetch_kb": (CompileOptions.prefetch_kb,), "attn_stream": (False, True),
-         "kv_block": (16, 128), "attn_pairs": (False, True), "attn_group": (2, 4)}
+         "kv_block": (16, 128), "attn_pairs": (False, True), "attn_group": (2, 4),
+         "attn_spill": (False, True)}
 OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where a space has none
             "attn_tasks_per_worker": TileConfig.attn_tasks_per_worker,
             "split_k": TileConfig.split_k, "norm_first": TileConfig.norm_first,
@@ -44,7 +45,7 @@ OPTIONAL = {"split_head_norm": TileConfig.split_head_norm,     # the value where
             "prefetch_kv": CompileOptions.prefetch_kv,
             "prefetch_kb": CompileOptions.prefetch_kb, "attn_stream": TileConfig.attn_stream,
             "kv_block": TileConfig.kv_block, "attn_pairs": TileConfig.attn_pairs,
-            "attn_group": TileConfig.attn_group}
+            "attn_group": TileConfig.attn_group, "attn_spill": TileConfig.attn_spill}
 
 
 def block_fits(v: Variant, block: int, seq: int) -> bool:
@@ -95,7 +96,8 @@ def candidates(target: Target, space: dict) -> list[Variant]:
 
 SCHEDULE_FIELDS = ("block_n", "workers", "kv_split", "qkv_parts", "split_head_norm",
                    "attn_tasks_per_worker", "split_k", "norm_first", "reduce_norm",
-                   "attn_balance", "attn_stream", "qkv_cross", "attn_pairs", "attn_group")
+                   "attn_balance", "attn_stream", "qkv_cross", "attn_pairs", "attn_group",
+                   "attn_spill")
 
 
 def schedule_class(v: Variant) -> tuple:
@@ -138,8 +140,9 @@ def predict(ops, v: Variant, target: Target, alike: list | None = None) -> float
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
     """The default variant, then every code-level knob of the default's schedule class, of the
     ``classes`` best-rated classes (equal ratings: the class nearer the default first) and, for
-    each attention layout (keys per task, balanced, streamed, pairs or groups of 4 kv heads; at
-    64 rows groups of 4 took 1.751 ms against pairs' 1.845) at the default's workers, of the
+    each attention layout (keys per task, balanced, streamed, pairs or groups of 4 kv heads,
+    spilled units; at 64 rows groups of 4 took 1.751 ms against pairs' 1.845) at the default's
+    workers, of the
     class nearest the default (equally near: the better rated); and of each of
     these classes with the K slices' reduce fused with the norm where it was not, or not where it
     was (``fused_sibling``; llama-3.2-1b on the H200, each batch size's winner -> fused, ms: 13
@@ -165,7 +168,7 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     for v in sorted(variants, key=lambda v: (near(schedule_class(v)), rank(schedule_class(v)))):
         if v.workers == default.workers:
             layouts.setdefault((v.kv_split, v.attn_balance, v.attn_stream, v.attn_pairs,
-                                v.attn_group),
+                                v.attn_group, v.attn_spill),
                                schedule_class(v))
     picked = dict.fromkeys([home, *sorted(rated, key=rank)[:classes], *layouts.values()])
     picked |= dict.fromkeys(k for k in map(fused_sibling, list(picked)) if k in rated)

@@ -29,7 +29,8 @@ with norm first and split-K, the K slices reduced by whole rows and each row nor
 task, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut per worker,
 ``af`` attention as one stream of keys per worker (an equal share of all units' keys), ``ap``
 attention tasks over a row's pair of kv heads where each unit's keys are one task's (``agN``: groups
-of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``arN`` a kv head's query
+of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``sp`` the units left over
+a whole number of rounds of the workers cut into cache blocks spread over them, ``arN`` a kv head's query
 heads padded to at least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2
 for earlier steps' keys and values before their waits, ``kbN`` cache blocks (the block table's unit)
 of N tokens (default 16; where a block holds whole attention steps each step reads one table entry),
@@ -83,6 +84,7 @@ class Variant:
     attn_pairs: bool = TileConfig.attn_pairs
     attn_group: int = TileConfig.attn_group
     attn_pair_ranges: bool = TileConfig.attn_pair_ranges
+    attn_spill: bool = TileConfig.attn_spill
     attn_rows: int = TileConfig.attn_rows
     qkv_cross: bool = TileConfig.qkv_cross
     max_registers: int = CompileOptions.max_registers
@@ -120,6 +122,7 @@ class Variant:
         flags += ["ap"] * self.attn_pairs
         flags += [f"ag{self.attn_group}"] * (self.attn_group != TileConfig.attn_group)
         flags += ["apr"] * self.attn_pair_ranges
+        flags += ["sp"] * self.attn_spill
         flags += [f"ar{self.attn_rows}"] * (self.attn_rows != TileConfig.attn_rows)
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
@@ -156,7 +159,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},
-            "qc": {"qkv_cross": True},
+            "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
             "rn": {"reduce_norm": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
@@ -211,7 +214,8 @@ def effective(ops, v: Variant) -> Variant:
     rows only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
     (their pieces per head then mean nothing), pairs (or groups) of kv heads per task only where
     they apply (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only
-    where units have several. Equal results build equal kernels."""
+    where units have several, spilled units only where some are cut. Equal results build equal
+    kernels."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
@@ -227,6 +231,9 @@ def effective(ops, v: Variant) -> Variant:
         return effective(ops, replace(v, attn_group=TileConfig.attn_group))
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return effective(ops, replace(v, attn_pair_ranges=False))
+    if v.attn_spill and (v.attn_stream or tiler.kv_pieces() == Tiler(
+            ops, replace(v.tile, attn_spill=False), v.workers).kv_pieces()):
+        return effective(ops, replace(v, attn_spill=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:
         return effective(ops, replace(v, qkv_cross=False))

@@ -309,6 +309,14 @@ def test_variants_are_rated_as_they_will_be_built():
     assert not tuning.effective(ops, replace(v, attn_pair_ranges=True)).attn_pair_ranges
     assert not tuning.effective(ops, replace(v, attn_pairs=True, attn_pair_ranges=True,
                                              kv_split=64)).attn_pair_ranges
+    # spilled units: only where units overrun whole rounds of the workers by a few (tiny-qwen3
+    # at 3 rows: 6 units, 5 workers: the sixth cut in 16-key pieces), never with pairs
+    spilled = tuning.effective(ops, replace(v, workers=5, kv_split=64, attn_spill=True))
+    assert spilled.attn_spill and parse_variant(spilled.label) == spilled
+    for other in (dict(workers=6), dict(workers=7), dict(attn_pairs=True),
+                  dict(kv_split=32, attn_tasks_per_worker=0)):
+        spill = dict(workers=5, kv_split=64, attn_spill=True) | other
+        assert not tuning.effective(ops, replace(v, **spill)).attn_spill
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)

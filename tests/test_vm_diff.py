@@ -106,20 +106,20 @@ def check_kernel_against_vm(name, tiles) -> list[str]:
     ("tiny-llama", 5, 1, 1, "cross"), ("tiny-llama", 13, 1, 1, "cross"),
     ("tiny-llama", 64, 1, 1, "cross"), ("tiny-qwen3", 5, 1, 1, "pairs"),
     ("tiny-llama-kv4", 7, 1, 1, "groups"), ("tiny-llama-kv4", 64, 1, 1, "pair parts"),
-    ("tiny-qwen3", 7, 1, 1, "cross")])
+    ("tiny-qwen3", 7, 1, 1, "cross"), ("tiny-llama", 5, 1, 1, "spill")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
     stream, cross, groups = balance == "stream", balance == "cross", balance == "groups"
-    parts = balance == "pair parts"
+    parts, spill = balance == "pair parts", balance == "spill"
     pairs = balance == "pairs" or groups or parts
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
                                           split_k=slices, attn_balance=balance is True,
-                                          kv_split=64 if pairs and not parts else 16,
+                                          kv_split=64 if spill or pairs and not parts else 16,
                                           attn_stream=stream,
                                           kv_step=256, qkv_cross=cross, attn_pairs=pairs,
                                           attn_group=4 if groups else 2,
-                                          attn_pair_ranges=parts))
+                                          attn_pair_ranges=parts, attn_spill=spill))
     compiled = compile_model(model, opts, name)
     if cross:       # pieces across heads in one wave (not where heads have a head norm)
         qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
@@ -149,6 +149,13 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
         assert kinds.count("attn_pair_part") == d.layers * B * d.kv_heads // 2 * (S // 16)
         assert kinds.count("attn_combine") == d.layers * B * d.kv_heads
         assert "attn_partial" not in kinds
+    if spill:       # 6 units on 5 workers: 5 whole, the last in 16-key pieces, one combine
+        first = next(t.op for t in compiled.tasks.tasks if t.kind == "attn_partial")
+        tasks = [t for t in compiled.tasks.tasks if t.op == first]
+        spans = sorted((t.args["span"], t.args["kv_split"], t.args["direct"]) for t in tasks
+                       if t.kind == "attn_partial")
+        assert spans == [(16, 16, False)] * 4 + [(S, S, True)] * 5
+        assert [t.kind for t in tasks].count("attn_combine") == 1
     if balance is True:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
