@@ -34,10 +34,10 @@ def costs(graph: TaskGraph, target: Target, workers: int) -> list[float]:
 
 def greedy(graph: TaskGraph, target: Target, num_workers: int) -> Schedule:
     """Ops in graph order; within an op, the tasks that feed another task of the op (attention
-    pieces before their combine) first, then the most critical first. Placed longest first,
-    whole units would push the pieces of units spilled over the workers (``attn_spill``) behind
-    them, and their combines after those, a task's length and a sync past the op's other tasks;
-    first, the pieces end early and their combines run where a whole unit ends."""
+    pieces, their combine's inputs) first, then the most critical first. Where an op mixes
+    whole units and pieces (``attn_spill``), longest first would start each piece after a
+    whole unit and its combine later still; pieces first end early, and their combines run on
+    a worker whose whole unit ends first (llama-3.2-1b at 17 rows: rated 1186 -> 1135 us)."""
     cost = costs(graph, target, num_workers)
     level = bottom_levels(graph, cost)
     op_index = {}

@@ -7,11 +7,11 @@ per SM, keys per attention task, the attention task limit, tasks per q/k/v head,
 heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused with
 it), streamed attention, attention tasks over pairs of kv heads, spilled attention units, cache
 blocks (16 keys, or 128: one block-table entry per attention step, where the keys per task are
-whole blocks), KV prefetch and the cap on each task's L2 prefetch of its weights (only the defaults of these two in ``SPACE``, as
-measured on the H200 with llama-3.2-1b: KV prefetch at most 1% faster at 1 to 8 rows and slower
-from 13 on, in the autotune ledger bench/results/session-2026-11-30g/autotune-12.json; the cap's
-256 KiB slower than 64 at every size, 16 and 32 no faster at batch 1; a space given by the caller
-may hold others). Variants whose pipeline stages cannot fit in shared memory, or whose cache block
+whole blocks), KV prefetch and the cap on each task's L2 prefetch of its weights (only the
+defaults of these two in ``SPACE``, as measured on the H200 with llama-3.2-1b: KV prefetch at
+most 1% faster at 1 to 8 rows and slower from 13 on, in the autotune ledger
+bench/results/session-2026-11-30g/autotune-12.json; the cap's 256 KiB slower than 64 at every
+size, 16 and 32 no faster at batch 1; a space given by the caller may hold others). Variants whose pipeline stages cannot fit in shared memory, or whose cache block
 does not divide the context, are dropped. The knobs that shape the task graph (``schedule_class``)
 are rated by the cost model's estimate of their tasks (``predict``: tiling only, no code
 generated); the default's class, the ``classes`` best and, per attention layout, the class nearest
@@ -142,8 +142,7 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     ``classes`` best-rated classes (equal ratings: the class nearer the default first) and, for
     each attention layout (keys per task, balanced, streamed, pairs or groups of 4 kv heads,
     spilled units; at 64 rows groups of 4 took 1.751 ms against pairs' 1.845) at the default's
-    workers, of the
-    class nearest the default (equally near: the better rated); and of each of
+    workers, of the class nearest the default (equally near: the better rated); and of each of
     these classes with the K slices' reduce fused with the norm where it was not, or not where it
     was (``fused_sibling``; llama-3.2-1b on the H200, each batch size's winner -> fused, ms: 13
     rows 1.120 -> 1.092, 17 1.296 -> 1.270, 24 1.320 -> 1.293, 32 1.349 -> 1.324, 64 1.902 ->

@@ -30,11 +30,11 @@ task, ``ab`` attention tasks cut from all rows' keys laid end to end, about one 
 ``af`` attention as one stream of keys per worker (an equal share of all units' keys), ``ap``
 attention tasks over a row's pair of kv heads where each unit's keys are one task's (``agN``: groups
 of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``sp`` the units left over
-a whole number of rounds of the workers cut into cache blocks spread over them, ``arN`` a kv head's query
-heads padded to at least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2
-for earlier steps' keys and values before their waits, ``kbN`` cache blocks (the block table's unit)
-of N tokens (default 16; where a block holds whole attention steps each step reads one table entry),
-``rgN`` at most N registers per thread.
+a whole number of rounds of the workers cut into cache blocks spread over them, ``arN`` a kv head's
+query heads padded to at least N rows in the attention dots (default 4), ``pk`` attention tasks
+asking L2 for earlier steps' keys and values before their waits, ``kbN`` cache blocks (the block
+table's unit) of N tokens (default 16; where a block holds whole attention steps each step reads
+one table entry), ``rgN`` at most N registers per thread.
 """
 from __future__ import annotations
 

@@ -214,3 +214,26 @@ def test_one_matrix_steps_deepen_only_within_gate_ups_step(batch):
     assert deeper                                   # lm_head's steps, at least
     with pytest.raises(ValueError, match="step_weights"):
         TileConfig(step_weights=3)
+
+
+def test_spilled_units_run_their_pieces_first():
+    """``attn_spill`` at 17 rows of llama-3.2-1b's attention on 132 workers: 132 whole units,
+    the 4 left over in 128-key pieces, each piece first on its worker (before a whole unit),
+    each combine on a worker with no piece; the step rated shorter than with pairs."""
+    cfg = ModelConfig(arch="llama", vocab_size=4096, hidden_size=2048, intermediate_size=4096,
+                      num_layers=1, num_heads=32, num_kv_heads=8, head_dim=64, rms_norm_eps=1e-5,
+                      rope_theta=1e4, max_position_embeddings=1024, tie_word_embeddings=True)
+    ops = lower(capture(empty_model(cfg), 17, 1024), 2)
+    tiles = TileConfig(kv_split=1024, kv_block=128, attn_spill=True)
+    graph = tile(ops, tiles, 132)
+    sched = schedule(graph, H200, 132)
+    kind = lambda i: (graph.tasks[i].kind, graph.tasks[i].args.get("direct"))
+    queues = [[kind(i) for i in q if graph.tasks[i].kind.startswith("attn")]
+              for q in sched.queues]
+    assert sum(q.count(("attn_partial", False)) for q in queues) == 32
+    assert sum(q.count(("attn_partial", True)) for q in queues) == 132
+    for q in queues:
+        assert q in ([("attn_partial", True)], [("attn_partial", False), ("attn_partial", True)],
+                     [("attn_partial", True), ("attn_combine", None)])
+    pairs = schedule(tile(ops, replace(tiles, attn_spill=False, attn_pairs=True), 132), H200, 132)
+    assert sched.makespan_us < pairs.makespan_us
