@@ -2,6 +2,7 @@
 
     compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step
         [--attn-stream] [--kv-block 64] [--attn-pairs [--attn-group 4 | --pair-ranges]]
+        [--norm-sums]
 """
 import argparse
 from dataclasses import replace
@@ -25,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="TileConfig.attn_group (more than 2: tiny-llama with 4 kv heads)")
     p.add_argument("--pair-ranges", action="store_true",
                    help="TileConfig.attn_pair_ranges (32 keys per task: two ranges a unit)")
+    p.add_argument("--norm-sums", action="store_true",
+                   help="TileConfig.norm_sums (with norm first and 2 K slices)")
     args = p.parse_args(argv)
     if args.attn_group > 2:
         cfg = replace(PRESETS["tiny-llama"], num_heads=8, num_kv_heads=4)
@@ -41,7 +44,9 @@ def main(argv: list[str] | None = None) -> None:
                                               attn_tasks_per_worker=0 if args.pair_ranges else
                                               TileConfig.attn_tasks_per_worker,
                                               kv_split=max(32 if args.pair_ranges else
-                                                           TileConfig.kv_split, args.kv_block)))
+                                                           TileConfig.kv_split, args.kv_block),
+                                              **(dict(norm_first=True, split_k=2, norm_sums=True)
+                                                 if args.norm_sums else {})))
     tokens = torch.tensor([[1], [2], [3]], device="cuda")
     positions = torch.tensor([[0], [5], [63]], device="cuda")
     logits = step(tokens, positions, cache)

@@ -39,12 +39,21 @@ def row_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr
 
 @triton.jit
 def first_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, HAS_NORM: tl.constexpr):
-    """A projection's row RMS taken before its loop (``row_rstd``) -> [BLOCK_B]; zeros (unused)
-    without a norm."""
+               BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, HAS_NORM: tl.constexpr,
+               ss_ptr, SUMS: tl.constexpr, SUMS_BLOCK: tl.constexpr):
+    """A projection's row RMS taken before its loop (``row_rstd``), or (SUMS > 0) from the sums
+    of squares of SUMS column groups of x's rows, ss [SUMS, B], in one load of [SUMS_BLOCK,
+    BLOCK_B] -> [BLOCK_B]; zeros (unused) without a norm."""
     rstd = tl.zeros([BLOCK_B], tl.float32)
     if HAS_NORM:
-        rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K, UNROLL)
+        if SUMS > 0:
+            gs = tl.arange(0, SUMS_BLOCK)
+            rows = tl.arange(0, BLOCK_B)
+            ss = tl.load(ss_ptr + gs[:, None] * B + rows[None, :],
+                         mask=(gs[:, None] < SUMS) & (rows[None, :] < B), other=0.0)
+            rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        else:
+            rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K, UNROLL)
     return rstd
 
 

@@ -144,12 +144,14 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, n0, B: tl.constexpr, H: tl.constexp
 
 
 @triton.jit
-def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
+def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.constexpr,
               B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
               HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
-              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr):
-    """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N)."""
+              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
+              SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1):
+    """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N); the
+    norm's RMS from x, or (SUMS > 0) from the sums of squares ss [SUMS, B] of x's rows."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
@@ -157,7 +159,8 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
     if HAS_RES:  # requested before the weights stream, so its latency hides behind them
         r = tl.load(res_ptr + rows[:, None] * N + ns[None, :],
                     mask=(rows[:, None] < B) & (ns[None, :] < n1), other=0.0).to(tl.float32)
-    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM)
+    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
+                      SUMS_BLOCK)
     y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, HAS_NORM, BLOCK_B,
                            BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
     if HAS_RES:
@@ -166,16 +169,18 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, n0, n1, eps: tl.constexpr,
 
 
 @triton.jit
-def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, n0, n1, eps: tl.constexpr,
+def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.constexpr,
                B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
-               FOLD: tl.constexpr, HAS_NORM: tl.constexpr = 1):
+               FOLD: tl.constexpr, HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0,
+               SUMS_BLOCK: tl.constexpr = 1):
     """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
-    projections from one pipeline as matmul_tile runs it."""
+    projections from one pipeline as matmul_tile runs it; the norm's RMS as ``linear_op``
+    takes it."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    rs = fold_rows(first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM), FOLD,
-                   BLOCK_B)
+    rs = fold_rows(first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr,
+                              SUMS, SUMS_BLOCK), FOLD, BLOCK_B)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
@@ -205,23 +210,26 @@ def cache_slots(row, pos, bt_ptr, layer, kv, head, B: tl.constexpr, HKV: tl.cons
 
 @triton.jit
 def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr,
-                kind, head, layer, d0, col, eps: tl.constexpr, qk_eps: tl.constexpr,
+                ss_ptr, kind, head, layer, d0, col, eps: tl.constexpr, qk_eps: tl.constexpr,
                 B: tl.constexpr, K: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr,
                 HKV: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
                 HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, PART: tl.constexpr,
                 HALF: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                 FORM: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
                 OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
-                HAS_NORM: tl.constexpr = 1, CROSS: tl.constexpr = 0):
+                HAS_NORM: tl.constexpr = 1, CROSS: tl.constexpr = 0, SUMS: tl.constexpr = 0,
+                SUMS_BLOCK: tl.constexpr = 1):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
     head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to out [B, OUT_COLS]
     from column ``col``, K and V into the cache. RAW: the projection alone goes to out (a
     head_norm_rope task finishes the head). CROSS (no head norm): PART pairs from pair d0 of
-    ``head`` on, the kind's pairs laid end to end over its heads (the last piece fewer)."""
+    ``head`` on, the kind's pairs laid end to end over its heads (the last piece fewer). The
+    norm's RMS as ``linear_op`` takes it."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
-    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM)
+    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
+                      SUMS_BLOCK)
     if CROSS:
         pairs = tl.where(kind == 0, HQ * D2, HKV * D2) - head * D2 - d0     # left from d0 on
         end = tl.minimum(pairs, PART)

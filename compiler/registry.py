@@ -86,9 +86,16 @@ def _projection(k: int, bn: int, bk: int, d: Dims, c: TileConfig, weights: int =
                 STAGES=stages(bn, bk, r, d, c, weights), RMS_UNROLL=c.rms_unroll, FOLD=f)
 
 
+def _sums(t: Task) -> dict:
+    """Column groups of the sums of squares a normalising task takes its RMS from (0: from x),
+    and the block that loads them at once."""
+    groups = t.args.get("groups", 0)
+    return dict(SUMS=groups, SUMS_BLOCK=next_pow2(max(groups, 1)))
+
+
 def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=t.args["n"], HAS_NORM=t.args["norm"] is not None,
-                HAS_RES=t.args["residual"] is not None, BLOCK_N=t.args["bn"],
+                HAS_RES=t.args["residual"] is not None, BLOCK_N=t.args["bn"], **_sums(t),
                 **_projection(t.args["k"], t.args["bn"], t.args["bk"], d, c))
 
 
@@ -102,7 +109,7 @@ def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:
 def _linear_reduce(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(S=t.args["slices"], B=d.batch, N=t.args["n"],
                 HAS_RES=t.args["residual"] is not None, BLOCK_B=p2(d.batch, 1),
-                BLOCK_N=t.args["bn"])
+                BLOCK_N=t.args["bn"], SUMS=t.args.get("sums") is not None)
 
 
 def _reduce_norm(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -118,7 +125,7 @@ def _rms_norm(t: Task, d: Dims, c: TileConfig) -> dict:
 
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=d.intermediate, BLOCK_N=t.args["bn"],
-                HAS_NORM=t.args["norm"] is not None,
+                HAS_NORM=t.args["norm"] is not None, **_sums(t),
                 **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c, weights=2))
 
 
@@ -131,7 +138,7 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], D=d.head_dim, HQ=d.heads,
                 HKV=d.kv_heads, S=d.max_seq_len, BS=c.kv_block,
                 HAS_HEAD_NORM=t.args["head_norm"] is not None, PART=t.args["part"], HALF=half,
-                HAS_NORM=t.args["norm"] is not None,
+                HAS_NORM=t.args["norm"] is not None, **_sums(t),
                 RAW=t.args["raw"], OUT_COLS=(d.heads + d.kv_heads * t.args["raw"]) * d.head_dim,
                 **_projection(d.hidden, 2 * half, t.args["bk"], d, c),
                 **({"CROSS": 1} if t.args.get("cross") else {}))
@@ -200,23 +207,25 @@ def _fields(spec: str) -> tuple[Field, ...]:
 REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("embed", "ops.embed_op", _fields("tokens_ptr:kernel table:weight out:act n0:int"), _embed),
     OpSpec("linear", "ops.linear_op",
-           _fields("x:act weight:weight norm:weight residual:act out:act n0:int n1:int"),
+           _fields("x:act weight:weight norm:weight residual:act out:act sums:f32 n0:int "
+                   "n1:int"),
            _linear),
     OpSpec("linear_part", "split_ops.linear_part_op",
            _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),
     OpSpec("linear_reduce", "split_ops.linear_reduce_op",
-           _fields("part:f32 residual:act out:act n0:int n1:int"), _linear_reduce),
+           _fields("part:f32 residual:act out:act sums:f32 n0:int n1:int"), _linear_reduce),
     OpSpec("reduce_norm", "split_ops.reduce_norm_op",
            _fields("part:f32 residual:act norm:weight out:act xn:act r0:int r1:int"),
            _reduce_norm),
     OpSpec("rms_norm", "norm_ops.rms_norm_op",
            _fields("x:act norm:weight out:act r0:int r1:int"), _rms_norm),
     OpSpec("gate_up", "ops.gate_up_op",
-           _fields("x:act norm:weight gate:weight up:weight out:act n0:int n1:int"), _gate_up),
+           _fields("x:act norm:weight gate:weight up:weight out:act sums:f32 n0:int n1:int"),
+           _gate_up),
     OpSpec("qkv_rope", "ops.qkv_rope_op",
            _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
                    "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "
-                   "kind:int head:int layer:int d0:int col:int"), _qkv),
+                   "sums:f32 kind:int head:int layer:int d0:int col:int"), _qkv),
     OpSpec("head_norm_rope", "ops.head_norm_rope_op",
            _fields("raw:act head_norm:weight inv_freq:f32 positions_ptr:kernel "
                    "block_table_ptr:kernel out:act cache_ptr:kernel kind:int head:int layer:int "

@@ -43,10 +43,12 @@ def sum_slices(part_ptr, res_ptr, offs, mask, S: tl.constexpr, B: tl.constexpr, 
 
 
 @triton.jit
-def linear_reduce_op(part_ptr, res_ptr, out_ptr, n0, n1, S: tl.constexpr, B: tl.constexpr,
-                     N: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
-    """out[:, n0:n1] = [res[:, n0:n1] +] round(sum over s of part[s, :, n0:n1])."""
+def linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, n0, n1, S: tl.constexpr,
+                     B: tl.constexpr, N: tl.constexpr, HAS_RES: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, SUMS: tl.constexpr = False):
+    """out[:, n0:n1] = [res[:, n0:n1] +] round(sum over s of part[s, :, n0:n1]); SUMS: also
+    the sums of squares of those values of each row into ss[n0 // BLOCK_N, :B] (column groups
+    of BLOCK_N), for the next op's norm."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
@@ -54,6 +56,8 @@ def linear_reduce_op(part_ptr, res_ptr, out_ptr, n0, n1, S: tl.constexpr, B: tl.
     mask = (rows[:, None] < B) & (ns[None, :] < n1)
     y = sum_slices(part_ptr, res_ptr, offs, mask, S, B, N, HAS_RES, DT)
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
+    if SUMS:
+        tl.store(ss_ptr + (n0 // BLOCK_N) * B + rows, tl.sum(y * y, axis=1), mask=rows < B)
 
 
 @triton.jit

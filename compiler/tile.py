@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 from .tile_attention import tile_attention
-from .tile_norm import norm_first, norm_reader, tile_reduce_norm
+from .tile_norm import (norm_first, norm_reads, norm_reader, sums_args, sums_buffer,
+                        tile_reduce_norm)
 from .tile_qkv import tile_qkv_rope
 
 
@@ -87,6 +88,9 @@ class TileConfig:
                                # 2.040)
     reduce_norm: bool = False  # with norm first and split-K: the slices reduced by whole rows,
                                # each row normalised for the next op in the same task
+    norm_sums: bool = False    # with norm first and split-K: each column group's reduce also
+                               # writes its rows' sums of squares, and the next op normalises
+                               # x as it loads it (no norm phase; before reduce_norm)
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
     step_weights: int = 1      # 2: steps of one-matrix projections (all but gate_up) as deep
                                # as fit gate_up's step's elements (64 rows: lm_head 256 x 64
@@ -331,7 +335,8 @@ def split_slices(t: Tiler, op) -> int:
 def tile_linear_split(t: Tiler, op, slices: int) -> None:
     """Per column group (``slices`` times a plain task's width): a linear_part task per K slice
     into {op}.part [S, B, N] fp32, then a linear_reduce task adding them and the residual; or,
-    where the next op normalises this output first, reduce_norm tasks by rows after all parts."""
+    where the next op normalises this output first, reduce_norm tasks by rows after all parts
+    (or, ``norm_sums``, the linear_reduce tasks also write their rows' sums of squares)."""
     reader = norm_reader(t, op.outputs[0])
     p, d = op.params, t.graph.dims
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
@@ -340,7 +345,8 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
     t.buffers[part.name] = part
     ks = k // slices
     bn = p2(min(t.width(n) * slices, n))
-    for lo, hi in t.col_tiles(n, bn):
+    sums = sums_buffer(t, out, -(-n // bn)) if reader is not None and t.cfg.norm_sums else None
+    for g, (lo, hi) in enumerate(t.col_tiles(n, bn)):
         for s in range(slices):
             k0 = s * ks
             nbytes = ((hi - lo) * ks + d.batch * ks) * d.itemsize + d.batch * (hi - lo) * 4
@@ -351,14 +357,17 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
                    Region(w.name, ((lo, hi), (k0, k0 + ks)))],
                   [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))], nbytes,
                   2 * d.batch * (hi - lo) * ks)
-        if reader is not None:
+        if reader is not None and sums is None:
             continue
         reads = [Region(part.name, ((0, slices), (0, d.batch), (lo, hi)))]
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
+        writes = [cols(out, lo, hi)]
+        writes += [Region(sums.name, ((g, g + 1), (0, d.batch)))] if sums else []
         t.add(op, "linear_reduce", dict(part=part.name, residual=p["residual"], out=out.name,
-                                        n0=lo, n1=hi, n=n, bn=bn, slices=slices),
-              reads, [cols(out, lo, hi)], d.batch * (hi - lo) * (4 * slices + 4), 0)
-    if reader is not None:
+                                        sums=sums and sums.name, n0=lo, n1=hi, n=n, bn=bn,
+                                        slices=slices),
+              reads, writes, d.batch * (hi - lo) * (4 * slices + 4), 0)
+    if reader is not None and sums is None:
         tile_reduce_norm(t, op, part, reader)
 
 
@@ -370,13 +379,12 @@ def tile_linear(t: Tiler, op) -> None:
     n, k = w.shape
     spans, block = t.spans(n)
     for lo, hi in spans:
-        reads = [Region(x.name, full(x)), rows(w, lo, hi)]
-        reads += [Region(p["norm"], ((0, k),))] if p["norm"] else []
+        reads = [Region(x.name, full(x)), rows(w, lo, hi), *norm_reads(t, p)]
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
         nbytes = ((hi - lo) * k + d.batch * k + d.batch * (hi - lo) * 2) * d.itemsize
         t.add(op, "linear", dict(x=x.name, weight=w.name, norm=p["norm"], residual=p["residual"],
                                  out=out.name, n0=lo, n1=hi, bn=block, bk=t.depth(k, block),
-                                 eps=p["eps"], n=n, k=k),
+                                 eps=p["eps"], n=n, k=k, **sums_args(t, p)),
               reads, [cols(out, lo, hi)], nbytes, 2 * d.batch * (hi - lo) * k)
 
 
@@ -387,12 +395,12 @@ def tile_gate_up(t: Tiler, op) -> None:
     spans, block = t.spans(d.intermediate)
     for lo, hi in spans:
         reads = [Region(x.name, full(x)), rows(t.b(p["gate"]), lo, hi),
-                 rows(t.b(p["up"]), lo, hi)]
-        reads += [Region(p["norm"], ((0, k),))] if p["norm"] else []
+                 rows(t.b(p["up"]), lo, hi), *norm_reads(t, p)]
         nbytes = (2 * (hi - lo) * k + d.batch * k + d.batch * (hi - lo)) * d.itemsize
         t.add(op, "gate_up", dict(x=x.name, norm=p["norm"], gate=p["gate"], up=p["up"],
                                   out=out.name, n0=lo, n1=hi, bn=block,
-                                  bk=t.depth(k, block, weights=2), eps=p["eps"]),
+                                  bk=t.depth(k, block, weights=2), eps=p["eps"],
+                                  **sums_args(t, p)),
               reads, [cols(out, lo, hi)], nbytes, 4 * d.batch * (hi - lo) * k)
 
 

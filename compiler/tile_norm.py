@@ -7,7 +7,12 @@ Two task kinds write {op}.xn, row by row:
                  slices: the slices' fp32 partials summed (and the residual added) into x, as
                  linear_reduce does it by columns, and x normalised in the same task, so that
                  the reduce and the norm take one phase instead of two
-Invariant: each row of x and of xn is written by exactly one task.
+Or (``TileConfig.norm_sums``, before reduce_norm) no xn where x is such an output: each of its
+linear_reduce tasks also writes the sums of squares of its columns of each row into
+{x}.sums [G, B] fp32 (G column groups), and the op keeps its norm, each task taking the rows'
+RMS from those sums (no norm phase, no pass over x's rows).
+Invariant: each row of x and of xn is written by exactly one task; each (group, row) of
+{x}.sums by one linear_reduce task.
 """
 from __future__ import annotations
 
@@ -30,8 +35,11 @@ def normed_input(t: Tiler, op) -> Buffer:
 
 def norm_first(t: Tiler, op):
     """rms_norm tasks write the op's normalised input {op}.xn (unless a reduce_norm phase
-    already has); returns the op reading it with no norm of its own."""
+    already has); returns the op reading it with no norm of its own; or, where x's reduce wrote
+    its sums of squares, the op with its norm taking the RMS from them."""
     p, d = op.params, t.graph.dims
+    if f"{p['x']}.sums" in t.buffers:
+        return replace(op, params={**p, "sums": f"{p['x']}.sums"})
     fused = f"{op.name}.xn" in t.buffers
     x, xn = t.b(p["x"]), normed_input(t, op)
     k = x.shape[1]
@@ -45,9 +53,9 @@ def norm_first(t: Tiler, op):
 
 
 def norm_reader(t: Tiler, name: str):
-    """The op that will normalise buffer ``name`` first (reduce_norm can write its input), or
-    None."""
-    if not (t.cfg.reduce_norm and t.norm_first()):
+    """The op that will normalise buffer ``name`` first (reduce_norm can write its input, or
+    the reduce the sums of squares of its rows), or None."""
+    if not ((t.cfg.reduce_norm or t.cfg.norm_sums) and t.norm_first()):
         return None
     return next((op for op in t.graph.ops
                  if op.params.get("x") == name and op.params.get("norm")), None)
@@ -70,3 +78,25 @@ def tile_reduce_norm(t: Tiler, op, part: Buffer, reader) -> None:
                                       eps=reader.params["eps"]),
               reads, [Region(out.name, ((r0, r1), (0, n))), Region(xn.name, ((r0, r1), (0, n)))],
               (r1 - r0) * n * (4 * slices + 3 * d.itemsize) + n * d.itemsize, 0)
+
+
+def sums_buffer(t: Tiler, x: Buffer, groups: int) -> Buffer:
+    """{x}.sums [groups, B] fp32: the sums of squares of each column group's part of x's rows."""
+    sums = Buffer(f"{x.name}.sums", "f32", (groups, t.graph.dims.batch))
+    t.buffers[sums.name] = sums
+    return sums
+
+
+def norm_reads(t: Tiler, p: dict) -> list[Region]:
+    """What an op's norm reads: its weight, and (``norm_sums``) the sums of squares of x's rows."""
+    from .tile import full
+
+    reads = [Region(p["norm"], full(t.b(p["norm"])))] if p["norm"] else []
+    return reads + ([Region(p["sums"], full(t.b(p["sums"])))] if p.get("sums") else [])
+
+
+def sums_args(t: Tiler, p: dict) -> dict:
+    """A normalising task's arguments for the sums of squares of x's rows: the buffer (None:
+    the task takes the RMS from x) and its column groups."""
+    sums = p.get("sums")
+    return dict(sums=sums, groups=t.b(sums).shape[0] if sums else 0)

@@ -41,18 +41,19 @@ def add_qkv_piece(t: Tiler, op, kind: str, spans: dict, n: int, part: int, inv: 
     ``inv`` (a box), ``reads`` and the norm, and writes its heads' q columns or cache dims (or
     ``writes``); ``args`` join the common ones."""
     from .tile import full, p2, rows
+    from .tile_norm import norm_reads, sums_args
 
     p, d = op.params, t.graph.dims
     x, q, w = t.b(p["x"]), t.b(op.outputs[0]), t.b(p[f"w{kind}"])
     reads = [Region(x.name, full(x)), *(rows(w, lo, hi) for s in spans.values() for lo, hi in s),
-             Region("positions", ((0, d.batch),)), Region(p["inv_freq"], inv), *reads]
-    reads += [Region(p["norm"], ((0, d.hidden),))] if p["norm"] else []
+             Region("positions", ((0, d.batch),)), Region(p["inv_freq"], inv), *reads,
+             *norm_reads(t, p)]
     if writes is None:
         writes = [r for h, s in spans.items() for r in qkv_writes(t, q, kind, h, p["layer"], s)]
     nbytes = (2 * n * d.hidden + d.batch * d.hidden + 2 * d.batch * n) * d.itemsize
     t.add(op, "qkv_rope", dict(x=x.name, norm=p["norm"], weight=w.name, inv_freq=p["inv_freq"],
                                kind="qkv".index(kind), layer=p["layer"], part=part,
-                               eps=p["eps"], qk_eps=p["qk_eps"],
+                               eps=p["eps"], qk_eps=p["qk_eps"], **sums_args(t, p),
                                bk=t.depth(d.hidden, 2 * max(p2(part), 16)), **args),
           reads, writes, nbytes, 4 * d.batch * n * d.hidden)
 

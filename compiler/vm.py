@@ -14,11 +14,16 @@ import torch.nn.functional as F
 from .schedule import DeadlockError
 
 
-def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float, dt) -> torch.Tensor:
+def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float, dt,
+        sums: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm(x) * w rounded as the op bodies round it; the mean square from x's rows, or from
+    ``sums`` [G, B], their column groups' sums of squares."""
     if w is None:
         return x.to(dt)
     xf = x.float()
-    xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dt)
+    mean = xf.pow(2).mean(-1, keepdim=True) if sums is None else \
+        (sums.sum(0) / x.shape[-1])[:, None]
+    xn = (xf * torch.rsqrt(mean + eps)).to(dt)
     return (w.float() * xn.float()).to(dt)
 
 
@@ -59,6 +64,10 @@ class VM:
     def w(self, name):
         return None if name is None else self.buf[name]
 
+    def normed(self, a):
+        """The task's input x through its norm, if any."""
+        return rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt, self.w(a.get("sums")))
+
     def embed(self, a):
         lo = a["n0"]
         hi = lo + a["bn"]
@@ -66,8 +75,7 @@ class VM:
 
     def linear(self, a):
         lo, hi = a["n0"], a["n1"]
-        x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)
-        y = mm(x, self.buf[a["weight"]][lo:hi], self.dt)
+        y = mm(self.normed(a), self.buf[a["weight"]][lo:hi], self.dt)
         self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
 
     def plus_residual(self, a, y, where=None):
@@ -85,8 +93,10 @@ class VM:
 
     def linear_reduce(self, a):
         lo, hi = a["n0"], a["n1"]
-        y = self.buf[a["part"]][:, :, lo:hi].sum(0).to(self.dt)
-        self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
+        y = self.plus_residual(a, self.buf[a["part"]][:, :, lo:hi].sum(0).to(self.dt))
+        self.buf[a["out"]][:, lo:hi] = y
+        if a.get("sums") is not None:                # column group n0 // bn of x's row sums
+            self.buf[a["sums"]][lo // a["bn"]] = y.float().pow(2).sum(-1)
 
     def reduce_norm(self, a):
         r0, r1 = a["r0"], a["r1"]
@@ -102,7 +112,7 @@ class VM:
 
     def gate_up(self, a):
         lo, hi = a["n0"], a["n1"]
-        x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt)
+        x = self.normed(a)
         g, u = mm(x, self.buf[a["gate"]][lo:hi], self.dt), mm(x, self.buf[a["up"]][lo:hi], self.dt)
         self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)
 
@@ -114,8 +124,7 @@ class VM:
         end = (kind_heads if a.get("cross") else a["head"] + 1) * half      # pairs it may reach
         pair = torch.arange(a["head"] * half + a["d0"], end)[:a["part"]]            # [n]
         row, local = pair_rows(pair, half)
-        x = rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], dt)
-        y = mm(x, self.buf[a["weight"]][row], dt)                          # [B, 2n]: lo, hi
+        y = mm(self.normed(a), self.buf[a["weight"]][row], dt)             # [B, 2n]: lo, hi
         if a["raw"]:                                 # head_norm_rope finishes the head
             self.buf[a["out"]][:, a["col"] + local] = y
         else:

@@ -11,8 +11,8 @@ at position ``max_seq_len - 1``, median of ``iters``), each step's logits checke
 eager model's on the same step: a variant farther than ``max_rel_err`` (relative norm) is
 recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of
 ``refine`` flipped (``REFINE``: balanced projection spans, the cache block, deeper projection
-pipelines, the K slices of o and down at each warp count, deeper one-matrix steps), where that
-builds another variant.
+pipelines, the K slices of o and down at each warp count, deeper one-matrix steps, norms from
+the reduces' sums of squares), where that builds another variant.
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -54,14 +54,16 @@ from .variant import Variant, effective, stream_kv_split
 # and down (on, their reduce fused with the norm where it comes first, or off; at each warp count,
 # ``RESHAPING``): the cost model rates them against the measurements at 8 rows (4 slices fused
 # 0.997 ms with 8 warps, 1.033 with 4; none 1.037 / 1.030; rated 1153 us against 1078), so the
-# shortlists of 1 to 5 rows hold none; and one-matrix steps as deep as gate_up's
-# (``TileConfig.step_weights``, not measured: lm_head at 64 rows streams 16 KB of weights a step,
-# 2.45 TB/s). A deeper attention pipeline (``attn_stages``: 8 stages, three buffers of keys and
+# shortlists of 1 to 5 rows hold none (4 fused slices won at 5 rows: 0.976 ms against 1.008);
+# one-matrix steps as deep as gate_up's (``TileConfig.step_weights``: lm_head's; won at 8-64
+# rows, 48 rows 1.660 -> 1.603 ms); and the K slices' reduces writing their rows' sums of
+# squares for the next op's norm instead of a norm phase (``TileConfig.norm_sums``, not
+# measured; at 16 rows the winner spends 1.3 us a norm on that phase). A deeper attention pipeline (``attn_stages``: 8 stages, three buffers of keys and
 # values) lost at all 12 batch sizes (0.2-4.9%), pairs of kv heads over key ranges
 # (``attn_pair_ranges``, flipped with at most half the context per range) at each of the five
 # where they applied (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058,
 # 13 1.080 -> 1.115, 16 1.084 -> 1.208): both left the refinement.
-REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights")
+REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
 # an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)

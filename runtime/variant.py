@@ -26,7 +26,8 @@ atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN
 without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x
 written once by rms_norm tasks (norm first; ``nf0`` never; default: from 5 batch rows on), ``rn``
 with norm first and split-K, the K slices reduced by whole rows and each row normalised in the same
-task, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut per worker,
+task, ``ns`` instead each column group's reduce writing its rows' sums of squares, the next op
+normalising x as it loads it, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut per worker,
 ``af`` attention as one stream of keys per worker (an equal share of all units' keys), ``ap``
 attention tasks over a row's pair of kv heads where each unit's keys are one task's (``agN``: groups
 of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``sp`` the units left over
@@ -79,6 +80,7 @@ class Variant:
     prefetch_kv: bool = False
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
+    norm_sums: bool = TileConfig.norm_sums
     attn_balance: bool = TileConfig.attn_balance
     attn_stream: bool = TileConfig.attn_stream
     attn_pairs: bool = TileConfig.attn_pairs
@@ -117,6 +119,7 @@ class Variant:
         flags += ["bal"] * self.balance
         flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
         flags += ["rn"] * self.reduce_norm
+        flags += ["ns"] * self.norm_sums
         flags += ["ab"] * self.attn_balance
         flags += ["af"] * self.attn_stream
         flags += ["ap"] * self.attn_pairs
@@ -160,7 +163,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
-            "rn": {"reduce_norm": True},
+            "rn": {"reduce_norm": True}, "ns": {"norm_sums": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
@@ -210,12 +213,12 @@ def effective(ops, v: Variant) -> Variant:
     models without a head norm keep the default), the attention task limit only where it changed
     the keys per task (balanced attention: never; its keys per task are a minimum there, kept as
     asked; and no balance where it cuts the keys as the plain tiling does; streamed attention: none
-    of the three), the fused reduce and norm only with both norm first and split-K, the attention
-    rows only where they pad the heads otherwise, q/k/v pieces across heads only without head norms
-    (their pieces per head then mean nothing), pairs (or groups) of kv heads per task only where
-    they apply (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only
-    where units have several, spilled units only where some are cut. Equal results build equal
-    kernels."""
+    of the three), the fused reduce and norm (or the sums of squares instead) only with both norm
+    first and split-K, the attention rows only where they pad the heads otherwise, q/k/v pieces
+    across heads only without head norms (their pieces per head then mean nothing), pairs (or
+    groups) of kv heads per task only where they apply (``Tiler.attn_pairs``), the group size only
+    with them, pairs over key ranges only where units have several, spilled units only where some
+    are cut. Equal results build equal kernels."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
@@ -254,9 +257,11 @@ def effective(ops, v: Variant) -> Variant:
     group = ops.dims.heads // ops.dims.kv_heads
     rows = v.attn_rows if p2(group, v.attn_rows) != p2(group, TileConfig.attn_rows) \
         else TileConfig.attn_rows
+    sums = v.norm_sums and tiler.norm_first() and tiler.split_k() > 1
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
-                   split_k=tiler.split_k(), norm_first=tiler.norm_first(),
-                   reduce_norm=v.reduce_norm and tiler.norm_first() and tiler.split_k() > 1,
+                   split_k=tiler.split_k(), norm_first=tiler.norm_first(), norm_sums=sums,
+                   reduce_norm=v.reduce_norm and tiler.norm_first() and tiler.split_k() > 1
+                   and not sums,
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                    else TileConfig.split_head_norm)
 

@@ -317,6 +317,13 @@ def test_variants_are_rated_as_they_will_be_built():
                   dict(kv_split=32, attn_tasks_per_worker=0)):
         spill = dict(workers=5, kv_split=64, attn_spill=True) | other
         assert not tuning.effective(ops, replace(v, **spill)).attn_spill
+    # norms from the reduces' sums of squares: only with norm first and K slices, then no fused
+    # reduce and norm
+    both = dict(norm_first=True, split_k=2, reduce_norm=True)
+    summed = tuning.effective(ops, replace(v, norm_sums=True, **both))
+    assert summed.norm_sums and not summed.reduce_norm and parse_variant(summed.label) == summed
+    for other in (dict(norm_first=False), dict(split_k=1)):
+        assert not tuning.effective(ops, replace(v, norm_sums=True, **(both | other))).norm_sums
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)

@@ -45,7 +45,8 @@ def small_models(draw):
                        reduce_norm=draw(st.booleans()), qkv_cross=draw(st.booleans()),
                        attn_pairs=draw(st.booleans()),
                        attn_group=draw(st.sampled_from([2, 4])),
-                       attn_pair_ranges=draw(st.booleans()), attn_spill=draw(st.booleans()))
+                       attn_pair_ranges=draw(st.booleans()), attn_spill=draw(st.booleans()),
+                       norm_sums=draw(st.booleans()))
     spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
     return cfg, batch, seq, tiles, spread
 

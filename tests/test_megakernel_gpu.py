@@ -91,8 +91,9 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # streamed attention, the attention dots' query rows padded to 16, q/k/v pieces across heads,
 # cache blocks of whole attention steps,
 # attention tasks over pairs of kv heads (with split-K reduced with the norm at 64 rows) and over
-# groups of 4 kv heads (at 48 rows, 128-key blocks: 64-key steps), pairs over key ranges, and
-# units spilled over the workers (17 rows: 4 units in 128-key pieces)
+# groups of 4 kv heads (at 48 rows, 128-key blocks: 64-key steps), pairs over key ranges,
+# units spilled over the workers (17 rows: 4 units in 128-key pieces), and norms from the
+# reduces' sums of squares
 @pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -140,7 +141,10 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                 id="llama-3.2-1b-64-ap-ag4-rn-sm200-sw2"),
                             pytest.param("llama-3.2-1b", 17, TileConfig(
                                 attn_spill=True, kv_split=1024, kv_block=128),
-                                id="llama-3.2-1b-17-sp-kb128")])
+                                id="llama-3.2-1b-17-sp-kb128"),
+                            pytest.param("llama-3.2-1b", 16, TileConfig(
+                                norm_first=True, norm_sums=True, kv_split=1024, kv_block=128),
+                                id="llama-3.2-1b-16-ns-kb128")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to

@@ -48,6 +48,8 @@ def inputs(model):
                                               norm_first=True, split_k=2, reduce_norm=True,
                                               stage_kib=16),
                                    TileConfig(split_k=2, block_k=32, qkv_cross=True),
+                                   TileConfig(split_k=2, block_n=8, block_k=32, norm_first=True,
+                                              norm_sums=True),
                                    TileConfig(qkv_parts=3, stages=1, fold=2, kv_split=16,
                                               attn_tasks_per_worker=0, split_head_norm=True),
                                    TileConfig(attn_stream=True, kv_step=256, attn_rows=8),
@@ -106,11 +108,12 @@ def check_kernel_against_vm(name, tiles) -> list[str]:
     ("tiny-llama", 5, 1, 1, "cross"), ("tiny-llama", 13, 1, 1, "cross"),
     ("tiny-llama", 64, 1, 1, "cross"), ("tiny-qwen3", 5, 1, 1, "pairs"),
     ("tiny-llama-kv4", 7, 1, 1, "groups"), ("tiny-llama-kv4", 64, 1, 1, "pair parts"),
-    ("tiny-qwen3", 7, 1, 1, "cross"), ("tiny-llama", 5, 1, 1, "spill")])
+    ("tiny-qwen3", 7, 1, 1, "cross"), ("tiny-llama", 5, 1, 1, "spill"),
+    ("tiny-qwen3", 32, 1, 2, "sums")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
     stream, cross, groups = balance == "stream", balance == "cross", balance == "groups"
-    parts, spill = balance == "pair parts", balance == "spill"
+    parts, spill, sums = balance == "pair parts", balance == "spill", balance == "sums"
     pairs = balance == "pairs" or groups or parts
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
@@ -119,7 +122,8 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
                                           attn_stream=stream,
                                           kv_step=256, qkv_cross=cross, attn_pairs=pairs,
                                           attn_group=4 if groups else 2,
-                                          attn_pair_ranges=parts, attn_spill=spill))
+                                          attn_pair_ranges=parts, attn_spill=spill,
+                                          norm_first=True if sums else None, norm_sums=sums))
     compiled = compile_model(model, opts, name)
     if cross:       # pieces across heads in one wave (not where heads have a head norm)
         qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
@@ -156,6 +160,12 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
                        if t.kind == "attn_partial")
         assert spans == [(16, 16, False)] * 4 + [(S, S, True)] * 5
         assert [t.kind for t in tasks].count("attn_combine") == 1
+    if sums:        # after each split projection (o here) no norm phase: the reduces' row sums
+        tasks = compiled.tasks.tasks
+        readers = {t.op: t.args["groups"] for t in tasks
+                   if t.args.get("sums") and t.kind != "linear_reduce"}
+        normed = {t.op for t in tasks if t.kind in ("rms_norm", "reduce_norm")}
+        assert len(readers) == 2 and min(readers.values()) > 1 and not normed & set(readers)
     if balance is True:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
