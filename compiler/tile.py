@@ -10,15 +10,18 @@ Tilings (``TileConfig`` sets the sizes):
     attention  attn_partial per key range of each (row, kv head) into fp32 partials, then
                attn_combine per (row, kv head); a partial waits only for its q heads and its k/v
                head; a single range writes the output itself (``attn_pairs``: attn_pair per row
-               and pair of kv heads where every unit is a single range); or (``attn_stream``) one
+               and pair of kv heads where every unit is a single range; ``attn_spill``: units
+               left over whole rounds of the workers in pieces); or (``attn_stream``) one
                attn_stream per equal share of all units' keys (``tile_attention``)
     linear     one task per output columns [n0, n1) (norm, residual fused in); with
                ``split_k`` S > 1 and no norm, linear_part per (column group, K slice) into
                fp32 partials {op}.part [S, B, N], then linear_reduce per column group
-    gate_up    one task per columns [n0, n1) of the intermediate size
+    gate_up    one task per columns [n0, n1) of the intermediate size (linear and gate_up:
+               ``tile_proj``)
     rms_norm   (``norm_first``) rows of an op's normalised input, before the op's own tasks;
                reduce_norm instead where that input is a split projection's output
-               (``reduce_norm``; see ``tile_norm``)
+               (``reduce_norm``), or none, the split's reduces writing their rows' sums of
+               squares (``norm_sums``; see ``tile_norm``)
 A projection's columns split evenly over the workers in as few waves as keep tasks within
 4 * ``block_n`` columns, so that every op spreads its weights over the whole GPU with the fewest
 tasks; ``bn`` is the op body's block (a power of two), ``n0``/``n1`` the task's columns.
@@ -31,8 +34,8 @@ from dataclasses import dataclass, field, replace
 from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 from .tile_attention import tile_attention
-from .tile_norm import (norm_first, norm_reads, norm_reader, sums_args, sums_buffer,
-                        tile_reduce_norm)
+from .tile_norm import norm_first
+from .tile_proj import tile_gate_up, tile_linear
 from .tile_qkv import tile_qkv_rope
 
 
@@ -322,86 +325,6 @@ def tile_embed(t: Tiler, op) -> None:
         t.add(op, "embed", dict(table=table.name, out=out.name, n0=lo, bn=t.cfg.block_n),
               [Region("tokens", ((0, d.batch),)), Region(table.name, ((0, d.vocab), (lo, hi)))],
               [cols(out, lo, hi)], 2 * d.batch * (hi - lo) * d.itemsize, 0)
-
-
-def split_slices(t: Tiler, op) -> int:
-    """K slices of a linear op: split_k where it has no norm and K splits into slices of a
-    multiple of 16 columns (whole 16-byte loads), else 1."""
-    k, s = t.b(op.params["weight"]).shape[1], t.split_k()
-    plain = op.params["norm"] is None and not op.params.get("prenormed")
-    return s if s > 1 and plain and k % (16 * s) == 0 else 1
-
-
-def tile_linear_split(t: Tiler, op, slices: int) -> None:
-    """Per column group (``slices`` times a plain task's width): a linear_part task per K slice
-    into {op}.part [S, B, N] fp32, then a linear_reduce task adding them and the residual; or,
-    where the next op normalises this output first, reduce_norm tasks by rows after all parts
-    (or, ``norm_sums``, the linear_reduce tasks also write their rows' sums of squares)."""
-    reader = norm_reader(t, op.outputs[0])
-    p, d = op.params, t.graph.dims
-    x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
-    n, k = w.shape
-    part = Buffer(f"{op.name}.part", "f32", (slices, d.batch, n))
-    t.buffers[part.name] = part
-    ks = k // slices
-    bn = p2(min(t.width(n) * slices, n))
-    sums = sums_buffer(t, out, -(-n // bn)) if reader is not None and t.cfg.norm_sums else None
-    for g, (lo, hi) in enumerate(t.col_tiles(n, bn)):
-        for s in range(slices):
-            k0 = s * ks
-            nbytes = ((hi - lo) * ks + d.batch * ks) * d.itemsize + d.batch * (hi - lo) * 4
-            t.add(op, "linear_part", dict(x=x.name, weight=w.name, out=part.name, n0=lo, n1=hi,
-                                          k0=k0, s=s, ks=ks, n=n, k=k, bn=bn,
-                                          bk=t.depth(ks, bn)),
-                  [Region(x.name, ((0, d.batch), (k0, k0 + ks))),
-                   Region(w.name, ((lo, hi), (k0, k0 + ks)))],
-                  [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))], nbytes,
-                  2 * d.batch * (hi - lo) * ks)
-        if reader is not None and sums is None:
-            continue
-        reads = [Region(part.name, ((0, slices), (0, d.batch), (lo, hi)))]
-        reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
-        writes = [cols(out, lo, hi)]
-        writes += [Region(sums.name, ((g, g + 1), (0, d.batch)))] if sums else []
-        t.add(op, "linear_reduce", dict(part=part.name, residual=p["residual"], out=out.name,
-                                        sums=sums and sums.name, n0=lo, n1=hi, n=n, bn=bn,
-                                        slices=slices),
-              reads, writes, d.batch * (hi - lo) * (4 * slices + 4), 0)
-    if reader is not None and sums is None:
-        tile_reduce_norm(t, op, part, reader)
-
-
-def tile_linear(t: Tiler, op) -> None:
-    if (slices := split_slices(t, op)) > 1:
-        return tile_linear_split(t, op, slices)
-    p, d = op.params, t.graph.dims
-    x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
-    n, k = w.shape
-    spans, block = t.spans(n)
-    for lo, hi in spans:
-        reads = [Region(x.name, full(x)), rows(w, lo, hi), *norm_reads(t, p)]
-        reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
-        nbytes = ((hi - lo) * k + d.batch * k + d.batch * (hi - lo) * 2) * d.itemsize
-        t.add(op, "linear", dict(x=x.name, weight=w.name, norm=p["norm"], residual=p["residual"],
-                                 out=out.name, n0=lo, n1=hi, bn=block, bk=t.depth(k, block),
-                                 eps=p["eps"], n=n, k=k, **sums_args(t, p)),
-              reads, [cols(out, lo, hi)], nbytes, 2 * d.batch * (hi - lo) * k)
-
-
-def tile_gate_up(t: Tiler, op) -> None:
-    p, d = op.params, t.graph.dims
-    x, out = t.b(p["x"]), t.b(op.outputs[0])
-    k = d.hidden
-    spans, block = t.spans(d.intermediate)
-    for lo, hi in spans:
-        reads = [Region(x.name, full(x)), rows(t.b(p["gate"]), lo, hi),
-                 rows(t.b(p["up"]), lo, hi), *norm_reads(t, p)]
-        nbytes = (2 * (hi - lo) * k + d.batch * k + d.batch * (hi - lo)) * d.itemsize
-        t.add(op, "gate_up", dict(x=x.name, norm=p["norm"], gate=p["gate"], up=p["up"],
-                                  out=out.name, n0=lo, n1=hi, bn=block,
-                                  bk=t.depth(k, block, weights=2), eps=p["eps"],
-                                  **sums_args(t, p)),
-              reads, [cols(out, lo, hi)], nbytes, 4 * d.batch * (hi - lo) * k)
 
 
 TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,
