@@ -225,8 +225,10 @@ def effective(ops, v: Variant) -> Variant:
         return effective(ops, replace(v, kv_split=stream_split, attn_balance=False,
                                       attn_tasks_per_worker=TileConfig.attn_tasks_per_worker))
     tiler = Tiler(ops, v.tile, v.workers)
-    if v.attn_balance and tiler.kv_pieces() == \
-            Tiler(ops, replace(v.tile, attn_balance=False), v.workers).kv_pieces():
+    # whether the key ranges stay as they are with a switch of the attention layout off
+    cuts_alike = lambda knob: tiler.kv_pieces() == Tiler(
+        ops, replace(v.tile, **{knob: False}), v.workers).kv_pieces()
+    if v.attn_balance and cuts_alike("attn_balance"):
         return effective(ops, replace(v, attn_balance=False))
     if v.attn_pairs and not tiler.attn_pairs():
         return effective(ops, replace(v, attn_pairs=False))
@@ -234,8 +236,7 @@ def effective(ops, v: Variant) -> Variant:
         return effective(ops, replace(v, attn_group=TileConfig.attn_group))
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return effective(ops, replace(v, attn_pair_ranges=False))
-    if v.attn_spill and (v.attn_stream or tiler.kv_pieces() == Tiler(
-            ops, replace(v.tile, attn_spill=False), v.workers).kv_pieces()):
+    if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):
         return effective(ops, replace(v, attn_spill=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:
