@@ -1,6 +1,7 @@
 """RMSNorm in the megakernel (``@triton.jit``): pieces of the projection bodies, a row's RMS in
-one pass over x (``row_rstd``), the normalised input of one projection step (``load_normed``);
-and the op body of norm first, whole rows normalised once (``rms_norm_op``).
+one pass over x (``row_rstd``) or from sums of squares (``first_rstd``), the normalised input of
+one projection step (``load_normed``) or the RMS applied to its product (``rows_after``); and the
+op body of norm first, whole rows normalised once (``rms_norm_op``).
 
 x is row-major [B, K]; a folded step ([FOLD * BLOCK_B, BLOCK_K / FOLD], see ``ops.matmul_tile``)
 holds row b's q-th slice of the step's columns in row q * BLOCK_B + b. Rounding follows eager
@@ -43,7 +44,8 @@ def first_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constex
                ss_ptr, SUMS: tl.constexpr, SUMS_BLOCK: tl.constexpr):
     """A projection's row RMS taken before its loop (``row_rstd``), or (SUMS > 0) from the sums
     of squares of SUMS column groups of x's rows, ss [SUMS, B], in one load of [SUMS_BLOCK,
-    BLOCK_B] -> [BLOCK_B]; zeros (unused) without a norm."""
+    BLOCK_B] -> [BLOCK_B] (then applied after the product, ``rows_after``); zeros (unused)
+    without a norm."""
     rstd = tl.zeros([BLOCK_B], tl.float32)
     if HAS_NORM:
         if SUMS > 0:
@@ -55,6 +57,16 @@ def first_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constex
         else:
             rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K, UNROLL)
     return rstd
+
+
+@triton.jit
+def rows_after(y, rstd, SUMS: tl.constexpr):
+    """A projection's result [BLOCK_B, N] scaled by each row's RMS where the norm comes after the
+    product (SUMS > 0: x was scaled by the norm's weight already, see ``tile_norm``), else y."""
+    if SUMS > 0:
+        return y * rstd[:, None]
+    else:
+        return y
 
 
 @triton.jit

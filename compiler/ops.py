@@ -10,7 +10,7 @@ is the (p % (S / BS))-th block of row p // (S / BS) of the static cache).
 import triton
 import triton.language as tl
 
-from .norm_ops import _round, first_rstd, load_normed, row_rstd, step_index
+from .norm_ops import _round, first_rstd, load_normed, row_rstd, rows_after, step_index
 
 
 @triton.jit
@@ -132,15 +132,23 @@ def store_rows(ptr, vals, n0, n_hi, B: tl.constexpr, N: tl.constexpr, BLOCK_B: t
 
 
 @triton.jit
-def embed_op(tokens_ptr, table_ptr, out_ptr, n0, B: tl.constexpr, H: tl.constexpr,
-             BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[:, n0:n0+BLOCK_N] = table[tokens, n0:n0+BLOCK_N]."""
+def embed_op(tokens_ptr, table_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, B: tl.constexpr,
+             H: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+             SUMS: tl.constexpr = False):
+    """out[:, n0:n0+BLOCK_N] = table[tokens, n0:n0+BLOCK_N]; SUMS: the sums of squares and the
+    scaled columns for the next norm too, as ``split_ops.linear_reduce_op`` writes them."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
     tok = tl.load(tokens_ptr + rows, mask=rows < B, other=0).to(tl.int64)
     mask = (rows[:, None] < B) & (ns[None, :] < H)
     vals = tl.load(table_ptr + tok[:, None] * H + ns[None, :], mask=mask, other=0.0)
     tl.store(out_ptr + rows[:, None] * H + ns[None, :], vals, mask=mask)
+    if SUMS:
+        y = vals.to(tl.float32)
+        w = tl.load(nw_ptr + ns, mask=ns < H, other=0.0).to(tl.float32)           # [BLOCK_N]
+        tl.store(ss_ptr + (n0 // BLOCK_N) * B + rows, tl.sum(y * y, axis=1), mask=rows < B)
+        tl.store(sc_ptr + rows[:, None] * H + ns[None, :], (y * w[None, :]).to(DT), mask=mask)
 
 
 @triton.jit
@@ -151,8 +159,10 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.co
               STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
               SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N); the
-    norm's RMS from x, or (SUMS > 0) from the sums of squares ss [SUMS, B] of x's rows."""
+    norm's RMS from x, or (SUMS > 0: x scaled by the norm's weight already) from the sums of
+    squares ss [SUMS, B] of x's rows, applied to the product."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
+    IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
     r = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
@@ -161,8 +171,9 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.co
                     mask=(rows[:, None] < B) & (ns[None, :] < n1), other=0.0).to(tl.float32)
     rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
                       SUMS_BLOCK)
-    y = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, HAS_NORM, BLOCK_B,
-                           BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD), DT)
+    y = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, IN_LOOP,
+                                      BLOCK_B, BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES,
+                                      FOLD), rstd, SUMS), DT)
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
@@ -179,21 +190,23 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.c
     projections from one pipeline as matmul_tile runs it; the norm's RMS as ``linear_op``
     takes it."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    rs = fold_rows(first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr,
-                              SUMS, SUMS_BLOCK), FOLD, BLOCK_B)
+    IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
+    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
+                      SUMS_BLOCK)
+    rs = fold_rows(rstd, FOLD, BLOCK_B)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD)
+        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, IN_LOOP, BLOCK_B, BLOCK_K, DT, FOLD)
         # each weight's chunk loaded just before its use (both loads first: batch-32 stack 352
         # bytes instead of 136 on sm_90)
         wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
         g = _mac(a, wg.to(DT), g, FORM, DT)
         wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
         u = _mac(a, wu.to(DT), u, FORM, DT)
-    g = _round(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N), DT)
+    g = _round(rows_after(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N), rstd, SUMS), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
-    u = _round(unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N), DT)
+    u = _round(rows_after(unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N), rstd, SUMS), DT)
     store_rows(out_ptr, (act * u).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -228,20 +241,21 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     norm's RMS as ``linear_op`` takes it."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
+    IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
     rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
                       SUMS_BLOCK)
     if CROSS:
         pairs = tl.where(kind == 0, HQ * D2, HKV * D2) - head * D2 - d0     # left from d0 on
         end = tl.minimum(pairs, PART)
-        both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D2 + d0, end, D2, B, K,
-                                  HAS_NORM, BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES,
-                                  FOLD, 0, D), DT)
+        both = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D2 + d0, end,
+                                             D2, B, K, IN_LOOP, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
+                                             DT, FORM, STAGES, FOLD, 0, D), rstd, SUMS), DT)
     else:
         end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
         # rows of both halves in one pipeline
-        both = _round(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end, D2, B, K,
-                                  HAS_NORM, BLOCK_B, 2 * HALF, HALF, BLOCK_K, DT, FORM, STAGES,
-                                  FOLD), DT)
+        both = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end,
+                                             D2, B, K, IN_LOOP, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
+                                             DT, FORM, STAGES, FOLD), rstd, SUMS), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     if RAW:
         rows = tl.arange(0, BLOCK_B)

@@ -130,7 +130,8 @@ def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
-    return dict(B=d.batch, H=d.hidden, BLOCK_B=p2(d.batch), BLOCK_N=t.args["bn"])
+    return dict(B=d.batch, H=d.hidden, BLOCK_B=p2(d.batch), BLOCK_N=t.args["bn"],
+                SUMS=t.args.get("sums") is not None)
 
 
 def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -205,7 +206,9 @@ def _fields(spec: str) -> tuple[Field, ...]:
 
 
 REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
-    OpSpec("embed", "ops.embed_op", _fields("tokens_ptr:kernel table:weight out:act n0:int"), _embed),
+    OpSpec("embed", "ops.embed_op",
+           _fields("tokens_ptr:kernel table:weight out:act sums:f32 norm:weight scaled:act "
+                   "n0:int"), _embed),
     OpSpec("linear", "ops.linear_op",
            _fields("x:act weight:weight norm:weight residual:act out:act sums:f32 n0:int "
                    "n1:int"),
@@ -213,7 +216,8 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("linear_part", "split_ops.linear_part_op",
            _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),
     OpSpec("linear_reduce", "split_ops.linear_reduce_op",
-           _fields("part:f32 residual:act out:act sums:f32 n0:int n1:int"), _linear_reduce),
+           _fields("part:f32 residual:act out:act sums:f32 norm:weight scaled:act n0:int "
+                   "n1:int"), _linear_reduce),
     OpSpec("reduce_norm", "split_ops.reduce_norm_op",
            _fields("part:f32 residual:act norm:weight out:act xn:act r0:int r1:int"),
            _reduce_norm),

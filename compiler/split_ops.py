@@ -43,21 +43,26 @@ def sum_slices(part_ptr, res_ptr, offs, mask, S: tl.constexpr, B: tl.constexpr, 
 
 
 @triton.jit
-def linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, n0, n1, S: tl.constexpr,
-                     B: tl.constexpr, N: tl.constexpr, HAS_RES: tl.constexpr,
+def linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, n1,
+                     S: tl.constexpr, B: tl.constexpr, N: tl.constexpr, HAS_RES: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, SUMS: tl.constexpr = False):
     """out[:, n0:n1] = [res[:, n0:n1] +] round(sum over s of part[s, :, n0:n1]); SUMS: also
     the sums of squares of those values of each row into ss[n0 // BLOCK_N, :B] (column groups
-    of BLOCK_N), for the next op's norm."""
+    of BLOCK_N) and the values times the next op's norm weight nw[n0:n1] into sc[:, n0:n1]
+    (rounded), for that op's norm (see ``tile_norm``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
     offs = rows[:, None] * N + ns[None, :]
     mask = (rows[:, None] < B) & (ns[None, :] < n1)
+    w = 1.0
+    if SUMS:  # asked for first: its latency (a weight, from HBM) hides behind the partials'
+        w = tl.load(nw_ptr + ns, mask=ns < n1, other=0.0).to(tl.float32)          # [BLOCK_N]
     y = sum_slices(part_ptr, res_ptr, offs, mask, S, B, N, HAS_RES, DT)
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
     if SUMS:
         tl.store(ss_ptr + (n0 // BLOCK_N) * B + rows, tl.sum(y * y, axis=1), mask=rows < B)
+        store_rows(sc_ptr, (y * w[None, :]).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 from .tile_attention import tile_attention
-from .tile_norm import norm_first
+from .tile_norm import norm_first, norm_reader, scaled_buffer, sums_buffer
 from .tile_proj import tile_gate_up, tile_linear
 from .tile_qkv import tile_qkv_rope
 
@@ -92,8 +92,9 @@ class TileConfig:
     reduce_norm: bool = False  # with norm first and split-K: the slices reduced by whole rows,
                                # each row normalised for the next op in the same task
     norm_sums: bool = False    # with norm first and split-K: each column group's reduce also
-                               # writes its rows' sums of squares, and the next op normalises
-                               # x as it loads it (no norm phase; before reduce_norm)
+                               # writes its rows' sums of squares and x times the norm weight,
+                               # and the next op projects that, each row's RMS applied to the
+                               # product (no norm phase; before reduce_norm)
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
     step_weights: int = 1      # 2: steps of one-matrix projections (all but gate_up) as deep
                                # as fit gate_up's step's elements (64 rows: lm_head 256 x 64
@@ -319,12 +320,26 @@ class Tiler:
 
 
 def tile_embed(t: Tiler, op) -> None:
+    """Tasks of ``block_n`` columns; with ``norm_sums`` (where the reduces of K slices write
+    them) each also writes its columns' sums of squares and scaled columns for the first norm,
+    as a linear_reduce task does (``tile_proj``), so that every q/k/v task shares one form."""
     table, out = t.b(op.inputs[0]), t.b(op.outputs[0])
     d = t.graph.dims
-    for lo, hi in t.col_tiles(d.hidden, t.cfg.block_n):
-        t.add(op, "embed", dict(table=table.name, out=out.name, n0=lo, bn=t.cfg.block_n),
-              [Region("tokens", ((0, d.batch),)), Region(table.name, ((0, d.vocab), (lo, hi)))],
-              [cols(out, lo, hi)], 2 * d.batch * (hi - lo) * d.itemsize, 0)
+    reader = norm_reader(t, out.name) if t.cfg.norm_sums and t.split_k() > 1 else None
+    tiles = list(t.col_tiles(d.hidden, t.cfg.block_n))
+    sums = reader and sums_buffer(t, out, len(tiles))
+    scaled = reader and scaled_buffer(t, out)
+    norm = reader.params["norm"] if reader else None
+    for g, (lo, hi) in enumerate(tiles):
+        reads = [Region("tokens", ((0, d.batch),)), Region(table.name, ((0, d.vocab), (lo, hi)))]
+        writes = [cols(out, lo, hi)]
+        if reader:
+            reads.append(Region(norm, ((lo, hi),)))
+            writes += [Region(sums.name, ((g, g + 1), (0, d.batch))), cols(scaled, lo, hi)]
+        t.add(op, "embed", dict(table=table.name, out=out.name, sums=sums and sums.name,
+                                norm=norm, scaled=scaled and scaled.name, n0=lo,
+                                bn=t.cfg.block_n),
+              reads, writes, (2 + bool(reader)) * d.batch * (hi - lo) * d.itemsize, 0)
 
 
 TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,

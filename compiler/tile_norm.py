@@ -9,10 +9,13 @@ Two task kinds write {op}.xn, row by row:
                  the reduce and the norm take one phase instead of two
 Or (``TileConfig.norm_sums``, before reduce_norm) no xn where x is such an output: each of its
 linear_reduce tasks also writes the sums of squares of its columns of each row into
-{x}.sums [G, B] fp32 (G column groups), and the op keeps its norm, each task taking the rows'
-RMS from those sums (no norm phase, no pass over x's rows).
+{x}.sums [G, B] fp32 (G column groups) and its columns times the norm's weight into
+{x}.scaled [B, K], and the op keeps its norm in another form: RMSNorm(x) * w @ W^T =
+rstd * ((x * w) @ W^T) with rstd per row, so each task projects {x}.scaled as it is and scales
+its rows by the rstd of those sums at the end (no norm phase, no pass over x's rows, no norm
+arithmetic in the projection's loop; rounded once, after the scaling, not after the norm).
 Invariant: each row of x and of xn is written by exactly one task; each (group, row) of
-{x}.sums by one linear_reduce task.
+{x}.sums, and each column of {x}.scaled, by one linear_reduce task.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def norm_first(t: Tiler, op):
     its sums of squares, the op with its norm taking the RMS from them."""
     p, d = op.params, t.graph.dims
     if f"{p['x']}.sums" in t.buffers:
-        return replace(op, params={**p, "sums": f"{p['x']}.sums"})
+        return replace(op, params={**p, "x": f"{p['x']}.scaled", "sums": f"{p['x']}.sums"})
     fused = f"{op.name}.xn" in t.buffers
     x, xn = t.b(p["x"]), normed_input(t, op)
     k = x.shape[1]
@@ -87,12 +90,21 @@ def sums_buffer(t: Tiler, x: Buffer, groups: int) -> Buffer:
     return sums
 
 
+def scaled_buffer(t: Tiler, x: Buffer) -> Buffer:
+    """{x}.scaled [B, K]: x's columns times its reader's norm weight (``norm_sums``)."""
+    scaled = Buffer(f"{x.name}.scaled", "act", x.shape)
+    t.buffers[scaled.name] = scaled
+    return scaled
+
+
 def norm_reads(t: Tiler, p: dict) -> list[Region]:
-    """What an op's norm reads: its weight, and (``norm_sums``) the sums of squares of x's rows."""
+    """What an op's norm reads: its weight, or (``norm_sums``: x scaled by it already) the sums
+    of squares of x's rows."""
     from .tile import full
 
-    reads = [Region(p["norm"], full(t.b(p["norm"])))] if p["norm"] else []
-    return reads + ([Region(p["sums"], full(t.b(p["sums"])))] if p.get("sums") else [])
+    if p.get("sums"):
+        return [Region(p["sums"], full(t.b(p["sums"])))]
+    return [Region(p["norm"], full(t.b(p["norm"])))] if p["norm"] else []
 
 
 def sums_args(t: Tiler, p: dict) -> dict:

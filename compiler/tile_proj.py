@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .ir import Buffer, Region
-from .tile_norm import norm_reads, norm_reader, sums_args, sums_buffer, tile_reduce_norm
+from .tile_norm import (norm_reads, norm_reader, scaled_buffer, sums_args, sums_buffer,
+                        tile_reduce_norm)
 
 if TYPE_CHECKING:
     from .tile import Tiler
@@ -27,7 +28,8 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
     """Per column group (``slices`` times a plain task's width): a linear_part task per K slice
     into {op}.part [S, B, N] fp32, then a linear_reduce task adding them and the residual; or,
     where the next op normalises this output first, reduce_norm tasks by rows after all parts
-    (or, ``norm_sums``, the linear_reduce tasks also write their rows' sums of squares)."""
+    (or, ``norm_sums``, the linear_reduce tasks also write their rows' sums of squares and
+    their columns scaled by the reader's norm weight, see ``tile_norm``)."""
     from .tile import cols, p2
 
     reader = norm_reader(t, op.outputs[0])
@@ -39,6 +41,7 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
     ks = k // slices
     bn = p2(min(t.width(n) * slices, n))
     sums = sums_buffer(t, out, -(-n // bn)) if reader is not None and t.cfg.norm_sums else None
+    scaled = sums and scaled_buffer(t, out)
     for g, (lo, hi) in enumerate(t.col_tiles(n, bn)):
         for s in range(slices):
             k0 = s * ks
@@ -55,11 +58,15 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
         reads = [Region(part.name, ((0, slices), (0, d.batch), (lo, hi)))]
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
         writes = [cols(out, lo, hi)]
-        writes += [Region(sums.name, ((g, g + 1), (0, d.batch)))] if sums else []
+        norm = reader.params["norm"] if sums else None
+        reads += [Region(norm, ((lo, hi),))] if sums else []
+        writes += [Region(sums.name, ((g, g + 1), (0, d.batch))), cols(scaled, lo, hi)] \
+            if sums else []
         t.add(op, "linear_reduce", dict(part=part.name, residual=p["residual"], out=out.name,
-                                        sums=sums and sums.name, n0=lo, n1=hi, n=n, bn=bn,
+                                        sums=sums and sums.name, norm=norm,
+                                        scaled=scaled and scaled.name, n0=lo, n1=hi, n=n, bn=bn,
                                         slices=slices),
-              reads, writes, d.batch * (hi - lo) * (4 * slices + 4), 0)
+              reads, writes, d.batch * (hi - lo) * (4 * slices + 4 + 2 * bool(sums)), 0)
     if reader is not None and sums is None:
         tile_reduce_norm(t, op, part, reader)
 

@@ -14,16 +14,12 @@ import torch.nn.functional as F
 from .schedule import DeadlockError
 
 
-def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float, dt,
-        sums: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm(x) * w rounded as the op bodies round it; the mean square from x's rows, or from
-    ``sums`` [G, B], their column groups' sums of squares."""
+def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float, dt) -> torch.Tensor:
+    """RMSNorm(x) * w rounded as the op bodies round it."""
     if w is None:
         return x.to(dt)
     xf = x.float()
-    mean = xf.pow(2).mean(-1, keepdim=True) if sums is None else \
-        (sums.sum(0) / x.shape[-1])[:, None]
-    xn = (xf * torch.rsqrt(mean + eps)).to(dt)
+    xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dt)
     return (w.float() * xn.float()).to(dt)
 
 
@@ -64,18 +60,33 @@ class VM:
     def w(self, name):
         return None if name is None else self.buf[name]
 
-    def normed(self, a):
-        """The task's input x through its norm, if any."""
-        return rms(self.buf[a["x"]], self.w(a["norm"]), a["eps"], self.dt, self.w(a.get("sums")))
+    def project(self, a, w):
+        """The task's input x through its norm (if any) @ w^T, rounded: x normalised first, or
+        (``sums``) x scaled by the norm's weight already and each row of the product by its
+        RMS, taken from the column groups' sums of squares [G, B]."""
+        x = self.buf[a["x"]]
+        if a.get("sums") is None:
+            return mm(rms(x, self.w(a["norm"]), a["eps"], self.dt), w, self.dt)
+        rstd = torch.rsqrt(self.buf[a["sums"]].sum(0) / x.shape[-1] + a["eps"])      # [B]
+        return ((x.float() @ w.float().T) * rstd[:, None]).to(self.dt)
 
     def embed(self, a):
         lo = a["n0"]
         hi = lo + a["bn"]
-        self.buf[a["out"]][:, lo:hi] = self.buf[a["table"]][self.buf["tokens"], lo:hi]
+        self.buf[a["out"]][:, lo:hi] = y = self.buf[a["table"]][self.buf["tokens"], lo:hi]
+        self.norm_inputs(a, y, lo, hi)
+
+    def norm_inputs(self, a, y, lo, hi):
+        """With ``sums``: column group lo // bn of the sums of squares of y [B, hi - lo] (x's
+        columns lo:hi), and those columns times the next norm's weight."""
+        if a.get("sums") is not None:
+            self.buf[a["sums"]][lo // a["bn"]] = y.float().pow(2).sum(-1)
+            self.buf[a["scaled"]][:, lo:hi] = (y.float() * self.buf[a["norm"]][lo:hi].float()
+                                               ).to(self.dt)
 
     def linear(self, a):
         lo, hi = a["n0"], a["n1"]
-        y = mm(self.normed(a), self.buf[a["weight"]][lo:hi], self.dt)
+        y = self.project(a, self.buf[a["weight"]][lo:hi])
         self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
 
     def plus_residual(self, a, y, where=None):
@@ -95,8 +106,7 @@ class VM:
         lo, hi = a["n0"], a["n1"]
         y = self.plus_residual(a, self.buf[a["part"]][:, :, lo:hi].sum(0).to(self.dt))
         self.buf[a["out"]][:, lo:hi] = y
-        if a.get("sums") is not None:                # column group n0 // bn of x's row sums
-            self.buf[a["sums"]][lo // a["bn"]] = y.float().pow(2).sum(-1)
+        self.norm_inputs(a, y, lo, hi)
 
     def reduce_norm(self, a):
         r0, r1 = a["r0"], a["r1"]
@@ -112,8 +122,8 @@ class VM:
 
     def gate_up(self, a):
         lo, hi = a["n0"], a["n1"]
-        x = self.normed(a)
-        g, u = mm(x, self.buf[a["gate"]][lo:hi], self.dt), mm(x, self.buf[a["up"]][lo:hi], self.dt)
+        g = self.project(a, self.buf[a["gate"]][lo:hi])
+        u = self.project(a, self.buf[a["up"]][lo:hi])
         self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)
 
     def qkv_rope(self, a):
@@ -124,7 +134,7 @@ class VM:
         end = (kind_heads if a.get("cross") else a["head"] + 1) * half      # pairs it may reach
         pair = torch.arange(a["head"] * half + a["d0"], end)[:a["part"]]            # [n]
         row, local = pair_rows(pair, half)
-        y = mm(self.normed(a), self.buf[a["weight"]][row], dt)             # [B, 2n]: lo, hi
+        y = self.project(a, self.buf[a["weight"]][row])                    # [B, 2n]: lo, hi
         if a["raw"]:                                 # head_norm_rope finishes the head
             self.buf[a["out"]][:, a["col"] + local] = y
         else:

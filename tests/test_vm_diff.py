@@ -160,12 +160,12 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
                        if t.kind == "attn_partial")
         assert spans == [(16, 16, False)] * 4 + [(S, S, True)] * 5
         assert [t.kind for t in tasks].count("attn_combine") == 1
-    if sums:        # after each split projection (o here) no norm phase: the reduces' row sums
-        tasks = compiled.tasks.tasks
+    if sums:        # after the embedding and each split projection (o here) no norm phase:
+        tasks = compiled.tasks.tasks                        # the writers' row sums instead
         readers = {t.op: t.args["groups"] for t in tasks
-                   if t.args.get("sums") and t.kind != "linear_reduce"}
+                   if t.args.get("sums") and t.kind not in ("linear_reduce", "embed")}
         normed = {t.op for t in tasks if t.kind in ("rms_norm", "reduce_norm")}
-        assert len(readers) == 2 and min(readers.values()) > 1 and not normed & set(readers)
+        assert len(readers) == 3 and min(readers.values()) > 1 and not normed & set(readers)
     if balance is True:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
