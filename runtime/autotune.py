@@ -56,13 +56,14 @@ from .variant import Variant, effective, stream_kv_split
 # warps, 1.033 with 4; none 1.037 / 1.030; rated 1153 us against 1078), so the shortlists of 1 to 5
 # rows hold none (4 fused slices won at 5 rows: 0.976 ms against 1.008); one-matrix steps as deep as
 # gate_up's (``TileConfig.step_weights``: lm_head's; won at 8-64 rows, 48 rows 1.660 -> 1.603 ms);
-# and the K slices' reduces writing their rows' sums of squares for the next op's norm instead of a
-# norm phase (``TileConfig.norm_sums``, not measured; at 16 rows the winner spends 1.3 us a norm on
-# that phase). A deeper attention pipeline (``attn_stages``: 8 stages, three buffers of keys and
-# values) lost at all 12 batch sizes (0.2-4.9%), pairs of kv heads over key ranges
-# (``attn_pair_ranges``, flipped with at most half the context per range) at each of the five where
-# they applied (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058, 13
-# 1.080 -> 1.115, 16 1.084 -> 1.208): both left the refinement.
+# and the K slices' reduces writing their rows' sums of squares (and x times the norm weight) for
+# the next op's norm instead of a norm phase (``TileConfig.norm_sums``; sweeps against each winner,
+# ms: 5 rows 0.980 -> 0.966, 8 0.990 -> 0.980, 13 1.090 -> 1.080; lost at 16, 17, 24, 32 and 64).
+# A deeper attention pipeline (``attn_stages``: 8 stages, three buffers of keys and values) lost
+# at all 12 batch sizes (0.2-4.9%), pairs of kv heads over key ranges (``attn_pair_ranges``,
+# flipped with at most half the context per range) at each of the five where they applied
+# (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115,
+# 16 1.084 -> 1.208): both left the refinement.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
