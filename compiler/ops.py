@@ -132,12 +132,23 @@ def store_rows(ptr, vals, n0, n_hi, B: tl.constexpr, N: tl.constexpr, BLOCK_B: t
 
 
 @triton.jit
+def store_norm_inputs(ss_ptr, sc_ptr, y, w, n0, n_hi, B: tl.constexpr, N: tl.constexpr,
+                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    """What the next op's norm takes (``TileConfig.norm_sums``, see ``tile_norm``) from columns
+    [n0, n_hi) of x, y [BLOCK_B, BLOCK_N] fp32 (0 where masked): their sums of squares of each
+    row into ss[n0 // BLOCK_N, :B], and y times the norm's weight w [BLOCK_N] into sc [B, N]."""
+    rows = tl.arange(0, BLOCK_B)
+    tl.store(ss_ptr + (n0 // BLOCK_N) * B + rows, tl.sum(y * y, axis=1), mask=rows < B)
+    store_rows(sc_ptr, (y * w[None, :]).to(sc_ptr.dtype.element_ty), n0, n_hi, B, N, BLOCK_B,
+               BLOCK_N)
+
+
+@triton.jit
 def embed_op(tokens_ptr, table_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, B: tl.constexpr,
              H: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
              SUMS: tl.constexpr = False):
-    """out[:, n0:n0+BLOCK_N] = table[tokens, n0:n0+BLOCK_N]; SUMS: the sums of squares and the
-    scaled columns for the next norm too, as ``split_ops.linear_reduce_op`` writes them."""
-    DT: tl.constexpr = out_ptr.dtype.element_ty
+    """out[:, n0:n0+BLOCK_N] = table[tokens, n0:n0+BLOCK_N]; SUMS: what the next op's norm
+    takes of those columns too (``store_norm_inputs``)."""
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
     tok = tl.load(tokens_ptr + rows, mask=rows < B, other=0).to(tl.int64)
@@ -145,10 +156,8 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, B: tl.c
     vals = tl.load(table_ptr + tok[:, None] * H + ns[None, :], mask=mask, other=0.0)
     tl.store(out_ptr + rows[:, None] * H + ns[None, :], vals, mask=mask)
     if SUMS:
-        y = vals.to(tl.float32)
         w = tl.load(nw_ptr + ns, mask=ns < H, other=0.0).to(tl.float32)           # [BLOCK_N]
-        tl.store(ss_ptr + (n0 // BLOCK_N) * B + rows, tl.sum(y * y, axis=1), mask=rows < B)
-        tl.store(sc_ptr + rows[:, None] * H + ns[None, :], (y * w[None, :]).to(DT), mask=mask)
+        store_norm_inputs(ss_ptr, sc_ptr, vals.to(tl.float32), w, n0, H, B, H, BLOCK_B, BLOCK_N)
 
 
 @triton.jit

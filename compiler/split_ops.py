@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .norm_ops import store_normed
-from .ops import _round, matmul_tile, store_rows
+from .ops import _round, matmul_tile, store_norm_inputs, store_rows
 
 
 @triton.jit
@@ -46,10 +46,8 @@ def sum_slices(part_ptr, res_ptr, offs, mask, S: tl.constexpr, B: tl.constexpr, 
 def linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, n1,
                      S: tl.constexpr, B: tl.constexpr, N: tl.constexpr, HAS_RES: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, SUMS: tl.constexpr = False):
-    """out[:, n0:n1] = [res[:, n0:n1] +] round(sum over s of part[s, :, n0:n1]); SUMS: also
-    the sums of squares of those values of each row into ss[n0 // BLOCK_N, :B] (column groups
-    of BLOCK_N) and the values times the next op's norm weight nw[n0:n1] into sc[:, n0:n1]
-    (rounded), for that op's norm (see ``tile_norm``)."""
+    """out[:, n0:n1] = [res[:, n0:n1] +] round(sum over s of part[s, :, n0:n1]); SUMS: what
+    the next op's norm (weight nw) takes of those columns too (``ops.store_norm_inputs``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_B)
     ns = n0 + tl.arange(0, BLOCK_N)
@@ -61,8 +59,7 @@ def linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, n1,
     y = sum_slices(part_ptr, res_ptr, offs, mask, S, B, N, HAS_RES, DT)
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
     if SUMS:
-        tl.store(ss_ptr + (n0 // BLOCK_N) * B + rows, tl.sum(y * y, axis=1), mask=rows < B)
-        store_rows(sc_ptr, (y * w[None, :]).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
+        store_norm_inputs(ss_ptr, sc_ptr, y, w, n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit

@@ -14,8 +14,10 @@ linear_reduce tasks also writes the sums of squares of its columns of each row i
 rstd * ((x * w) @ W^T) with rstd per row, so each task projects {x}.scaled as it is and scales
 its rows by the rstd of those sums at the end (no norm phase, no pass over x's rows, no norm
 arithmetic in the projection's loop; rounded once, after the scaling, not after the norm).
+The embedding's tasks write the same for the first layer's norm, so that its q/k/v tasks take
+the form of every other layer's.
 Invariant: each row of x and of xn is written by exactly one task; each (group, row) of
-{x}.sums, and each column of {x}.scaled, by one linear_reduce task.
+{x}.sums, and each column of {x}.scaled, by one linear_reduce (or embed) task.
 """
 from __future__ import annotations
 
@@ -38,8 +40,8 @@ def normed_input(t: Tiler, op) -> Buffer:
 
 def norm_first(t: Tiler, op):
     """rms_norm tasks write the op's normalised input {op}.xn (unless a reduce_norm phase
-    already has); returns the op reading it with no norm of its own; or, where x's reduce wrote
-    its sums of squares, the op with its norm taking the RMS from them."""
+    already has); returns the op reading it with no norm of its own; or, where x's writers
+    wrote its sums of squares, the op reading {x}.scaled and taking the RMS from those."""
     p, d = op.params, t.graph.dims
     if f"{p['x']}.sums" in t.buffers:
         return replace(op, params={**p, "x": f"{p['x']}.scaled", "sums": f"{p['x']}.sums"})
@@ -57,7 +59,7 @@ def norm_first(t: Tiler, op):
 
 def norm_reader(t: Tiler, name: str):
     """The op that will normalise buffer ``name`` first (reduce_norm can write its input, or
-    the reduce the sums of squares of its rows), or None."""
+    name's writers what ``norm_sums`` takes), or None."""
     if not ((t.cfg.reduce_norm or t.cfg.norm_sums) and t.norm_first()):
         return None
     return next((op for op in t.graph.ops
