@@ -41,6 +41,7 @@ from megakernel.compiler.tile import TileConfig
 from .fanout import fan_out, worker_pool
 from .finals import FINAL_ROUNDS, FINALISTS, final_round
 from .ledger import Ledger
+from .measure import measure, step_inputs
 from .search import SPACE, block_fits, predict, shortlist
 from .variant import Variant, effective, stream_kv_split
 
@@ -131,55 +132,6 @@ class Winner:
     failed: int         # variants that failed to build, fit or finish, or gave wrong logits
 
 
-def time_variant(model, name: str, opts: CompileOptions, root: Path, iters: int,
-                 state: tuple, expected: torch.Tensor) -> tuple[float, float]:
-    """Median ms of one decode step on ``state`` = (tokens, positions, cache) of the batch,
-    and the relative distance of that step's logits from ``expected`` (eager's)."""
-    from megakernel.bench.decode import median_step_ms
-    from megakernel.bench.sweep import rel_err
-
-    from .megakernel import MegakernelStep
-
-    compiled, _ = compile_cached(model, opts, name, root)
-    tokens, positions, cache = state
-    step = MegakernelStep(compiled, model, cache)
-    with torch.inference_mode():
-        ms = median_step_ms(lambda: step(tokens, positions, cache), cache.device,
-                            min(3, iters), iters)
-        err = rel_err(step(tokens, positions, cache), expected)
-    step.synchronize()
-    return ms, err
-
-
-def step_inputs(model, batch: int, max_seq_len: int) -> tuple:
-    """(state, expected): one decode step's (tokens, positions, cache) at position
-    ``max_seq_len - 1`` and the eager model's fp32 logits [B, V] of it (which writes the same
-    cache slot every variant's step writes)."""
-    from megakernel.bench.decode import decode_state
-
-    state = decode_state(model, batch, max_seq_len)
-    with torch.inference_mode():
-        return state, model(*state).float()
-
-
-def wrong(rel_err: float, max_rel_err: float) -> str | None:
-    """Why a variant's logits are rejected (NaN included), or None."""
-    if rel_err <= max_rel_err:
-        return None
-    return f"wrong logits: relative distance {rel_err:.2e} from eager's (at most {max_rel_err})"
-
-
-def measure(model, name: str, opts: CompileOptions, root: Path, iters: int, inputs: tuple,
-            max_rel_err: float) -> dict:
-    """A variant's ledger fields: ms, its logits' distance from eager's and the error that
-    rejects it (wrong logits, or a kernel that cannot fit or finish)."""
-    try:
-        ms, err = time_variant(model, name, opts, root, iters, *inputs)
-        return dict(ms=ms, rel_err=err, error=wrong(err, max_rel_err))
-    except Exception as err:  # a variant that cannot fit or finish: skip it
-        return dict(ms=None, error=f"{type(err).__name__}: {err}"[:300])
-
-
 def _prepare(job) -> str | None:
     """In a worker process: compile one variant (into the artifact cache) and build its kernel
     (into Triton's cache); the error, if any."""
@@ -251,76 +203,111 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     ledger, root = Ledger(folder / "autotune.json"), cache_root or cache_dir() / "artifacts"
     base = dict(model=model_hash(model), seq=max_seq_len, device=gpu, code=code_hash())
-    dtype = next(model.parameters()).dtype
     plans = _plans(ledger, model, batch_sizes, max_seq_len, target, space, classes, processes,
                    base)
     bar = tqdm(total=sum(map(len, plans.values())), desc="autotune", disable=not progress)
-    opts = lambda b, v: CompileOptions(b, max_seq_len, target=target.name,
-                                       **v.options(target.sms))
-    key = lambda b, v: ledger.key(batch=b, variant=v.label, **base)
+    run = _Tuning(model, name, max_seq_len, target, ledger, base, root, iters, max_rel_err, bar,
+                  finalists, final_rounds)
+    with worker_pool(processes) as pool:
+        rows, times = _time_all(run, pool, plans, refine)
+    bar.close()
+    return [_keep_winner(model, name, b, max_seq_len, target, rows[b], times[b], folder, root)
+            for b in plans]
 
-    def submit(pool, b: int, v: Variant):
-        return pool.submit(_prepare, (model.config, dtype, name, opts(b, v), str(root),
-                                      device.type))
 
-    def build(pool, b: int, picks: list) -> dict:
+def _time_all(run: _Tuning, pool, plans: dict, refine: tuple[str, ...]) -> tuple[dict, dict]:
+    """Every build asked at once; each batch size timed in turn as its builds come, its
+    refinement then rated and asked for, and timed once the shortlists are; then the finals.
+    Returns ({batch: [(variant, ledger row)]}, {batch: {label: final ms}})."""
+    builds = {b: run.build(pool, b, picks) for b, picks in plans.items()}
+    rows, more = {}, {}
+    for b, picks in plans.items():
+        rows[b] = run.timed(b, picks, builds[b])
+        more[b] = _refinement(run.ledger, run.base, b, rows[b], refine, run.model,
+                              run.max_seq_len, run.target)
+        run.bar.total += len(more[b])
+        builds[b] |= run.build(pool, b, more[b])
+    for b in plans:
+        rows[b] += run.timed(b, more[b], builds[b])
+    finals = {b: run.final_picks(b, rows[b]) for b in plans}
+    ready = {b: [run.submit(pool, b, v) for v in picks] for b, (fk, picks) in finals.items()
+             if run.ledger.final(fk) is None}
+    return rows, {b: run.final(b, *finals[b], ready.get(b, [])) for b in plans}
+
+
+@dataclass
+class _Tuning:
+    """What the steps of one ``autotune`` call share: the model, the target, the ledger and the
+    fields of its keys, the artifacts' root, the timing settings and the progress bar."""
+    model: object
+    name: str
+    max_seq_len: int
+    target: Target
+    ledger: Ledger
+    base: dict
+    root: Path
+    iters: int
+    max_rel_err: float
+    bar: object
+    finalists: int
+    final_rounds: int
+
+    def opts(self, b: int, v: Variant) -> CompileOptions:
+        return CompileOptions(b, self.max_seq_len, target=self.target.name,
+                              **v.options(self.target.sms))
+
+    def key(self, b: int, v: Variant) -> str:
+        return self.ledger.key(batch=b, variant=v.label, **self.base)
+
+    def submit(self, pool, b: int, v: Variant):
+        dtype = next(self.model.parameters()).dtype
+        return pool.submit(_prepare, (self.model.config, dtype, self.name, self.opts(b, v),
+                                      str(self.root), next(self.model.parameters()).device.type))
+
+    def build(self, pool, b: int, picks: list) -> dict:
         """The builds of the picks not in the ledger yet, asked of the pool: {label: future}."""
-        return {v.label: submit(pool, b, v) for v, _ in picks if ledger.get(key(b, v)) is None}
+        return {v.label: self.submit(pool, b, v) for v, _ in picks
+                if self.ledger.get(self.key(b, v)) is None}
 
-    def timed(b: int, picks: list, builds: dict) -> list:
+    def timed(self, b: int, picks: list, builds: dict) -> list:
         """[(variant, ledger row)] of the picks, each timed once its build is done."""
         inputs, out = None, []                 # one set of decode inputs serves every variant
         for v, predicted in picks:
-            row = ledger.get(key(b, v))
+            row = self.ledger.get(self.key(b, v))
             if row is None:
                 failed = builds[v.label].result()
                 if failed:
                     fields = dict(ms=None, error=failed)
                 else:
-                    inputs = inputs or step_inputs(model, b, max_seq_len)
-                    fields = measure(model, name, opts(b, v), root, iters, inputs, max_rel_err)
-                row = ledger.add(key(b, v), batch=b, variant=v.label, predicted_us=predicted,
-                                 **fields)
+                    inputs = inputs or step_inputs(self.model, b, self.max_seq_len)
+                    fields = measure(self.model, self.name, self.opts(b, v), self.root,
+                                     self.iters, inputs, self.max_rel_err)
+                row = self.ledger.add(self.key(b, v), batch=b, variant=v.label,
+                                      predicted_us=predicted, **fields)
             out.append((v, row))
-            bar.update()
+            self.bar.update()
         return out
 
-    def final_picks(b: int) -> tuple[str, list[Variant]]:
+    def final_picks(self, b: int, rows: list) -> tuple[str, list[Variant]]:
         """The ledger key and variants of the batch size's final round: its ``finalists``
         fastest right variants (none where fewer than 2 are right)."""
-        picks = ranked(rows[b])[:finalists] if finalists >= 2 and final_rounds >= 1 else []
+        picks = ranked(rows)[:self.finalists] \
+            if self.finalists >= 2 and self.final_rounds >= 1 else []
         picks = picks if len(picks) >= 2 else []
-        return ledger.key(batch=b, finals=[v.label for v in picks], rounds=final_rounds,
-                          iters=iters, **base), picks
+        return self.ledger.key(batch=b, finals=[v.label for v in picks],
+                               rounds=self.final_rounds, iters=self.iters, **self.base), picks
 
-    def final(b: int, final_key: str, picks: list, builds: list) -> dict:
+    def final(self, b: int, final_key: str, picks: list, builds: list) -> dict:
         """{label: ms} of the final round, once its variants are built (in the pool: a rerun
         that resumes on another machine builds them there side by side, not here in turn)."""
         for job in builds:
             job.result()
-        return final_round(ledger, final_key, model, name, [(v.label, opts(b, v)) for v in picks],
-                           root, iters, final_rounds,
-                           lambda: step_inputs(model, b, max_seq_len)[0]) if picks else {}
-
-    # every build asked at once; each batch size timed in turn as its builds come, its
-    # refinement then rated and asked for, and timed once the shortlists are; then the finals
-    with worker_pool(processes) as pool:
-        builds = {b: build(pool, b, picks) for b, picks in plans.items()}
-        rows, more = {}, {}
-        for b, picks in plans.items():
-            rows[b] = timed(b, picks, builds[b])
-            more[b] = _refinement(ledger, base, b, rows[b], refine, model, max_seq_len, target)
-            bar.total += len(more[b])
-            builds[b] |= build(pool, b, more[b])
-        for b in plans:
-            rows[b] += timed(b, more[b], builds[b])
-        finals = {b: final_picks(b) for b in plans}
-        ready = {b: [submit(pool, b, v) for v in picks] for b, (fk, picks) in finals.items()
-                 if ledger.final(fk) is None}
-        times = {b: final(b, *finals[b], ready.get(b, [])) for b in plans}
-    bar.close()
-    return [_keep_winner(model, name, b, max_seq_len, target, rows[b], times[b], folder, root)
-            for b in plans]
+        if not picks:
+            return {}
+        return final_round(self.ledger, final_key, self.model, self.name,
+                           [(v.label, self.opts(b, v)) for v in picks], self.root, self.iters,
+                           self.final_rounds,
+                           lambda: step_inputs(self.model, b, self.max_seq_len)[0])
 
 
 def ranked(rows: list) -> list[Variant]:
