@@ -260,9 +260,10 @@ class _Tuning:
         return self.ledger.key(batch=b, variant=v.label, **self.base)
 
     def submit(self, pool, b: int, v: Variant):
-        dtype = next(self.model.parameters()).dtype
-        return pool.submit(_prepare, (self.model.config, dtype, self.name, self.opts(b, v),
-                                      str(self.root), next(self.model.parameters()).device.type))
+        """Ask the pool to compile and build variant ``v`` of batch ``b`` (``_prepare``)."""
+        w = next(self.model.parameters())
+        return pool.submit(_prepare, (self.model.config, w.dtype, self.name, self.opts(b, v),
+                                      str(self.root), w.device.type))
 
     def build(self, pool, b: int, picks: list) -> dict:
         """The builds of the picks not in the ledger yet, asked of the pool: {label: future}."""
