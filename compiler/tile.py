@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 from .tile_attention import tile_attention
-from .tile_norm import norm_first, norm_reader, scaled_buffer, sums_buffer
+from .tile_norm import norm_first, norm_reader, sums_writes
 from .tile_proj import tile_gate_up, tile_linear
 from .tile_qkv import tile_qkv_rope
 
@@ -327,19 +327,12 @@ def tile_embed(t: Tiler, op) -> None:
     d = t.graph.dims
     reader = norm_reader(t, out.name) if t.cfg.norm_sums and t.split_k() > 1 else None
     tiles = list(t.col_tiles(d.hidden, t.cfg.block_n))
-    sums = reader and sums_buffer(t, out, len(tiles))
-    scaled = reader and scaled_buffer(t, out)
-    norm = reader.params["norm"] if reader else None
     for g, (lo, hi) in enumerate(tiles):
+        extra_reads, writes, args = sums_writes(t, out, reader, len(tiles), g, lo, hi)
         reads = [Region("tokens", ((0, d.batch),)), Region(table.name, ((0, d.vocab), (lo, hi)))]
-        writes = [cols(out, lo, hi)]
-        if reader:
-            reads.append(Region(norm, ((lo, hi),)))
-            writes += [Region(sums.name, ((g, g + 1), (0, d.batch))), cols(scaled, lo, hi)]
-        t.add(op, "embed", dict(table=table.name, out=out.name, sums=sums and sums.name,
-                                norm=norm, scaled=scaled and scaled.name, n0=lo,
-                                bn=t.cfg.block_n),
-              reads, writes, (2 + bool(reader)) * d.batch * (hi - lo) * d.itemsize, 0)
+        t.add(op, "embed", dict(table=table.name, out=out.name, n0=lo, bn=t.cfg.block_n, **args),
+              reads + extra_reads, [cols(out, lo, hi), *writes],
+              (2 + bool(reader)) * d.batch * (hi - lo) * d.itemsize, 0)
 
 
 TILERS = {"embed": tile_embed, "linear": tile_linear, "gate_up": tile_gate_up,

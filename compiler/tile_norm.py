@@ -85,18 +85,23 @@ def tile_reduce_norm(t: Tiler, op, part: Buffer, reader) -> None:
               (r1 - r0) * n * (4 * slices + 3 * d.itemsize) + n * d.itemsize, 0)
 
 
-def sums_buffer(t: Tiler, x: Buffer, groups: int) -> Buffer:
-    """{x}.sums [groups, B] fp32: the sums of squares of each column group's part of x's rows."""
+def sums_writes(t: Tiler, x: Buffer, reader, groups: int, g: int, lo: int,
+                hi: int) -> tuple[list, list, dict]:
+    """What the task writing columns [lo, hi) of x (column group g of ``groups``) reads, writes
+    and takes besides, where ``reader`` takes its norm from x's sums of squares (``norm_sums``;
+    None: nothing): the norm's weight there; {x}.sums [groups, B] fp32 at group g and
+    {x}.scaled [B, K] (x times that weight) there."""
+    from .tile import cols
+
+    if reader is None:
+        return [], [], dict(sums=None, norm=None, scaled=None)
     sums = Buffer(f"{x.name}.sums", "f32", (groups, t.graph.dims.batch))
-    t.buffers[sums.name] = sums
-    return sums
-
-
-def scaled_buffer(t: Tiler, x: Buffer) -> Buffer:
-    """{x}.scaled [B, K]: x's columns times its reader's norm weight (``norm_sums``)."""
     scaled = Buffer(f"{x.name}.scaled", "act", x.shape)
-    t.buffers[scaled.name] = scaled
-    return scaled
+    t.buffers.update({sums.name: sums, scaled.name: scaled})
+    norm = reader.params["norm"]
+    return ([Region(norm, ((lo, hi),))],
+            [Region(sums.name, ((g, g + 1), (0, t.graph.dims.batch))), cols(scaled, lo, hi)],
+            dict(sums=sums.name, norm=norm, scaled=scaled.name))
 
 
 def norm_reads(t: Tiler, p: dict) -> list[Region]:

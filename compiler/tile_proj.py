@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .ir import Buffer, Region
-from .tile_norm import (norm_reads, norm_reader, scaled_buffer, sums_args, sums_buffer,
-                        tile_reduce_norm)
+from .tile_norm import norm_reads, norm_reader, sums_args, sums_writes, tile_reduce_norm
 
 if TYPE_CHECKING:
     from .tile import Tiler
@@ -40,8 +39,7 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
     t.buffers[part.name] = part
     ks = k // slices
     bn = p2(min(t.width(n) * slices, n))
-    sums = sums_buffer(t, out, -(-n // bn)) if reader is not None and t.cfg.norm_sums else None
-    scaled = sums and scaled_buffer(t, out)
+    summed = reader if t.cfg.norm_sums else None         # the reader's norm from sums of squares
     for g, (lo, hi) in enumerate(t.col_tiles(n, bn)):
         for s in range(slices):
             k0 = s * ks
@@ -53,21 +51,16 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
                    Region(w.name, ((lo, hi), (k0, k0 + ks)))],
                   [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))], nbytes,
                   2 * d.batch * (hi - lo) * ks)
-        if reader is not None and sums is None:
+        if reader is not None and summed is None:
             continue
+        extra_reads, writes, args = sums_writes(t, out, summed, -(-n // bn), g, lo, hi)
         reads = [Region(part.name, ((0, slices), (0, d.batch), (lo, hi)))]
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
-        writes = [cols(out, lo, hi)]
-        norm = reader.params["norm"] if sums else None
-        reads += [Region(norm, ((lo, hi),))] if sums else []
-        writes += [Region(sums.name, ((g, g + 1), (0, d.batch))), cols(scaled, lo, hi)] \
-            if sums else []
         t.add(op, "linear_reduce", dict(part=part.name, residual=p["residual"], out=out.name,
-                                        sums=sums and sums.name, norm=norm,
-                                        scaled=scaled and scaled.name, n0=lo, n1=hi, n=n, bn=bn,
-                                        slices=slices),
-              reads, writes, d.batch * (hi - lo) * (4 * slices + 4 + 2 * bool(sums)), 0)
-    if reader is not None and sums is None:
+                                        n0=lo, n1=hi, n=n, bn=bn, slices=slices, **args),
+              reads + extra_reads, [cols(out, lo, hi), *writes],
+              d.batch * (hi - lo) * (4 * slices + 4 + 2 * bool(summed)), 0)
+    if reader is not None and summed is None:
         tile_reduce_norm(t, op, part, reader)
 
 
