@@ -211,8 +211,7 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     with worker_pool(processes) as pool:
         rows, times = _time_all(run, pool, plans, refine)
     bar.close()
-    return [_keep_winner(model, name, b, max_seq_len, target, rows[b], times[b], folder, root)
-            for b in plans]
+    return [_keep_winner(run, b, rows[b], times[b], folder) for b in plans]
 
 
 def _time_all(run: _Tuning, pool, plans: dict, refine: tuple[str, ...]) -> tuple[dict, dict]:
@@ -352,8 +351,7 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
     return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 
-def _keep_winner(model, name, batch, max_seq_len, target, rows, finals, folder,
-                 root) -> Winner:
+def _keep_winner(run: _Tuning, batch: int, rows: list, finals: dict, folder: Path) -> Winner:
     """The fastest right variant (by the final round's figures where there was one), saved
     as ``folder/b{batch}``."""
     ok = [(finals.get(v.label, row["ms"]), v.label, v, row) for v, row in rows
@@ -362,9 +360,9 @@ def _keep_winner(model, name, batch, max_seq_len, target, rows, finals, folder,
         raise RuntimeError(f"autotune: every variant failed at batch {batch}: "
                            f"{rows[0][1]['error']}")
     ms, label, v, row = min(x for x in ok if not finals or x[1] in finals)
-    opts = CompileOptions(batch, max_seq_len, target=target.name, **v.options(target.sms))
-    key = cache_key(model, opts)
+    opts = run.opts(batch, v)
+    key = cache_key(run.model, opts)
     if saved_key(folder / f"b{batch}") != key:            # a warm rerun keeps what is there
-        compiled, _ = compile_cached(model, opts, name, root)
-        save(compiled, model, folder / f"b{batch}", key)
+        compiled, _ = compile_cached(run.model, opts, run.name, run.root)
+        save(compiled, run.model, folder / f"b{batch}", key)
     return Winner(batch, label, ms, row["predicted_us"], len(ok), len(rows) - len(ok))
