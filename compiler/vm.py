@@ -60,15 +60,16 @@ class VM:
     def w(self, name):
         return None if name is None else self.buf[name]
 
-    def project(self, a, w):
-        """The task's input x through its norm (if any) @ w^T, rounded: x normalised first, or
-        (``sums``) x scaled by the norm's weight already and each row of the product by its
-        RMS, taken from the column groups' sums of squares [G, B]."""
+    def project(self, a, *ws):
+        """The task's input x through its norm (if any) @ w^T for each w, rounded: x normalised
+        first, or (``sums``) x scaled by the norm's weight already and each row of the product
+        by its RMS, taken from the column groups' sums of squares [G, B]."""
         x = self.buf[a["x"]]
         if a.get("sums") is None:
-            return mm(rms(x, self.w(a["norm"]), a["eps"], self.dt), w, self.dt)
+            xn = rms(x, self.w(a["norm"]), a["eps"], self.dt)
+            return [mm(xn, w, self.dt) for w in ws]
         rstd = torch.rsqrt(self.buf[a["sums"]].sum(0) / x.shape[-1] + a["eps"])      # [B]
-        return ((x.float() @ w.float().T) * rstd[:, None]).to(self.dt)
+        return [((x.float() @ w.float().T) * rstd[:, None]).to(self.dt) for w in ws]
 
     def embed(self, a):
         lo = a["n0"]
@@ -86,7 +87,7 @@ class VM:
 
     def linear(self, a):
         lo, hi = a["n0"], a["n1"]
-        y = self.project(a, self.buf[a["weight"]][lo:hi])
+        y, = self.project(a, self.buf[a["weight"]][lo:hi])
         self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
 
     def plus_residual(self, a, y, where=None):
@@ -122,8 +123,7 @@ class VM:
 
     def gate_up(self, a):
         lo, hi = a["n0"], a["n1"]
-        g = self.project(a, self.buf[a["gate"]][lo:hi])
-        u = self.project(a, self.buf[a["up"]][lo:hi])
+        g, u = self.project(a, self.buf[a["gate"]][lo:hi], self.buf[a["up"]][lo:hi])
         self.buf[a["out"]][:, lo:hi] = (F.silu(g.float()).to(self.dt).float() * u.float()).to(self.dt)
 
     def qkv_rope(self, a):
@@ -134,7 +134,7 @@ class VM:
         end = (kind_heads if a.get("cross") else a["head"] + 1) * half      # pairs it may reach
         pair = torch.arange(a["head"] * half + a["d0"], end)[:a["part"]]            # [n]
         row, local = pair_rows(pair, half)
-        y = self.project(a, self.buf[a["weight"]][row])                    # [B, 2n]: lo, hi
+        y, = self.project(a, self.buf[a["weight"]][row])                   # [B, 2n]: lo, hi
         if a["raw"]:                                 # head_norm_rope finishes the head
             self.buf[a["out"]][:, a["col"] + local] = y
         else:
