@@ -26,8 +26,9 @@ atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN
 without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x
 written once by rms_norm tasks (norm first; ``nf0`` never; default: from 5 batch rows on), ``rn``
 with norm first and split-K, the K slices reduced by whole rows and each row normalised in the same
-task, ``ns`` instead each column group's reduce writing its rows' sums of squares, the next op
-normalising x as it loads it, ``ab`` attention tasks cut from all rows' keys laid end to end, about
+task, ``ns`` instead each column group's reduce (and the embedding) writing its rows' sums of
+squares and x times the norm weight, the next op projecting that and scaling each row of the
+product by its RMS, ``ab`` attention tasks cut from all rows' keys laid end to end, about
 one cut per worker, ``af`` attention as one stream of keys per worker (an equal share of all units'
 keys), ``ap`` attention tasks over a row's pair of kv heads where each unit's keys are one task's
 (``agN``: groups of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``sp`` the
@@ -258,11 +259,11 @@ def effective(ops, v: Variant) -> Variant:
     group = ops.dims.heads // ops.dims.kv_heads
     rows = v.attn_rows if p2(group, v.attn_rows) != p2(group, TileConfig.attn_rows) \
         else TileConfig.attn_rows
-    sums = v.norm_sums and tiler.norm_first() and tiler.split_k() > 1
+    split_norm = tiler.norm_first() and tiler.split_k() > 1     # a split's output normalised
+    sums = v.norm_sums and split_norm
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
                    split_k=tiler.split_k(), norm_first=tiler.norm_first(), norm_sums=sums,
-                   reduce_norm=v.reduce_norm and tiler.norm_first() and tiler.split_k() > 1
-                   and not sums,
+                   reduce_norm=v.reduce_norm and split_norm and not sums,
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                    else TileConfig.split_head_norm)
 
