@@ -80,7 +80,7 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
     each step reads one block-table entry. (PF_KEYS is ``attn_partial_prefetch``'s, which takes the
     same arguments.)"""
     DT: tl.constexpr = q_ptr.dtype.element_ty
-    seq_len = tl.load(pos_ptr + row) + 1
+    seq_len = tl.load(pos_ptr + row).to(tl.int32) + 1
     hi = tl.minimum(lo + span, seq_len)
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
@@ -149,7 +149,7 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
     (``pair_steps``) -> both normalised outputs in out [B, HQ * D]. IN_BLOCK: BS a multiple of
     CHUNK (one block-table entry per step and head)."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
-    hi = tl.load(pos_ptr + row) + 1
+    hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
@@ -186,7 +186,7 @@ def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, k
     """``attn_pair_op`` over keys [lo, min(lo + span, len)) (span <= KV_SPLIT) -> each head's
     unnormalised acc and (max, sum) into partial slots ``slot`` (kv_head) and ``slot2``
     (kv_head + 1), for their units' combines. IN_BLOCK: lo and BS multiples of CHUNK."""
-    hi = tl.minimum(lo + span, tl.load(pos_ptr + row) + 1)
+    hi = tl.minimum(lo + span, tl.load(pos_ptr + row).to(tl.int32) + 1)
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
@@ -230,7 +230,7 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     as one batch of NH [BLOCK_G, CHUNK] score tiles (batched dots) in one pipelined loop ->
     their normalised outputs in out [B, HQ * D]."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
-    hi = tl.load(pos_ptr + row) + 1
+    hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     hs = tl.arange(0, NH)
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
@@ -287,7 +287,7 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
         row = u // HKV
         kv_head = u % HKV
         start = (c % NCH) * CHUNK
-        hi = tl.load(pos_ptr + row) + 1
+        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
         heads = row * HQ + kv_head * G + gs                            # [BLOCK_G] of [B * HQ]
         q = tl.load(q_ptr + heads[:, None] * D + ds[None, :], mask=qmask, other=0.0).to(DT)
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
@@ -320,7 +320,7 @@ def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, ou
     these arguments, [lo, min(lo + span, position)), one 128-byte line per lane (GPU only; the
     key of this step comes from a q/k/v task). PF_KEYS keys at a time, their block-table
     entries in one gather: one memory latency per PF_KEYS keys, not one per step."""
-    hi = tl.minimum(lo + span, tl.load(pos_ptr + row))
+    hi = tl.minimum(lo + span, tl.load(pos_ptr + row).to(tl.int32))
     k0 = lo
     while k0 < hi:
         ss = tl.minimum(k0 + tl.arange(0, PF_KEYS), hi - 1)                      # [PF_KEYS]

@@ -15,7 +15,7 @@ from .registry import NUM_WORDS
 POINTERS = {
     "ins_ptr": "*i32", "waits_ptr": "*i32", "queue_ptr": "*i32", "counters_ptr": "*i32",
     "error_ptr": "*i32", "weights_ptr": "*{dt}", "act_ptr": "*{dt}",
-    "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i32", "positions_ptr": "*i32",
+    "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i64", "positions_ptr": "*i64",
     "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "trace_ptr": "*i64",
     "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr", "BACKOFF": "constexpr",
     "POLL": "constexpr", "PF_START": "constexpr",

@@ -311,7 +311,7 @@ def norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, 
     D2: tl.constexpr = D // 2
     rows = tl.arange(0, BLOCK_B)
     ds = tl.arange(0, HALF)
-    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)
+    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0).to(tl.int32)
     if kind < 2:
         if HAS_HEAD_NORM:
             hr = tl.math.rsqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / D + qk_eps)
@@ -350,7 +350,7 @@ def cross_rope_store(lo, hi, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, h
     DT: tl.constexpr = q_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
     rows = tl.arange(0, BLOCK_B)
-    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0)
+    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0).to(tl.int32)
     pair = d0 + tl.arange(0, HALF)                                          # [HALF]
     over, dim = pair // D2, pair % D2                   # heads past ``head``, dim in the head
     if kind < 2:

@@ -6,8 +6,12 @@ stay usable by eager PyTorch as views of it). Activation and scratch arenas star
 count up by one epoch per step and are never reset; a wait that spins past its bound makes the
 kernel record the task and counter, and this class raises :class:`WatchdogError` naming them.
 On the GPU a step does not wait for the kernel: like a CUDA error, a watchdog trip is raised by a
-later call (at most ``MAX_UNCHECKED`` steps later) or by ``synchronize()``; every other worker
-of a tripped step, and of the steps after it, gives up at its next wait instead of hanging.
+later call or by ``synchronize()``. The error word is copied to the host every ``ERROR_EVERY``
+steps (a copy engine's transfer between two kernels idles the GPU for about 5 us), so a later
+call raises at most ``ERROR_EVERY * (MAX_UNCHECKED + 1)`` steps after the trip; every other
+worker of a tripped step, and of the steps after it, gives up at its next wait instead of
+hanging. Tokens and positions are read as int64: a caller's contiguous int64 tensors on the
+device are read where they are, anything else is first copied into the step's own.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ class WatchdogError(RuntimeError):
     pass
 
 
-MAX_UNCHECKED = 2   # GPU steps launched whose error word has not been read yet (at most)
+MAX_UNCHECKED = 2   # copies of the error word made on the GPU and not yet read (at most)
+ERROR_EVERY = 8     # GPU steps between two copies of the error word
 
 
 def cache_dir() -> Path:
@@ -83,7 +88,7 @@ def launch_args(s, kv_cache: torch.Tensor, options, trace_mode: int) -> tuple[tu
     from megakernel.compiler.registry import NUM_WORDS
 
     return ((s.ins, s.waits, s.queues, s.counters, s.error, s.weights, s.act, s.f32,
-             kv_cache, s.tokens, s.positions, s.block_table, s.epoch, s.spin_limit, s.stamps[1:]),
+             kv_cache, *s.inputs, s.block_table, s.epoch, s.spin_limit, s.stamps[1:]),
             dict(NWORDS=NUM_WORDS, TRACE=trace_mode, num_warps=options.num_warps,
                  **options.switches(kv_cache.is_cuda),
                  **({"maxnreg": options.max_registers}
@@ -99,10 +104,10 @@ def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:
     if torch.device(device).type != "cuda":
         return
     small = lambda dt: torch.zeros(8, dtype=dt, device=device)
-    i32 = small(torch.int32)
+    i32, i64 = small(torch.int32), small(torch.int64)
     stand_in = SimpleNamespace(ins=i32, waits=i32, queues=i32, counters=i32, error=i32,
                                weights=small(dtype), act=small(dtype),
-                               f32=small(torch.float32), tokens=i32, positions=i32, block_table=i32,
+                               f32=small(torch.float32), inputs=(i64, i64), block_table=i32,
                                epoch=1, spin_limit=1, stamps=small(torch.int64))
     args, kwargs = launch_args(stand_in, small(dtype), compiled.options, 0)
     kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
@@ -161,8 +166,9 @@ class MegakernelStep:
         self.error = torch.zeros(4, dtype=torch.int32, device=device)
         blocks = dims.max_seq_len // compiled.options.tile.kv_block
         self.block_table = i32(torch.arange(dims.batch * blocks).view(dims.batch, blocks))
-        self.tokens = torch.zeros(dims.batch, dtype=torch.int32, device=device)
-        self.positions = torch.zeros(dims.batch, dtype=torch.int32, device=device)
+        self.tokens = torch.zeros(dims.batch, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(dims.batch, dtype=torch.int64, device=device)
+        self.inputs = (self.tokens, self.positions)          # what the next launch reads
         off = enc.memory.act[compiled.ops.output]
         self.logits = self.act[off: off + dims.batch * dims.vocab].view(dims.batch, 1, dims.vocab)
         self.epoch = 0
@@ -177,6 +183,7 @@ class MegakernelStep:
         self.resident_checked = False
         # the error word of each step, copied back without waiting: (event, pinned copy)
         self.unchecked: list = []
+        self.copies_made = 0
         self.error_copies = torch.zeros((MAX_UNCHECKED + 2, 4), dtype=torch.int32,
                                         pin_memory=device.type == "cuda")
 
@@ -203,13 +210,19 @@ class MegakernelStep:
 
     def synchronize(self) -> None:
         """Wait for every launched step; raise if one of them tripped the watchdog."""
+        if self.error.is_cuda and self.epoch % ERROR_EVERY:    # steps since the last copy
+            self._copy_error()
         self.check(wait=True)
 
     def _record_error(self) -> None:
         if not self.error.is_cuda:          # the interpreter has finished the step already
             self._raise_if(self.error.tolist())
-            return
-        slot = self.error_copies[self.epoch % len(self.error_copies)]
+        elif self.epoch % ERROR_EVERY == 0:
+            self._copy_error()
+
+    def _copy_error(self) -> None:
+        self.copies_made += 1
+        slot = self.error_copies[self.copies_made % len(self.error_copies)]
         slot.copy_(self.error, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
@@ -231,11 +244,21 @@ class MegakernelStep:
             raise ValueError(f"kv_cache has shape {tuple(kv_cache.shape)}, the kernel was "
                              f"compiled for {self.expected_cache}")
         self.check()
-        self.tokens.copy_(tokens.view(-1))
-        self.positions.copy_(positions.view(-1))
+        self.inputs = (_readable(tokens, self.tokens), _readable(positions, self.positions))
         self.launch(kv_cache)
         self._record_error()
         return self.logits
+
+
+def _readable(given: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """``given`` [B, 1] itself where the kernel can read it as the int64 vector ``own`` [B] is
+    read (same device, contiguous, 16-byte aligned as the kernel was built for), else ``own``
+    holding a copy of it."""
+    if (given.dtype == own.dtype and given.device == own.device and given.is_contiguous()
+            and given.numel() == own.numel() and given.data_ptr() % 16 == 0):
+        return given.view(-1)
+    own.copy_(given.reshape(-1))
+    return own
 
 
 def tuned_kernel(model, batch: int, seq: int, target: str):
