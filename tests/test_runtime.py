@@ -216,3 +216,22 @@ def test_late_watchdog_errors_surface_from_later_calls_or_synchronize():
     step.unchecked[0][0].done = True
     with pytest.raises(WatchdogError):
         step(torch.tensor([[3]]), torch.tensor([[5]]), cache)   # a later call reports it
+
+
+def test_a_step_reads_int64_inputs_where_they_are_and_copies_the_rest():
+    """No copy kernel between two steps when the caller's tokens or positions are already what
+    the kernel reads (contiguous int64, 16-byte aligned); anything else lands in the step's own
+    int64 buffer with the same values."""
+    from megakernel.runtime.megakernel import _readable
+
+    own = torch.full((4,), -1, dtype=torch.int64)
+    given = torch.tensor([[5], [6], [7], [8]])                                    # [B, 1] int64
+    assert _readable(given, own).data_ptr() == given.data_ptr()
+    assert own.tolist() == [-1] * 4
+    int32, strided = given.to(torch.int32), torch.arange(8).view(4, 2)[:, :1]
+    misaligned = torch.arange(5)[1:].view(4, 1)                     # 8 bytes into its storage
+    for other in (int32, strided, misaligned):
+        got = _readable(other, own)
+        assert got is own and own.tolist() == other.reshape(-1).tolist()
+    with pytest.raises(RuntimeError):
+        _readable(torch.zeros(3, 1, dtype=torch.int64), own)
