@@ -12,7 +12,9 @@ default they split into pieces too, then one task per head normalises and rotate
 RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step), ``np`` no
 L2 prefetch of each task's weights before its waits, ``pf`` with it (the default), ``pfN`` with at
 most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching the weights of
-the task N places later in the worker's queue instead of its own, ``pw0`` each task's weights
+the task N places later in the worker's queue instead of its own, ``laN`` while attention
+runs, otherwise idle workers asking L2 for the first N columns of the layer's gate_up weights,
+``pw0`` each task's weights
 prefetched before its waits instead of between polls of them (``pw``, the default: a task whose
 inputs are ready starts at once), ``ptN`` with it, a waiting task's prefetch begun only once N% of
 the producers it polls have signalled, ``pn0`` the next instruction's words not prefetched into L2
@@ -64,6 +66,7 @@ class Variant:
     prefetch_kb: int = CompileOptions.prefetch_kb
     backoff_ns: int = 0
     prefetch_ahead: int = 0
+    ahead_cols: int = TileConfig.ahead_cols
     split_head_norm: bool = TileConfig.split_head_norm
     prefetch_next: bool = CompileOptions.prefetch_next
     swap_ab: bool = False
@@ -112,6 +115,7 @@ class Variant:
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
+        flags += [f"la{self.ahead_cols}"] * bool(self.ahead_cols)
         flags += ["pn0"] * (self.prefetch and not self.prefetch_next)
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
@@ -180,6 +184,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
+           "la": lambda n: {"ahead_cols": n},
            "pt": lambda n: {"prefetch": True, "prefetch_wait": True, "prefetch_start": n}}
 
 
