@@ -132,6 +132,8 @@ class TileConfig:
             raise ValueError(f"stages={self.stages}: a projection pipeline needs at least 1")
         if self.step_weights not in (1, 2):
             raise ValueError(f"step_weights={self.step_weights}: 1, or 2 (as deep as gate_up)")
+        if self.ahead_cols < 0:
+            raise ValueError(f"ahead_cols={self.ahead_cols}: columns asked of L2 are at least 0")
         if self.stage_kib < 0:
             raise ValueError(f"stage_kib={self.stage_kib}: shared memory is at least 0 KiB")
         if self.fold < 1 or self.fold & (self.fold - 1):
