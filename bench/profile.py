@@ -1,4 +1,5 @@
-"""Where a backend's decode step spends its GPU time: the top kernels under torch.profiler.
+"""Where a backend's decode step spends its GPU time: the top kernels under torch.profiler, and
+how much of each step the GPU runs nothing (between kernels: copies of inputs, launch gaps).
 
     python -m megakernel.bench.profile --model llama-3.2-1b --batch-size 32 --backend torch-compile
 """
@@ -35,6 +36,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.model} B={args.batch_size} {args.backend}: per-step totals below are x10")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows,
                                     max_name_column_width=70))
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy, span = busy_us(spans), spans[-1][1] - spans[0][0]
+    print(f"GPU busy {busy / 10:.1f} of {span / 10:.1f} us a step (first to last activity), "
+          f"idle {(span - busy) / 10:.1f}")
+
+
+def busy_us(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of sorted (start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in spans:
+        total += max(0.0, hi - max(lo, end))
+        end = max(end, hi)
+    return total
 
 
 if __name__ == "__main__":

@@ -235,3 +235,11 @@ def test_a_step_reads_int64_inputs_where_they_are_and_copies_the_rest():
         assert got is own and own.tolist() == other.reshape(-1).tolist()
     with pytest.raises(RuntimeError):
         _readable(torch.zeros(3, 1, dtype=torch.int64), own)
+
+
+def test_profile_counts_overlapping_gpu_activity_once():
+    from megakernel.bench.profile import busy_us
+
+    assert busy_us([(0, 2), (1, 3), (5, 6)]) == 4
+    assert busy_us([(0, 10), (2, 3), (4, 12)]) == 12
+    assert busy_us([]) == 0
