@@ -16,7 +16,7 @@ from megakernel.models.transformer import CausalLM
 
 from .backends import get_backend
 from .kv_cache import allocate_kv_cache
-from .sampling import SamplingParams, sample
+from .sampling import NonFiniteLogitsError, SamplingParams, sample
 
 
 @dataclass
@@ -120,7 +120,13 @@ class Engine:
         for step in range(max_new_tokens):
             if keep_logits:
                 result.step_logits.append(logits[:batch].to("cpu", torch.float32, copy=True))
-            next_tokens = sample(logits, sampling, generator, step)                 # [B]
+            try:
+                next_tokens = sample(logits, sampling, generator, step)             # [B]
+            except NonFiniteLogitsError:
+                # a megakernel that tripped its watchdog says so (its error word is read on
+                # the host only every few steps), rather than leaving its logits to explain it
+                getattr(step_fn, "synchronize", lambda: None)()
+                raise
             for i, tok in enumerate(next_tokens[:batch].tolist()):
                 if not done[i]:
                     result.generated_ids[i].append(tok)

@@ -62,6 +62,25 @@ def test_engine_raises_on_nan_weights():
         Engine(loaded.model, max_seq_len=32).generate([[1, 2, 3], [4]], 4)
 
 
+def test_engine_reports_a_late_watchdog_trip_before_the_logits_it_spoiled(monkeypatch):
+    """A decode step whose kernel tripped (reported only on a later read of its error word)
+    hands back NaN logits: the engine raises the watchdog's error, not the NaN it caused."""
+    from megakernel.runtime.megakernel import WatchdogError
+
+    class Tripped:
+        def __call__(self, tokens, positions, cache):
+            return torch.full((tokens.shape[0], 1, 8), float("nan"))
+
+        def synchronize(self):
+            raise WatchdogError("megakernel watchdog: task 3 waited past its bound")
+
+    engine = Engine(load_model("tiny-llama", progress=False).model, max_seq_len=32)
+    plan = engine._plan
+    monkeypatch.setattr(engine, "_plan", lambda *a: plan(*a)[:2] + (Tripped(),))
+    with pytest.raises(WatchdogError, match="task 3"):
+        engine.generate([[1, 2, 3]], 4)
+
+
 @pytest.mark.parametrize("prompts, steps, message", [
     ([], 4, "no prompts"),
     ([[1], []], 4, "prompt 1 is empty"),
