@@ -90,14 +90,14 @@ def prefetch_l2(ptr, count, LINES: tl.constexpr = 256):
     i = 0
     while i < n_lines:
         line = tl.minimum(i + tl.arange(0, LINES), n_lines - 1).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                  [ptr + line * STRIDE], dtype=tl.int32, is_pure=False, pack=1)
+        prefetch_line(ptr + line * STRIDE)
         i += LINES
 
 
 @triton.jit
 def prefetch_line(ptr):
-    """Ask L2 for the 128-byte line holding ``ptr`` (GPU only)."""
+    """Ask L2 for the 128-byte line holding ``ptr`` (or each of a tensor of pointers; GPU
+    only)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptr],
                               dtype=tl.int32, is_pure=False, pack=1)
 
@@ -120,9 +120,7 @@ def prefetch_box(ptr, r0, r1, K: tl.constexpr, COLS: tl.constexpr, LINES: tl.con
     n_lines = (r1 - r0) * (COLS // 64)
     i = 0
     while i < n_lines:
-        offs = box_lines(i, r0, n_lines, K, COLS, LINES)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                  [ptr + offs], dtype=tl.int32, is_pure=False, pack=1)
+        prefetch_line(ptr + box_lines(i, r0, n_lines, K, COLS, LINES))
         i += LINES
 
 
