@@ -111,33 +111,3 @@ def clock(tick_ptr, CLOCK: tl.constexpr):
                                          is_pure=False, pack=1)
     else:
         return tl.atomic_add(tick_ptr, 1).to(tl.int64)
-
-
-@triton.jit
-def prefetch_box(ptr, r0, r1, K: tl.constexpr, COLS: tl.constexpr, LINES: tl.constexpr = 256):
-    """Ask L2 for columns [0, COLS) of rows [r0, r1) of a row-major [N, K] weight, one 128-byte
-    line (64 bf16/fp16 elements) per lane (GPU only)."""
-    n_lines = (r1 - r0) * (COLS // 64)
-    i = 0
-    while i < n_lines:
-        prefetch_line(ptr + box_lines(i, r0, n_lines, K, COLS, LINES))
-        i += LINES
-
-
-@triton.jit
-def box_lines(i, r0, n_lines, K: tl.constexpr, COLS: tl.constexpr, LINES: tl.constexpr):
-    """Element offsets [LINES] of lines i, i + 1, ... of ``prefetch_box``'s box (64 elements a
-    line, row by row; past the last line, the last again)."""
-    line = tl.minimum(i + tl.arange(0, LINES), n_lines - 1)
-    return (r0 + line // (COLS // 64)).to(tl.int64) * K + (line % (COLS // 64)) * 64
-
-
-@triton.jit
-def l2_ahead_op(gate_ptr, up_ptr, PREFETCH: tl.constexpr, r0, r1, K: tl.constexpr,
-                COLS: tl.constexpr):
-    """The first COLS columns of rows [r0, r1) of a later gate_up's two weights into L2, asked
-    by a worker that would otherwise idle (``tile_ahead``); nothing without L2 prefetches
-    (PREFETCH 0, as under the interpreter)."""
-    if PREFETCH != 0:
-        prefetch_box(gate_ptr, r0, r1, K, COLS)
-        prefetch_box(up_ptr, r0, r1, K, COLS)

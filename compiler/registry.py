@@ -200,10 +200,6 @@ def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
                 BLOCK_SPLIT=p2(t.args["nsplit"], 1), BLOCK_D=p2(d.head_dim))
 
 
-def _l2_ahead(t: Task, d: Dims, c: TileConfig) -> dict:
-    return dict(K=d.hidden, COLS=t.args["cols"])
-
-
 def _fields(spec: str) -> tuple[Field, ...]:
     """'x:act w:weight n0:int' -> Fields."""
     return tuple(Field(*item.split(":")) for item in spec.split())
@@ -259,8 +255,6 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),
            _attn_combine),
-    OpSpec("l2_ahead", "kernel_loop.l2_ahead_op",
-           _fields("gate:weight up:weight PREFETCH:kernel r0:int r1:int"), _l2_ahead),
 ]}
 
 # The words before an op's fields, by name: encoder and kernel template both index them through

@@ -22,8 +22,6 @@ Tilings (``TileConfig`` sets the sizes):
                reduce_norm instead where that input is a split projection's output
                (``reduce_norm``), or none, the split's reduces writing their rows' sums of
                squares (``norm_sums``; see ``tile_norm``)
-    l2_ahead   (``ahead_cols``) after each attention op, tasks that ask L2 for the head of the
-               layer's gate_up weights while the attention runs (``tile_ahead``)
 A projection's columns split evenly over the workers in as few waves as keep tasks within
 4 * ``block_n`` columns, so that every op spreads its weights over the whole GPU with the fewest
 tasks; ``bn`` is the op body's block (a power of two), ``n0``/``n1`` the task's columns.
@@ -35,7 +33,6 @@ from dataclasses import dataclass, field, replace
 
 from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
-from .tile_ahead import tile_ahead
 from .tile_attention import tile_attention
 from .tile_norm import norm_first, norm_reader, sums_writes
 from .tile_proj import tile_gate_up, tile_linear
@@ -116,8 +113,6 @@ class TileConfig:
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
     qkv_cross: bool = False    # without head norms: each kind's RoPE pairs laid end to end over
                                # its heads, cut into equal pieces that fill one wave
-    ahead_cols: int = 0        # while attention runs, other workers ask L2 for the first this
-                               # many columns of the layer's gate_up weights (``tile_ahead``)
     split_head_norm: bool = True   # heads with a head norm also split into pieces, which write
                                    # the raw projection; a head_norm_rope task per head finishes
                                    # (qwen3-8b at batch 1 on the H200: 4.515 ms against 4.713)
@@ -132,8 +127,6 @@ class TileConfig:
             raise ValueError(f"stages={self.stages}: a projection pipeline needs at least 1")
         if self.step_weights not in (1, 2):
             raise ValueError(f"step_weights={self.step_weights}: 1, or 2 (as deep as gate_up)")
-        if self.ahead_cols < 0:
-            raise ValueError(f"ahead_cols={self.ahead_cols}: columns asked of L2 are at least 0")
         if self.stage_kib < 0:
             raise ValueError(f"stage_kib={self.stage_kib}: shared memory is at least 0 KiB")
         if self.fold < 1 or self.fold & (self.fold - 1):
@@ -353,8 +346,6 @@ def tile_tasks(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1)
         if t.norm_first() and op.params.get("norm"):
             op = norm_first(t, op)
         TILERS[op.kind](t, op)
-        if t.cfg.ahead_cols and op.kind == "attention":
-            tile_ahead(t, op)
     return t
 
 

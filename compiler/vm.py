@@ -230,9 +230,6 @@ class VM:
         self.attn_out(a, a["row"], a["kv_head"],
                       merge_partials(self.buf[a["acc"]][used], self.buf[a["ml"]][used]))
 
-    def l2_ahead(self, a):
-        """Asks L2 for weights: nothing to compute."""
-
     def run(self) -> dict:
         tasks, deps, queues = self.c.tasks.tasks, self.c.tasks.deps, self.c.schedule.queues
         done, heads = set(), [0] * len(queues)

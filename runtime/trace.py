@@ -71,8 +71,7 @@ def phase_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[d
         s[2], s[3] = s[2] + 1, s[3] + tr.end - tr.start
     rows: dict = {}
     for (name, kind), (first, last, n, busy) in sorted(spans.items(), key=lambda kv: kv[1][0]):
-        role = op_role(ops[name]) if name in ops else kind     # tasks of no op: l2_ahead
-        r = rows.setdefault((role, kind), [0, 0, 0, 0])
+        r = rows.setdefault((op_role(ops[name]), kind), [0, 0, 0, 0])
         r[0], r[1], r[2], r[3] = r[0] + 1, r[1] + n, r[2] + last - first, r[3] + busy
     return [{"phase": f"{role} {kind}" if role != kind else kind, "ops": n_ops,
              "tasks": tasks // n_ops, "span_us": span / n_ops / unit_per_us,

@@ -12,25 +12,24 @@ default they split into pieces too, then one task per head normalises and rotate
 RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step), ``np`` no
 L2 prefetch of each task's weights before its waits, ``pf`` with it (the default), ``pfN`` with at
 most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching the weights of
-the task N places later in the worker's queue instead of its own, ``laN`` while attention runs,
-otherwise idle workers asking L2 for the first N columns of the layer's gate_up weights, ``pw0``
-each task's weights prefetched before its waits instead of between polls of them (``pw``, the
-default: a task whose inputs are ready starts at once), ``ptN`` with it, a waiting task's prefetch
-begun only once N% of the producers it polls have signalled, ``pn0`` the next instruction's words
-not prefetched into L2 (``pn``, the default with a prefetch), ``boN`` N ns of sleep between polls of
-a counter not yet reached, ``foN`` at most N column slices of a narrow projection step folded into
-its dot (default 16; fo1: none), ``frN`` while their batch rows stay within N dot rows (default 16),
-``ksN`` N key elements per attention step (default 8192), ``asN`` an N-stage attention pipeline
-(default 6; as0: the projections', at least 2), ``atN`` keys per attention task doubled while there
-are more than N tasks per worker (default 2; at0 never), ``pl`` counters polled with acquire loads
-instead of atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN``
-projections without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``nf``
-normalised x written once by rms_norm tasks (norm first; ``nf0`` never; default: from 5 batch rows
-on), ``rn`` with norm first and split-K, the K slices reduced by whole rows and each row normalised
-in the same task, ``ns`` instead each column group's reduce (and the embedding) writing its rows'
-sums of squares and x times the norm weight, the next op projecting that and scaling each row of the
-product by its RMS, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut
-per worker, ``af`` attention as one stream of keys per worker (an equal share of all units' keys),
+the task N places later in the worker's queue instead of its own, ``pw0`` each task's weights
+prefetched before its waits instead of between polls of them (``pw``, the default: a task whose
+inputs are ready starts at once), ``ptN`` with it, a waiting task's prefetch begun only once N% of
+the producers it polls have signalled, ``pn0`` the next instruction's words not prefetched into L2
+(``pn``, the default with a prefetch), ``boN`` N ns of sleep between polls of a counter not yet
+reached, ``foN`` at most N column slices of a narrow projection step folded into its dot (default
+16; fo1: none), ``frN`` while their batch rows stay within N dot rows (default 16), ``ksN`` N key
+elements per attention step (default 8192), ``asN`` an N-stage attention pipeline (default 6; as0:
+the projections', at least 2), ``atN`` keys per attention task doubled while there are more than N
+tasks per worker (default 2; at0 never), ``pl`` counters polled with acquire loads instead of
+atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN`` projections
+without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x
+written once by rms_norm tasks (norm first; ``nf0`` never; default: from 5 batch rows on), ``rn``
+with norm first and split-K, the K slices reduced by whole rows and each row normalised in the same
+task, ``ns`` instead each column group's reduce (and the embedding) writing its rows' sums of
+squares and x times the norm weight, the next op projecting that and scaling each row of the product
+by its RMS, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut per
+worker, ``af`` attention as one stream of keys per worker (an equal share of all units' keys),
 ``ap`` attention tasks over a row's pair of kv heads where each unit's keys are one task's (``agN``:
 groups of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``sp`` the units
 left over a whole number of rounds of the workers cut into cache blocks spread over them, ``arN`` a
@@ -65,7 +64,6 @@ class Variant:
     prefetch_kb: int = CompileOptions.prefetch_kb
     backoff_ns: int = 0
     prefetch_ahead: int = 0
-    ahead_cols: int = TileConfig.ahead_cols
     split_head_norm: bool = TileConfig.split_head_norm
     prefetch_next: bool = CompileOptions.prefetch_next
     swap_ab: bool = False
@@ -114,7 +112,6 @@ class Variant:
         flags += ["np"] * (not self.prefetch)
         flags += [f"pf{self.prefetch_kb}"] * (self.prefetch_kb != CompileOptions.prefetch_kb)
         flags += [f"pa{self.prefetch_ahead}"] * bool(self.prefetch_ahead)
-        flags += [f"la{self.ahead_cols}"] * bool(self.ahead_cols)
         flags += ["pn0"] * (self.prefetch and not self.prefetch_next)
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
@@ -183,7 +180,6 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
-           "la": lambda n: {"ahead_cols": n},
            "pt": lambda n: {"prefetch": True, "prefetch_wait": True, "prefetch_start": n}}
 
 

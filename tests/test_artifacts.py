@@ -125,18 +125,6 @@ assert all(t.args.get("sums") for t in c.tasks.tasks if t.kind in ("gate_up", "e
 out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
 assert out.metadata.shared <= 233472 - 1024, out.metadata.shared
 print("llama-3.2-1b", 17, "spill and sums sm_90 ok", out.metadata.shared)
-# idle workers asking L2 for the next gate_up's weights during attention: only with prefetches
-counts = []
-for cols in (0, 512):
-    tile = TileConfig(attn_stream=True, kv_block=128, kv_split=128, ahead_cols=cols)
-    c = compile_model(model, CompileOptions(1, 1024, target="h200", tile=tile), "llama-3.2-1b")
-    assert ("l2_ahead_op" in c.kernel.source) == bool(cols)
-    kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
-    ptx_of = lambda **sw: compile_for_hopper(kernel, switches=sw).asm["ptx"]
-    assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
-    counts.append(ptx_of(PREFETCH=4).count("prefetch.global.L2"))
-assert counts[1] > counts[0], counts
-print("llama-3.2-1b", 1, "ahead sm_90 ok", counts)
 """
 
 
@@ -146,7 +134,7 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
     proc = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], env=env, capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("sm_90 ok") == 9
+    assert proc.stdout.count("sm_90 ok") == 8
 
 
 def test_top_level_compile_gives_one_kernel_per_batch_size():

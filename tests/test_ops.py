@@ -1,13 +1,12 @@
 """The projection op body on its own: ``ops.matmul_tile`` against PyTorch in fp32, for every fold
 of a step's columns, with and without the RMSNorm prologue, and with the two-halves row map of
-a q/k/v piece; and the lines an ``l2_ahead`` task asks L2 for. On the CPU through the Triton
-interpreter (on a GPU, on the GPU)."""
+a q/k/v piece. On the CPU through the Triton interpreter (on a GPU, on the GPU)."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from megakernel.compiler import kernel_loop, ops
+from megakernel.compiler import ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -54,30 +53,3 @@ def test_matmul_tile_every_fold_equals_torch(fold, norm, halves):
     ref = reference(x, nw, w, [r if v else 0 for r, v in zip(rows, valid)], norm)
     ref[:, [not v for v in valid]] = 0.0                                     # rows past end
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-
-
-@triton.jit
-def box_kernel(out_ptr, r0, r1, K: tl.constexpr, COLS: tl.constexpr, LINES: tl.constexpr,
-               SLOTS: tl.constexpr):
-    """Every line offset ``prefetch_box`` asks L2 for, LINES at a time, into out [SLOTS]."""
-    n_lines = (r1 - r0) * (COLS // 64)
-    i = 0
-    while i < n_lines:
-        offs = kernel_loop.box_lines(i, r0, n_lines, K, COLS, LINES)
-        at = i + tl.arange(0, LINES)
-        tl.store(out_ptr + at, offs, mask=at < SLOTS)
-        i += LINES
-
-
-@pytest.mark.parametrize("r0,r1,cols,lines", [(3, 7, 128, 4), (0, 5, 64, 8), (10, 11, 256, 2)])
-def test_prefetch_box_asks_for_each_line_of_its_box_once(r0, r1, cols, lines):
-    """The lines an ``l2_ahead`` task asks for (``kernel_loop.prefetch_box``): the first
-    ``cols`` columns of rows [r0, r1) of a [N, K] weight, 128 bytes each, none twice, none
-    outside (the last batch of lanes repeats the last line)."""
-    k, slots = 320, 64
-    out = torch.full((slots,), -1, dtype=torch.int64, device=DEVICE)
-    box_kernel[(1,)](out, r0, r1, k, cols, lines, slots)
-    n = (r1 - r0) * cols // 64
-    want = [r * k + c for r in range(r0, r1) for c in range(0, cols, 64)]
-    assert out.cpu()[:n].tolist() == want
-    assert set(out.cpu()[n:].tolist()) <= {-1, want[-1]}
