@@ -26,9 +26,12 @@ def _template_dir() -> Path:
 
 def field_expr(field, word: int) -> str:
     w = f"w{HEADER_WORDS + word}"          # the instruction's words, loaded once per task
-    # every buffer starts on an ALIGN-element boundary: saying so lets loads be 16 bytes wide
-    return {"act": f"act_ptr + tl.multiple_of({w}, {ALIGN})",
-            "f32": f"f32_ptr + tl.multiple_of({w}, {ALIGN})",
+    # buffer words count ALIGN elements, so the product says every buffer starts on an
+    # ALIGN-element boundary (16-byte loads). Never ``tl.multiple_of(w, ...)``: that marks the
+    # word's one load, and the same word is an int field of other opcodes, whose masks then
+    # look constant over ALIGN lanes (an attn_combine of 3 slots in 4 lanes read the 4th).
+    return {"act": f"act_ptr + {w} * {ALIGN}",
+            "f32": f"f32_ptr + {w} * {ALIGN}",
             "weight": f"weights_ptr + {w}.to(tl.int64) * {ALIGN}", "int": w}[field.space]
 
 

@@ -6,7 +6,8 @@
                                  size: no table lookup in the common case), the op's fields
     waits        [N, 2]          (counter, producers per epoch)
     queues       [W, 2]          (first instruction, number of instructions) per worker
-Memory: activations and fp32 scratch get element offsets in two arenas; weight words hold a
+Memory: activations and fp32 scratch get element offsets in two arenas, which their words hold
+in units of ALIGN elements (every buffer starts on such a boundary); weight words hold a
 weight id, which the runtime replaces by that weight's arena offset / ALIGN when a model is bound
 (``weight_words`` marks them). Field order comes from the registry.
 """
@@ -63,9 +64,9 @@ def _word(field, value, mem: MemoryPlan, weight_id: dict) -> int:
     if value is None:
         return 0                      # unused by the variant; any valid address will do
     if field.space == "act":
-        return mem.act[value]
+        return mem.act[value] // ALIGN
     if field.space == "f32":
-        return mem.f32[value]
+        return mem.f32[value] // ALIGN
     if field.space == "weight":
         return weight_id[value]
     return int(value)

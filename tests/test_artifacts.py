@@ -137,6 +137,52 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
     assert proc.stdout.count("sm_90 ok") == 8
 
 
+MASK_SCRIPT = """
+import inspect, re, torch
+from megakernel.compiler import attention_ops
+from megakernel.compiler.hopper import compile_for_hopper
+from megakernel.compiler.pipeline import CompileOptions, compile_model
+from megakernel.compiler.tile import TileConfig
+from megakernel.models import PRESETS
+from megakernel.models.weights import empty_model
+from megakernel.runtime.megakernel import load_kernel
+model = empty_model(PRESETS["llama-3.2-1b"]).to(torch.bfloat16)
+# 40 units of 1024 keys in streams of 384 keys: units of 3 and 4 pieces
+tile = TileConfig(attn_stream=True, norm_first=True, split_k=4, kv_block=128, kv_split=512)
+c = compile_model(model, CompileOptions(5, 1024, target="h200", tile=tile), "llama-3.2-1b")
+counts = {t.args["count"] for t in c.tasks.tasks if t.kind == "attn_combine"}
+lanes = [cx["BLOCK_SPLIT"] for _, k, cx in c.encoded.variants if k == "attn_combine"]
+assert min(counts) < max(lanes), (counts, lanes)      # some combines mask lanes off
+ptx = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name),
+                        num_warps=8).asm["ptx"]
+files = dict(re.findall(r'\\.file\\s+(\\d+) "([^"]+)"', ptx))
+src, first = inspect.getsourcelines(attention_ops.attn_combine_op.fn)
+line = first + next(i for i, s in enumerate(src) if "m = tl.load(ml_ptr" in s)
+fid = next(k for k, v in files.items() if v.endswith("attention_ops.py"))
+preds, on = set(), False
+for text in ptx.splitlines():
+    if text.strip().startswith(".loc"):
+        on = text.split()[1:3] == [fid, str(line)]
+    elif on and "ld.global" in text:
+        preds.add(text.split("ld.global")[0].strip())
+print("predicates", sorted(preds))
+assert len(preds) > 1, preds            # each slot lane has its own predicate
+"""
+
+
+def test_buffer_words_leave_other_opcodes_masks_alone(tmp_path):
+    """An instruction word is an act/f32 field of some opcodes and an int field of others. A
+    hint on the word itself (``tl.multiple_of(w, 64)``) would make a combine's slot mask
+    (``lanes < count``, count from the same word elsewhere a buffer offset) look constant
+    across its lanes on sm_90, so lanes past ``count`` were read: each lane's load must keep its
+    own predicate."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["MEGAKERNEL_CACHE"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", MASK_SCRIPT], env=env, capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_top_level_compile_gives_one_kernel_per_batch_size():
     import megakernel
     from megakernel.models import load_model

@@ -92,8 +92,8 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # cache blocks of whole attention steps,
 # attention tasks over pairs of kv heads (with split-K reduced with the norm at 64 rows) and over
 # groups of 4 kv heads (at 48 rows, 128-key blocks: 64-key steps), pairs over key ranges,
-# units spilled over the workers (17 rows: 4 units in 128-key pieces), and norms from the
-# reduces' sums of squares
+# units spilled over the workers (17 rows: 4 units in 128-key pieces), norms from the
+# reduces' sums of squares, and streams cutting units into 3 or 4 pieces (5 rows)
 @pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -144,7 +144,12 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                                 id="llama-3.2-1b-17-sp-kb128"),
                             pytest.param("llama-3.2-1b", 16, TileConfig(
                                 norm_first=True, norm_sums=True, kv_split=1024, kv_block=128),
-                                id="llama-3.2-1b-16-ns-kb128")])
+                                id="llama-3.2-1b-16-ns-kb128"),
+                            # units of 3 and 4 streamed pieces: combines with masked lanes
+                            pytest.param("llama-3.2-1b", 5, TileConfig(
+                                attn_stream=True, norm_first=True, split_k=4, kv_block=128,
+                                kv_split=512),
+                                id="llama-3.2-1b-5-af-kb128")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
