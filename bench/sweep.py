@@ -52,8 +52,10 @@ def sweep_batch(model, batch: int, context: int, variants: list[str], baseline: 
             step = megakernel_backend(model, cache, **parse_variant(text))
             ms = median_step_ms(lambda: step(tokens, positions, cache), dev, 5, iters)
             expected = model(tokens, positions, cache)    # same step, same cache slot written
+            err = rel_err(step(tokens, positions, cache), expected)
+            step.synchronize()      # a watchdog trip in the last steps: an error, not NaNs
             row |= {"ms_per_token": ms, "TBps": nbytes / ms / 1e9, "speedup": base / ms,
-                    "rel_err": rel_err(step(tokens, positions, cache), expected)}
+                    "rel_err": err}
         except (RuntimeError, ValueError) as err:  # does not fit, or a watchdog: go on
             row["error"] = str(err)[:300]
         rows.append(row)

@@ -95,3 +95,26 @@ def test_results_merge_keeps_each_runs_rows_and_the_rest(tmp_path):
     assert merged["gpu"] == "H200" and (tmp_path / "h200.png").stat().st_size > 0
     assert sorted((r["model"], r["batch_size"], r["ms_per_token"]) for r in merged["results"]) \
         == [("1b", 1, 0.8), ("1b", 64, 1.8), ("8b", 1, 4.0)]
+
+
+def test_a_watchdog_trip_in_the_last_steps_is_the_rows_error(tmp_path, monkeypatch):
+    """A step reports a trip up to 24 steps late (or at ``synchronize``): the sweep asks at the
+    end, so a variant that tripped is an error row, not a row of NaN logits."""
+    import megakernel.bench.sweep as sweep
+    from megakernel.runtime.megakernel import WatchdogError
+
+    def tripping(*args, **kwargs):
+        step = real(*args, **kwargs)
+        def synchronize():
+            raise WatchdogError("megakernel watchdog: task 3 waited past its bound")
+        step.synchronize = synchronize
+        return step
+
+    real = sweep.megakernel_backend
+    monkeypatch.setattr(sweep, "megakernel_backend", tripping)
+    out = tmp_path / "sweep.json"
+    assert main(["--model", "tiny-llama", "--device", "cpu", "--baseline", "eager",
+                 "--batch-sizes", "1", "--context", "32", "--iters", "1", "--json", str(out),
+                 "--variants", "32x64x4x1xs1"]) == 0
+    [row] = json.loads(out.read_text())
+    assert "watchdog" in row["error"] and "rel_err" not in row
