@@ -128,13 +128,19 @@ print("llama-3.2-1b", 17, "spill and sums sm_90 ok", out.metadata.shared)
 """
 
 
-def test_generated_kernels_compile_for_sm90(tmp_path):
+def run_without_interpreter(script: str, cache) -> str:
+    """Run ``script`` in a fresh Python without TRITON_INTERPRET (``triton.compile`` for sm_90
+    needs the real backend), its compile cache in ``cache``; its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["MEGAKERNEL_CACHE"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], env=env, capture_output=True,
+    env["MEGAKERNEL_CACHE"] = str(cache)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("sm_90 ok") == 8
+    return proc.stdout
+
+
+def test_generated_kernels_compile_for_sm90(tmp_path):
+    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 8
 
 
 MASK_SCRIPT = """
@@ -176,11 +182,7 @@ def test_buffer_words_leave_other_opcodes_masks_alone(tmp_path):
     (``lanes < count``, count from the same word elsewhere a buffer offset) look constant
     across its lanes on sm_90, so lanes past ``count`` were read: each lane's load must keep its
     own predicate."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["MEGAKERNEL_CACHE"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", MASK_SCRIPT], env=env, capture_output=True,
-                          text=True, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_without_interpreter(MASK_SCRIPT, tmp_path)
 
 
 def test_top_level_compile_gives_one_kernel_per_batch_size():
