@@ -24,24 +24,25 @@ def _template_dir() -> Path:
     return Path(pkg.__file__).parent
 
 
-def field_expr(field, word: int) -> str:
+def field_expr(field, word: int, unit: int = 1) -> str:
     w = f"w{HEADER_WORDS + word}"          # the instruction's words, loaded once per task
-    # buffer words count ALIGN elements, so the product says every buffer starts on an
-    # ALIGN-element boundary (16-byte loads). Never ``tl.multiple_of(w, ...)``: that marks the
-    # word's one load, and the same word is an int field of other opcodes, whose masks then
-    # look constant over ALIGN lanes (an attn_combine of 3 slots in 4 lanes read the 4th).
+    # buffer words count ALIGN elements and int words their unit, so the product says what
+    # divides the offset (16-byte loads). Never ``tl.multiple_of(w, ...)``: that marks the
+    # word's one load, and the same word is a field of other opcodes, whose masks then look
+    # constant over ALIGN lanes (an attn_combine of 3 slots in 4 lanes read the 4th).
     return {"act": f"act_ptr + {w} * {ALIGN}",
             "f32": f"f32_ptr + {w} * {ALIGN}",
-            "weight": f"weights_ptr + {w}.to(tl.int64) * {ALIGN}", "int": w}[field.space]
+            "weight": f"weights_ptr + {w}.to(tl.int64) * {ALIGN}",
+            "int": f"{w} * {unit}" if unit > 1 else w}[field.space]
 
 
-def call_args(kind: str, constexprs: dict) -> str:
+def call_args(kind: str, constexprs: dict, units: dict) -> str:
     spec, word, args = REGISTRY[kind], 0, []
     for f in spec.fields:
         if f.space == "kernel":
             args.append(f.name)
         else:
-            args.append(field_expr(f, word))
+            args.append(field_expr(f, word, units.get(f.name, 1)))
             word += 1
     args += [f"{k}={v!r}" for k, v in constexprs.items()]
     return ", ".join(args)
@@ -67,8 +68,9 @@ def generate(enc: Encoded, model: str, batch: int, num_tasks: int) -> KernelSour
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True)
-    variants = [Variant(op, kind, REGISTRY[kind].body, call_args(kind, cx), REGISTRY[kind].prefetch)
-                for op, kind, cx in enc.variants]
+    variants = [Variant(op, kind, REGISTRY[kind].body, call_args(kind, cx, units),
+                        REGISTRY[kind].prefetch)
+                for op, kind, cx, units in enc.variants]
     source = env.get_template("megakernel.py.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, num_words=NUM_WORDS, align=ALIGN,

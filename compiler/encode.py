@@ -9,7 +9,10 @@
 Memory: activations and fp32 scratch get element offsets in two arenas, which their words hold
 in units of ALIGN elements (every buffer starts on such a boundary); weight words hold a
 weight id, which the runtime replaces by that weight's arena offset / ALIGN when a model is bound
-(``weight_words`` marks them). Field order comes from the registry.
+(``weight_words`` marks them). An int field's words hold its value over the field's unit in its
+opcode: the largest power of two up to ALIGN dividing every task's value, so that the kernel's
+``word * unit`` tells Triton what divides a column or K offset (16-byte loads) without a hint on
+the word itself, which other opcodes read as other fields. Field order comes from the registry.
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ class Encoded:
     instructions: np.ndarray
     waits: np.ndarray
     queues: np.ndarray
-    variants: tuple              # (opcode, kind, constexpr dict) per opcode
+    variants: tuple              # (opcode, kind, constexpr dict, int units) per opcode; units:
+                                 # field name -> unit of its words (int fields only)
     memory: MemoryPlan
     weight_words: np.ndarray     # [T, NUM_WORDS] bool: words holding a weight id (the runtime
                                  # replaces them by the weight's arena offset / ALIGN)
@@ -70,6 +74,24 @@ def _word(field, value, mem: MemoryPlan, weight_id: dict) -> int:
     if field.space == "weight":
         return weight_id[value]
     return int(value)
+
+
+def int_units(instructions: np.ndarray, variants) -> tuple:
+    """Divide each int field's words by its unit in their opcode (see the module docstring), in
+    place; the variants with their units."""
+    out = []
+    for op, kind, cx in variants:
+        mine, units = instructions[:, 0] == op, {}
+        for j, f in enumerate(REGISTRY[kind].words):
+            if f.space != "int":
+                continue
+            col, unit = HEADER_WORDS + j, ALIGN
+            while unit > 1 and (instructions[mine, col] % unit).any():
+                unit //= 2
+            instructions[mine, col] //= unit
+            units[f.name] = unit
+        out.append((op, kind, cx, units))
+    return tuple(out)
 
 
 def weight_ranges(task, buffers, weight_id: dict) -> list[list[int]]:
@@ -126,7 +148,8 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             rows.append(header + fields + [0] * (NUM_WORDS - HEADER_WORDS - len(fields)))
             is_weight = header_marks + [f.space == "weight" for f in spec.words]
             marks.append(is_weight + [False] * (NUM_WORDS - len(is_weight)))
-    variants = tuple((op, key[0], dict(key[1])) for key, op in opcodes.items())
     as_i32 = lambda a, cols: np.asarray(a, dtype=np.int32).reshape(-1, cols)
-    return Encoded(as_i32(rows, NUM_WORDS), as_i32(waits or [(0, 0)], 2), as_i32(queues, 2),
+    instructions = as_i32(rows, NUM_WORDS)
+    variants = int_units(instructions, [(op, key[0], dict(key[1])) for key, op in opcodes.items()])
+    return Encoded(instructions, as_i32(waits or [(0, 0)], 2), as_i32(queues, 2),
                    variants, mem, np.asarray(marks, dtype=bool).reshape(-1, NUM_WORDS))

@@ -157,7 +157,7 @@ model = empty_model(PRESETS["llama-3.2-1b"]).to(torch.bfloat16)
 tile = TileConfig(attn_stream=True, norm_first=True, split_k=4, kv_block=128, kv_split=512)
 c = compile_model(model, CompileOptions(5, 1024, target="h200", tile=tile), "llama-3.2-1b")
 counts = {t.args["count"] for t in c.tasks.tasks if t.kind == "attn_combine"}
-lanes = [cx["BLOCK_SPLIT"] for _, k, cx in c.encoded.variants if k == "attn_combine"]
+lanes = [cx["BLOCK_SPLIT"] for _, k, cx, _ in c.encoded.variants if k == "attn_combine"]
 assert min(counts) < max(lanes), (counts, lanes)      # some combines mask lanes off
 ptx = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name),
                         num_warps=8).asm["ptx"]
@@ -173,15 +173,19 @@ for text in ptx.splitlines():
         preds.add(text.split("ld.global")[0].strip())
 print("predicates", sorted(preds))
 assert len(preds) > 1, preds            # each slot lane has its own predicate
+# int words say what divides them (K slices start at multiples of 512): x and weight loads stay
+# 16 bytes wide (with int words unhinted, 151 two-byte loads here; with their units, 1)
+assert ptx.count("ld.global.b16") < 8, ptx.count("ld.global.b16")
 """
 
 
-def test_buffer_words_leave_other_opcodes_masks_alone(tmp_path):
+def test_instruction_words_say_what_divides_them_and_nothing_more(tmp_path):
     """An instruction word is an act/f32 field of some opcodes and an int field of others. A
     hint on the word itself (``tl.multiple_of(w, 64)``) would make a combine's slot mask
     (``lanes < count``, count from the same word elsewhere a buffer offset) look constant
     across its lanes on sm_90, so lanes past ``count`` were read: each lane's load must keep its
-    own predicate."""
+    own predicate. Without any fact about int words, a K slice's offset would split its 16-byte
+    loads into 2-byte ones: the units of int words keep them."""
     run_without_interpreter(MASK_SCRIPT, tmp_path)
 
 

@@ -238,3 +238,25 @@ def test_spilled_units_run_their_pieces_first():
                      [("attn_partial", True), ("attn_combine", None)])
     pairs = schedule(tile(ops, replace(tiles, attn_spill=False, attn_pairs=True), 132), H200, 132)
     assert sched.makespan_us < pairs.makespan_us
+
+
+@given(st.lists(st.integers(-2 ** 20, 2 ** 20), min_size=1, max_size=8), st.integers(0, 3))
+def test_int_words_hold_their_value_over_the_largest_unit_that_divides_them(values, scale):
+    """An opcode's int field: its words times the unit give the values back, and the unit is the
+    largest power of two up to ALIGN dividing every value; another opcode's words are left."""
+    from megakernel.compiler.encode import ALIGN, int_units
+    from megakernel.compiler.registry import HEADER_WORDS, NUM_WORDS, REGISTRY
+
+    values = [v << scale for v in values]
+    col = HEADER_WORDS + [f.name for f in REGISTRY["linear_part"].words].index("k0")
+    ins = np.zeros((len(values) + 1, NUM_WORDS), dtype=np.int32)
+    ins[:-1, 0], ins[-1, 0] = 0, 1
+    ins[:-1, col], ins[-1, col] = values, 3
+    [(_, _, _, units), (_, _, _, other)] = int_units(ins, [(0, "linear_part", {}),
+                                                          (1, "attn_combine", {})])
+    unit = units["k0"]
+    assert ins[:-1, col].tolist() == [v // unit for v in values] and ins[-1, col] == 3
+    assert unit & (unit - 1) == 0 and unit <= ALIGN
+    assert unit == ALIGN or any(v % (2 * unit) for v in values)
+    assert set(units) == {"n0", "n1", "k0", "s"} and set(other) == {"row", "kv_head", "first",
+                                                                   "count"}
