@@ -64,16 +64,27 @@ def body_modules() -> list[str]:
     return sorted({"kernel_loop"} | {b.split(".")[0] for b in bodies})
 
 
-def generate(enc: Encoded, model: str, batch: int, num_tasks: int) -> KernelSource:
+def call_name(body: str) -> str:
+    """The generated module's name for an op body built as a function of its own."""
+    return "call_" + body.replace(".", "_")
+
+
+def generate(enc: Encoded, model: str, batch: int, num_tasks: int,
+             noinline: bool = False) -> KernelSource:
+    """``noinline``: each op body a function of its own (a call), so that ptxas gives each the
+    registers it needs instead of one allocation for the whole dispatch (GPU builds only)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True)
-    variants = [Variant(op, kind, REGISTRY[kind].body, call_args(kind, cx, units),
-                        REGISTRY[kind].prefetch)
+    bodies = {kind: REGISTRY[kind].body for _, kind, _, _ in enc.variants}
+    calls = sorted(set(bodies.values())) if noinline else []
+    variants = [Variant(op, kind, call_name(bodies[kind]) if noinline else bodies[kind],
+                        call_args(kind, cx, units), REGISTRY[kind].prefetch)
                 for op, kind, cx, units in enc.variants]
     source = env.get_template("megakernel.py.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
-        num_workers=len(enc.queues), variants=variants, num_words=NUM_WORDS, align=ALIGN,
+        num_workers=len(enc.queues), variants=variants,
+        calls=[(call_name(b), b) for b in calls], num_words=NUM_WORDS, align=ALIGN,
         modules=body_modules(),
         h={name: f"w{i}" for i, name in enumerate(HEADER)})
     return KernelSource(source, KERNEL_NAME, len(enc.queues), enc)

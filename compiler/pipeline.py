@@ -47,6 +47,8 @@ class CompileOptions:
                                          # llama-3.2-1b at 16 rows, 8 warps: 128 and 72 bytes of
                                          # stack, with 255 none beyond libdevice's 32; but 4 warps
                                          # there, or 8 at 17 rows, spill with 255 and not without)
+    noinline: bool = False               # each op body a function of its own (a call): its own
+                                         # registers, not the whole dispatch's (GPU builds)
 
     def switches(self, cuda: bool = True) -> dict:
         """The kernel's GPU-only constexprs (all 0 under the interpreter): PREFETCH bits (1 each
@@ -100,7 +102,8 @@ def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
     enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024,
                  options.prefetch_ahead)
     return Compiled(name, options, ops, tasks, sched, sync, enc,
-                    generate(enc, name, options.batch_size, len(tasks.tasks)))
+                    generate(enc, name, options.batch_size, len(tasks.tasks),
+                             options.noinline))
 
 
 def compile_model(model, options: CompileOptions, name: str = "model") -> Compiled:

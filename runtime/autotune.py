@@ -12,7 +12,7 @@ eager model's on the same step: a variant farther than ``max_rel_err`` (relative
 recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of
 ``refine`` flipped (``REFINE``: balanced projection spans, the cache block, deeper projection
 pipelines, the K slices of o and down at each warp count, deeper one-matrix steps, norms from
-the reduces' sums of squares), where that builds another variant.
+the reduces' sums of squares, op bodies as calls), where that builds another variant.
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -64,8 +64,12 @@ from .variant import Variant, effective, stream_kv_split
 # at all 12 batch sizes (0.2-4.9%), pairs of kv heads over key ranges (``attn_pair_ranges``,
 # flipped with at most half the context per range) at each of the five where they applied
 # (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115,
-# 16 1.084 -> 1.208): both left the refinement.
-REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums")
+# 16 1.084 -> 1.208): both left the refinement. Op bodies as functions of their own
+# (``noinline``): each gets its own registers, where one dispatch holds them all (sm_90 builds of
+# llama-3.2-1b's winners at 1 and 3 rows: 255 registers and 44-60 bytes of spills -> 198 and none;
+# at 16 and 17 rows with 8 warps more registers and spills than inlined).
+REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
+          "noinline")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
 # an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
@@ -98,7 +102,7 @@ def other_split(v: Variant, seq: int) -> Variant:
 
 
 # the interpreter ignores pipeline stages; step sizes change only what streams at once
-GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights")
+GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),

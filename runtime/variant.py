@@ -36,7 +36,8 @@ left over a whole number of rounds of the workers cut into cache blocks spread o
 kv head's query heads padded to at least N rows in the attention dots (default 4), ``pk`` attention
 tasks asking L2 for earlier steps' keys and values before their waits, ``kbN`` cache blocks (the
 block table's unit) of N tokens (default 16; where a block holds whole attention steps each step
-reads one table entry), ``rgN`` at most N registers per thread.
+reads one table entry), ``rgN`` at most N registers per thread, ``ni`` each op body a function of
+its own (a call: its own registers, not the whole dispatch's).
 """
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ class Variant:
     attn_rows: int = TileConfig.attn_rows
     qkv_cross: bool = TileConfig.qkv_cross
     max_registers: int = CompileOptions.max_registers
+    noinline: bool = CompileOptions.noinline
 
     @property
     def label(self) -> str:
@@ -131,6 +133,7 @@ class Variant:
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         flags += [f"rg{self.max_registers}"] * bool(self.max_registers)
+        flags += ["ni" if self.noinline else "ni0"] * (self.noinline != CompileOptions.noinline)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
     @property
@@ -152,7 +155,8 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
-                 "prefetch_start": "prefetch_start", "max_registers": "max_registers"}
+                 "prefetch_start": "prefetch_start", "max_registers": "max_registers",
+                 "noinline": "noinline"}
 
 
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
@@ -166,7 +170,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
             "rn": {"reduce_norm": True}, "ns": {"norm_sums": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
-            "pf": {"prefetch": True}}
+            "pf": {"prefetch": True}, "ni": {"noinline": True}, "ni0": {"noinline": False}}
 NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "sw": lambda n: {"step_weights": n},
            "kv": lambda n: {"kv_split": n},

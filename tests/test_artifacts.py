@@ -75,7 +75,7 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
     assert [p.name for p in kernel.params if p.do_not_specialize] == ["epoch", "spin_limit"]
     out = compile_for_hopper(kernel)
     ptx = out.asm["ptx"]
-    assert "globaltimer" not in ptx
+    assert "globaltimer" not in ptx and "call.uni" not in ptx     # op bodies inlined
     assert "globaltimer" in compile_for_hopper(kernel, trace=2).asm["ptx"]
     if name == "tiny-llama" and not stream:
         assert "nanosleep" in compile_for_hopper(kernel, switches={"BACKOFF": 128}).asm["ptx"]
@@ -96,6 +96,11 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
     # weight rows as the dot's M (64 and more): Hopper's warpgroup MMA
     assert ("wgmma.mma_async" in ptx) == split, name
     print(name, batch, "sm_90 ok", len(out.asm["cubin"]))
+# op bodies as calls: functions of their own in the PTX
+model = empty_model(PRESETS["tiny-llama"]).to(torch.bfloat16)
+c = compile_model(model, CompileOptions(3, 64, target="h200", noinline=True), "tiny-llama")
+ptx = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name)).asm["ptx"]
+assert ".func megakernel_" in ptx and "call.uni" in ptx and "linear_op" in ptx
 # the largest batch of the batch-size range: one program's shared memory fits an H200 SM
 model = empty_model(PRESETS["llama-3.2-1b"]).to(torch.bfloat16)
 c = compile_model(model, CompileOptions(64, 64, target="h200"), "llama-3.2-1b")

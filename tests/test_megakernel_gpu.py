@@ -93,7 +93,8 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
 # attention tasks over pairs of kv heads (with split-K reduced with the norm at 64 rows) and over
 # groups of 4 kv heads (at 48 rows, 128-key blocks: 64-key steps), pairs over key ranges,
 # units spilled over the workers (17 rows: 4 units in 128-key pieces), norms from the
-# reduces' sums of squares, and streams cutting units into 3 or 4 pieces (5 rows)
+# reduces' sums of squares, streams cutting units into 3 or 4 pieces (5 rows), and op bodies
+# as calls (a dict: compile options beside the tiles)
 @pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -149,12 +150,16 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 5, TileConfig(
                                 attn_stream=True, norm_first=True, split_k=4, kv_block=128,
                                 kv_split=512),
-                                id="llama-3.2-1b-5-af-kb128")])
+                                id="llama-3.2-1b-5-af-kb128"),
+                            pytest.param("llama-3.2-1b", 16, dict(noinline=True, tile=TileConfig(
+                                norm_first=True, reduce_norm=True, split_k=4, kv_split=1024,
+                                kv_block=128)), id="llama-3.2-1b-16-rn-ni")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
     eager's own distance from the fp32 reference."""
-    options = dict(tile=config) if config else {}                  # config: a TileConfig
+    # config: a TileConfig, or a dict of compile options
+    options = (config if isinstance(config, dict) else dict(tile=config)) if config else {}
     s = teacher_forced(name, batch, with_compile=batch == 1 and not config, **options)
     eager_err, _ = s["bf16 vs fp32"]
     mk_err, _ = s["megakernel vs fp32"]

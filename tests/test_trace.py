@@ -112,6 +112,9 @@ def test_variant_labels():
     wide = parse_variant("64x64x8x132xrg255xaf")
     assert wide.options(132)["max_registers"] == 255 and wide.options(132)["tile"].attn_stream
     assert parse_variant(wide.label) == wide
+    calls = parse_variant("64x64x8x132xni")
+    assert calls.options(132)["noinline"] and parse_variant(calls.label) == calls
+    assert calls.label.endswith("xni") and not parse_variant("64x64x8x132xni0").noinline
     with pytest.raises(ValueError, match="max_registers"):
         CompileOptions(1, 64, max_registers=300)
     with pytest.raises(ValueError, match="unknown flag"):

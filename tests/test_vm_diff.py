@@ -76,10 +76,15 @@ def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
     assert kinds.count("attn_group") == 3 * B and "attn_pair" not in kinds
 
 
-def check_kernel_against_vm(name, tiles) -> list[str]:
+def test_kernel_equals_vm_with_op_bodies_as_calls():
+    """Op bodies built as functions of their own (``noinline``) compute the same step."""
+    check_kernel_against_vm("tiny-qwen3", TileConfig(split_k=2, norm_first=True), noinline=True)
+
+
+def check_kernel_against_vm(name, tiles, noinline: bool = False) -> list[str]:
     """The kernel's step against the VM's, every buffer; the kinds of its tasks."""
     model = load(name)
-    opts = CompileOptions(B, S, target="cpu", tile=tiles)
+    opts = CompileOptions(B, S, target="cpu", tile=tiles, noinline=noinline)
     compiled = compile_model(model, opts, name)
     tokens, positions, cache = inputs(model)
     cache_vm = cache.clone()
