@@ -67,7 +67,9 @@ from .variant import Variant, effective, stream_kv_split
 # 16 1.084 -> 1.208): both left the refinement. Op bodies as functions of their own
 # (``noinline``): each gets its own registers, where one dispatch holds them all (sm_90 builds of
 # llama-3.2-1b's winners at 1 and 3 rows: 255 registers and 44-60 bytes of spills -> 198 and none;
-# at 16 and 17 rows with 8 warps more registers and spills than inlined).
+# on the H200, final rounds: 1 row 0.870 -> 0.852 ms, 2 0.896 -> 0.863, 13 1.075 -> 1.034). Any
+# call serialises a kernel's warpgroup MMAs (ptxas C7510; 64-row dots, from 48 rows on): 64
+# rows 1.600 -> 1.954 ms.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
           "noinline")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
