@@ -12,7 +12,8 @@ eager model's on the same step: a variant farther than ``max_rel_err`` (relative
 recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of
 ``refine`` flipped (``REFINE``: balanced projection spans, the cache block, deeper projection
 pipelines, the K slices of o and down at each warp count, deeper one-matrix steps, norms from
-the reduces' sums of squares, op bodies as calls), where that builds another variant.
+the reduces' sums of squares, op bodies as calls at each warp count), where that builds another
+variant.
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -110,9 +111,12 @@ FLIPS = {"kv_block": other_block, "split_k": other_split,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights)}
-# flips that change the shape of every task of some ops: timed at each warp count of ``SPACE``
-# (on GPUs; the interpreter ignores warps)
-RESHAPING = ("split_k",)
+# flips that change the shape of every task of some ops, or how the registers are shared out:
+# timed at each warp count of ``SPACE`` (on GPUs; the interpreter ignores warps). With calls,
+# llama-3.2-1b's 4-warp variants won at 1-5, 13 and 16 rows (5 rows: 0.941 ms against 0.972 for
+# the best without, of 8 warps), while calls at 8 warps lost at 8, 17 and 32 rows by about 1%
+# (sm_90 builds of 8-warp variants with calls spill in their callees)
+RESHAPING = ("split_k", "noinline")
 
 
 def flip(v: Variant, knob: str, seq: int) -> Variant:

@@ -162,6 +162,11 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(cpu, _)] = tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("split_k",),
                                {v.label})
     assert cpu == gpu[0][0]
+    # op bodies as calls: at each warp count on GPUs, not at all on the interpreter
+    calls = tuning._flips(cfg, torch.float32, 2, 64, H200, v, ("noinline",), {v.label})
+    assert [(u.noinline, u.num_warps) for u, _ in calls] == [(True, 4), (True, 8)]
+    assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("noinline",),
+                         {v.label}) == []
 
 
 def test_the_shortlist_takes_the_largest_cache_block_of_variants_alike():
