@@ -2,10 +2,12 @@
 (which words an instruction holds) and the generated dispatch (how the kernel turns those words
 back into pointers and sizes), so the two cannot drift.
 
-A field is one runtime argument of the op body, in order: ``act``/``f32`` words are element offsets
-into those arenas, ``weight`` words the weight's offset in its arena in units of ALIGN elements
-(written when a model is bound), ``int`` words pass through, ``kernel`` fields name an argument
-the kernel itself receives, a pointer or a GPU-only switch (no word). Compile-time sizes come
+A field is one runtime argument of the op body, in order: ``act``/``f32`` words are offsets into
+those arenas in units of ALIGN elements, ``weight`` words the weight's offset in its arena in the
+same units (written when a model is bound), ``int`` words the value over its unit in the opcode
+(the largest power of two up to ALIGN dividing every task's value; the dispatch multiplies back,
+so Triton sees what divides it), ``kernel`` fields name an argument the kernel itself receives, a
+pointer or a GPU-only switch (no word). Compile-time sizes come
 from ``constexprs(task, dims, cfg)``; tasks with equal kind and sizes share an opcode.
 """
 from __future__ import annotations
