@@ -37,6 +37,7 @@ from megakernel.compiler.capture import capture
 from megakernel.compiler.cost import TARGETS, Target
 from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
+from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig
 
 from .fanout import fan_out, worker_pool
@@ -117,6 +118,13 @@ FLIPS = {"kv_block": other_block, "split_k": other_split,
 # the best without, of 8 warps), while calls at 8 warps lost at 8, 17 and 32 rows by about 1%
 # (sm_90 builds of 8-warp variants with calls spill in their callees)
 RESHAPING = ("split_k", "noinline")
+
+
+def warpgroup_mmas(batch: int, v: Variant) -> bool:
+    """Whether the projections' dots of ``v`` take 64 rows or more (the batch's rows padded, or
+    weight rows as the dot's M): Hopper's warpgroup MMAs, which any call in the kernel
+    serialises (ptxas C7510), so op bodies as calls are not built with them."""
+    return not v.gemv and (v.swap_ab or p2(batch) >= 64)
 
 
 def flip(v: Variant, knob: str, seq: int) -> Variant:
@@ -357,7 +365,8 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
     skip = GPU_ONLY_FLIPS if cpu else ()      # the interpreter's are alike
     warps = lambda k: SPACE["num_warps"] if k in RESHAPING and not cpu else (None,)
     flipped = [effective(ops, replace(u, num_warps=w or u.num_warps))
-               for k in refine if k not in skip for u in [flip(v, k, seq)] for w in warps(k)]
+               for k in refine if k not in skip for u in [flip(v, k, seq)] for w in warps(k)
+               if not (u.noinline and warpgroup_mmas(batch, u))]
     return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 

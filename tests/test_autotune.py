@@ -167,6 +167,10 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     assert [(u.noinline, u.num_warps) for u, _ in calls] == [(True, 4), (True, 8)]
     assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("noinline",),
                          {v.label}) == []
+    # nor where the projections' dots are warpgroup MMAs (64 padded rows, or weight rows as M)
+    assert tuning._flips(cfg, torch.float32, 33, 64, H200, v, ("noinline",), {v.label}) == []
+    assert tuning._flips(cfg, torch.float32, 2, 64, H200, replace(v, swap_ab=True),
+                         ("noinline",), set()) == []
 
 
 def test_the_shortlist_takes_the_largest_cache_block_of_variants_alike():
