@@ -37,7 +37,7 @@ from megakernel.compiler.capture import capture
 from megakernel.compiler.cost import TARGETS, Target
 from megakernel.compiler.lower import lower
 from megakernel.compiler.pipeline import CompileOptions
-from megakernel.compiler.registry import p2
+from megakernel.compiler.registry import rows
 from megakernel.compiler.tile import TileConfig
 
 from .fanout import fan_out, worker_pool
@@ -120,11 +120,11 @@ FLIPS = {"kv_block": other_block, "split_k": other_split,
 RESHAPING = ("split_k", "noinline")
 
 
-def warpgroup_mmas(batch: int, v: Variant) -> bool:
-    """Whether the projections' dots of ``v`` take 64 rows or more (the batch's rows padded, or
-    weight rows as the dot's M): Hopper's warpgroup MMAs, which any call in the kernel
+def warpgroup_mmas(dims, tile: TileConfig) -> bool:
+    """Whether the projections' dots take 64 rows or more (the batch's rows as the tiles pad them,
+    or weight rows as the dot's M): Hopper's warpgroup MMAs, which any call in the kernel
     serialises (ptxas C7510), so op bodies as calls are not built with them."""
-    return not v.gemv and (v.swap_ab or p2(batch) >= 64)
+    return not tile.gemv and (tile.swap_ab or rows(dims, tile) >= 64)
 
 
 def flip(v: Variant, knob: str, seq: int) -> Variant:
@@ -366,7 +366,7 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
     warps = lambda k: SPACE["num_warps"] if k in RESHAPING and not cpu else (None,)
     flipped = [effective(ops, replace(u, num_warps=w or u.num_warps))
                for k in refine if k not in skip for u in [flip(v, k, seq)] for w in warps(k)
-               if not (u.noinline and warpgroup_mmas(batch, u))]
+               if not (u.noinline and warpgroup_mmas(ops.dims, u.tile))]
     return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 
