@@ -134,6 +134,71 @@ def kv_loads(cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr, HKV: t
         u += tl.num_programs(0)
 
 
+@triton.jit
+def tma_kv(desc, bt_ptr, row, start, hi, head, B: tl.constexpr,
+           HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+           CHUNK: tl.constexpr):
+    """Keys and values [CHUNK, D] of layer 0 at positions [start, start + CHUNK) (one cache
+    block holds them) as two tensor-descriptor (TMA) loads of the cache's rows; the values of
+    positions >= hi zeroed (what lies there is not a key)."""
+    first = cache_slots(row, tl.minimum(start, hi - 1), bt_ptr, 0, 0, head, B, HKV, S, D, BS)
+    r = (first // D).to(tl.int32)
+    k = desc.load([r, 0])
+    v = desc.load([r + B * HKV * S, 0])
+    valid = (start + tl.arange(0, CHUNK)) < hi
+    return k, tl.where(valid[:, None], v, 0.0)
+
+
+@triton.jit
+def attn_units_tma(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr,
+                   HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                   G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+                   BLOCK_G: tl.constexpr, STAGES: tl.constexpr, NH: tl.constexpr):
+    """``attn_units`` (NH 1) or ``attn_pairs`` (NH 2) with the keys and values loaded through a
+    tensor descriptor over the cache's [2 * B * HKV * S, D] rows (``tma_kv``; BS a multiple of
+    CHUNK), the descriptor made once per program."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    desc = tl.make_tensor_descriptor(cache_ptr, shape=[2 * B * HKV * S, D], strides=[D, 1],
+                                     block_shape=[CHUNK, D])
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, D)
+    ss = tl.arange(0, CHUNK)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    scale: tl.constexpr = D ** -0.5
+    u = tl.program_id(0) * NH
+    while u < units:
+        row, head = u // HKV, u % HKV
+        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        offs = (row * HQ + head * G + gs)[:, None] * D + ds[None, :]
+        qa = tl.load(q_ptr + offs, mask=qmask, other=0.0)
+        ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        la = tl.zeros([BLOCK_G], tl.float32)
+        acc_a = tl.zeros([BLOCK_G, D], tl.float32)
+        if NH == 2:
+            qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0)
+            mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
+            lb = tl.zeros([BLOCK_G], tl.float32)
+            acc_b = tl.zeros([BLOCK_G, D], tl.float32)
+        for c in tl.range(0, S // CHUNK, num_stages=STAGES):
+            start = c * CHUNK
+            valid = start + ss < hi
+            ka, va = tma_kv(desc, bt_ptr, row, start, hi, head, B, HKV, S, D, BS,
+                            CHUNK)
+            ma, la, acc_a = attention_ops.online_step(qa, ka, va, valid, ma, la, acc_a, scale,
+                                                      DT)
+            if NH == 2:
+                kb, vb = tma_kv(desc, bt_ptr, row, start, hi, head + 1, B, HKV, S,
+                                D, BS, CHUNK)
+                mb, lb, acc_b = attention_ops.online_step(qb, kb, vb, valid, mb, lb, acc_b,
+                                                          scale, DT)
+        tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT),
+                 mask=qmask)
+        if NH == 2:
+            tl.store(out_ptr + offs + G * D,
+                     (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT), mask=qmask)
+        u += tl.num_programs(0) * NH
+
+
 def sdpa(q: torch.Tensor, cache: torch.Tensor, hkv: int) -> torch.Tensor:
     """q [B, HQ * D], cache [1, 2, B, HKV, S, D] -> [B, HQ * D] by SDPA with grouped heads."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
@@ -188,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also time N units per loop as batched dots (attn_group_op), e.g. 4")
     p.add_argument("--loads", action="store_true",
                    help="also time the loop's loads alone (kv_loads): by key, by block, plain")
+    p.add_argument("--tma", action="store_true",
+                   help="also time the bodies with keys and values through a tensor descriptor "
+                        "(attn_units_tma, one program per SM; --block a multiple of the step)")
     args = p.parse_args(argv)
     b, s, d, hq, hkv, bs = (args.batch_size, args.context, args.head_dim, args.heads,
                             args.kv_heads, args.block)
@@ -219,6 +287,15 @@ def main(argv: list[str] | None = None) -> None:
         name = {1: "", 2: "pairs "}.get(n, f"groups of {n} ")
         show_timed(f"{name}persistent={persistent:d} warps={warps} chunk={chunk:3d} "
                    f"stages={stages}", run, nbytes, lambda: rel_err(out, ref))
+        if args.tma and persistent and n <= 2 and bs % chunk == 0:
+            triton.set_allocator(lambda size, align, stream: torch.empty(
+                size, dtype=torch.int8, device=dev))
+            run = lambda: attn_units_tma[grid](q, cache, pos, table, out, units, b, hq, hkv, s, d,
+                                               g, bs, chunk, p2(g, TileConfig.attn_rows), stages,
+                                               n, num_warps=warps)
+            out.fill_(float("nan"))
+            show_timed(f"tma {name}persistent=1 warps={warps} chunk={chunk:3d} "
+                       f"stages={stages}", run, nbytes, lambda: rel_err(out, ref))
 
 
 if __name__ == "__main__":
