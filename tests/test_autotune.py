@@ -6,9 +6,9 @@ import torch
 
 from megakernel.compiler.cost import H200
 from megakernel.models import load_model
-from megakernel.runtime import allocate_kv_cache, autotune as tuning, search
+from megakernel.runtime import allocate_kv_cache, autotune as tuning, refine, search
 from megakernel.runtime.megakernel import KernelLibrary, megakernel_backend
-from megakernel.runtime.variant import parse_variant, variant_of
+from megakernel.runtime.variant import effective, parse_variant, variant_of
 
 SPACE = {"block_n": (16, 32), "block_k": (32,), "stages": (1, 2), "num_warps": (4,),
          "workers_per_sm": (1,), "kv_split": (16, 32), "qkv_parts": (1, 2)}
@@ -59,7 +59,7 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     monkeypatch.setattr("megakernel.runtime.measure.time_variant", no_timing)
     monkeypatch.setattr("megakernel.runtime.finals.final_times", no_timing)
     monkeypatch.setattr(tuning, "_plan", no_rating)
-    monkeypatch.setattr(tuning, "_flips", no_rating)
+    monkeypatch.setattr(refine, "_flips", no_rating)
     with monkeypatch.context() as patch:  # the kept winners are not compiled or loaded again
         patch.setattr(tuning, "compile_cached", no_compiling)
         assert run(1) == winners
@@ -111,67 +111,99 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
 
     cfg = load_model("tiny-llama", progress=False).model.config
     v = Variant(32, 32, 4, 132, stages=1, kv_split=32, qkv_parts=1, split_k=1, norm_first=False)
-    flips = lambda timed: tuning._flips(cfg, torch.float32, 2, 64, H200, v, ("balance",), timed)
+    flips = lambda timed: refine._flips(cfg, torch.float32, 2, 64, H200, v, ("balance",), timed)
     [(u, predicted)] = flips({v.label})
     assert u == replace(v, balance=True) and predicted > 0
     assert flips({v.label, u.label}) == []
     # a knob's companions take its value: pairs over key ranges are pairs, in ranges of at most
     # half the context
-    assert tuning.flip(v, "attn_pair_ranges", 64) == \
+    assert refine.flip(v, "attn_pair_ranges", 64) == \
         replace(v, attn_pair_ranges=True, attn_pairs=True)
     whole = replace(v, kv_split=64)
-    assert tuning.flip(whole, "attn_pair_ranges", 64) == \
+    assert refine.flip(whole, "attn_pair_ranges", 64) == \
         replace(v, attn_pair_ranges=True, attn_pairs=True)
-    assert tuning.flip(tuning.flip(v, "attn_pair_ranges", 64), "attn_pair_ranges", 64) == \
+    assert refine.flip(refine.flip(v, "attn_pair_ranges", 64), "attn_pair_ranges", 64) == \
         replace(v, attn_pair_ranges=False, attn_pairs=False)
     # the cache block flips to the largest other one that fits the context and the keys per
     # task (streams: their keys per task follow it); where none does, nothing changes
     wide = replace(v, kv_split=128)
-    assert tuning.flip(wide, "kv_block", 1024) == replace(wide, kv_block=128)
-    assert tuning.flip(replace(wide, kv_block=128), "kv_block", 1024) == wide
-    assert tuning.flip(wide, "kv_block", 64) == wide and tuning.flip(v, "kv_block", 1024) == v
+    assert refine.flip(wide, "kv_block", 1024) == replace(wide, kv_block=128)
+    assert refine.flip(replace(wide, kv_block=128), "kv_block", 1024) == wide
+    assert refine.flip(wide, "kv_block", 64) == wide and refine.flip(v, "kv_block", 1024) == v
     stream = replace(v, attn_stream=True, kv_split=64)
-    assert tuning.flip(stream, "kv_block", 1024) == replace(stream, kv_block=128, kv_split=128)
+    assert refine.flip(stream, "kv_block", 1024) == replace(stream, kv_block=128, kv_split=128)
     # deeper pipelines: the interpreter ignores them, so they are flipped for GPUs only
     from megakernel.compiler.cost import CPU_INTERPRETER
 
-    assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("stage_kib",),
+    assert refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("stage_kib",),
                          {v.label}) == []
-    deep = tuning.flip(v, "stage_kib", 64)
-    assert deep == replace(v, stage_kib=tuning.DEEP_STAGES_KIB) and "xsm" in deep.label
-    assert tuning.flip(deep, "stage_kib", 64) == v
-    steps = tuning.flip(v, "step_weights", 64)
+    deep = refine.flip(v, "stage_kib", 64)
+    assert deep == replace(v, stage_kib=refine.DEEP_STAGES_KIB) and "xsm" in deep.label
+    assert refine.flip(deep, "stage_kib", 64) == v
+    steps = refine.flip(v, "step_weights", 64)
     assert steps == replace(v, step_weights=2) and parse_variant(steps.label) == steps
-    assert tuning.flip(steps, "step_weights", 64) == v
-    assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("step_weights",),
+    assert refine.flip(steps, "step_weights", 64) == v
+    assert refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("step_weights",),
                          {v.label}) == []
-    longer = tuning.flip(v, "attn_stages", 64)
-    assert longer == replace(v, attn_stages=tuning.DEEP_ATTN_STAGES) and "xas8" in longer.label
-    assert tuning.flip(longer, "attn_stages", 64) == v
-    assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("attn_stages",),
+    longer = refine.flip(v, "attn_stages", 64)
+    assert longer == replace(v, attn_stages=refine.DEEP_ATTN_STAGES) and "xas8" in longer.label
+    assert refine.flip(longer, "attn_stages", 64) == v
+    assert refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("attn_stages",),
                          {v.label}) == []
     # K slices on (their reduce fused with the norm where it comes first) or off, timed at each
     # warp count on GPUs
     first = replace(v, norm_first=True)
-    sliced = tuning.flip(first, "split_k", 64)
+    sliced = refine.flip(first, "split_k", 64)
     assert sliced == replace(first, split_k=4, reduce_norm=True) and "xrnxsk4" in sliced.label
-    assert tuning.flip(sliced, "split_k", 64) == first
-    assert tuning.flip(v, "split_k", 64) == replace(v, split_k=4)
-    gpu = tuning._flips(cfg, torch.float32, 2, 64, H200, v, ("split_k",), {v.label})
+    assert refine.flip(sliced, "split_k", 64) == first
+    assert refine.flip(v, "split_k", 64) == replace(v, split_k=4)
+    gpu = refine._flips(cfg, torch.float32, 2, 64, H200, v, ("split_k",), {v.label})
     assert [(u.split_k, u.num_warps) for u, _ in gpu] == [(4, 4), (4, 8)]
-    [(cpu, _)] = tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("split_k",),
+    [(cpu, _)] = refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("split_k",),
                                {v.label})
     assert cpu == gpu[0][0]
     # op bodies as calls: at each warp count on GPUs, not at all on the interpreter
-    calls = tuning._flips(cfg, torch.float32, 2, 64, H200, v, ("noinline",), {v.label})
+    calls = refine._flips(cfg, torch.float32, 2, 64, H200, v, ("noinline",), {v.label})
     assert [(u.noinline, u.num_warps) for u, _ in calls] == [(True, 4), (True, 8)]
-    assert tuning._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("noinline",),
+    assert refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("noinline",),
                          {v.label}) == []
     # nor where the projections' dots are warpgroup MMAs (64 padded rows, or weight rows as M)
-    assert tuning._flips(cfg, torch.float32, 33, 64, H200, v, ("noinline",), {v.label}) == []
-    assert tuning._flips(cfg, torch.float32, 2, 64, H200, replace(v, swap_ab=True),
+    assert refine._flips(cfg, torch.float32, 33, 64, H200, v, ("noinline",), {v.label}) == []
+    assert refine._flips(cfg, torch.float32, 2, 64, H200, replace(v, swap_ab=True),
                          ("noinline",), set()) == []
 
+
+
+def test_compound_combines_the_refinements_gains_with_its_fastest(tmp_path, monkeypatch):
+    """The fastest of the flips that beat the refined variant, with each of the next COMPOUND
+    fastest gains' changes set on it too; nothing where fewer than two flips gained, nothing
+    timed already; the plan kept in the ledger (a rerun rates nothing)."""
+    from megakernel.runtime.variant import Variant
+
+    model = load_model("tiny-llama", progress=False).model
+    v = Variant(32, 32, 4, 132, stages=1, kv_split=32, qkv_parts=1, split_k=1, norm_first=False)
+    fast, deep, steps, calls = (replace(v, balance=True), replace(v, stage_kib=200),
+                                replace(v, step_weights=2), replace(v, noinline=True,
+                                                                    num_warps=8))
+    times = {v: 1.0, fast: 0.8, deep: 0.85, steps: 0.9, calls: 1.1}
+    timed = lambda ms: [(u, {"ms": t, "error": None}) for u, t in ms.items()]
+    tried = [(u, 1.0) for u in (fast, deep, steps, calls)]
+    ledger = tuning.Ledger(tmp_path / "autotune.json")
+    run = lambda ms, base: refine.compound(ledger, base, 2, v, timed(ms), tried, model, 64, H200)
+    made = run(times, {"code": "a"})
+    assert [u for u, _ in made] == [replace(fast, stage_kib=200), replace(fast, step_weights=2)]
+    assert all(predicted > 0 for _, predicted in made)
+    assert run({**times, deep: 1.05, steps: 1.2}, {"code": "b"}) == []      # one gain only
+    assert [u for u, _ in run({**times, replace(fast, stage_kib=200): 0.7}, {"code": "c"})] == \
+        [replace(fast, step_weights=2)]                       # what was timed is not again
+    monkeypatch.setattr(refine, "op_graph", lambda *a: pytest.fail("rated again"))
+    assert run(times, {"code": "a"}) == made
+    monkeypatch.undo()
+    # calls are not combined with warpgroup MMAs (weight rows as the dot's M here)
+    t = lambda u: replace(u, swap_ab=True)
+    rows = timed({t(v): 1.0, t(fast): 0.8, t(calls): 0.85})
+    assert refine.compound(ledger, {"code": "d"}, 2, t(v), rows, [(t(fast), 1), (t(calls), 1)],
+                           model, 64, H200) == []
 
 def test_the_shortlist_takes_the_largest_cache_block_of_variants_alike():
     """Variants equal but for the cache block (and a stream's keys per task, which follow it):
@@ -275,75 +307,75 @@ def test_variants_are_rated_as_they_will_be_built():
                             ("tiny-qwen3", True, 4)]:
         model = load_model(name, progress=False).model
         ops = lower(capture(model, 3, 64), 4)
-        built = tuning.effective(ops, replace(v, split_head_norm=hn))
+        built = effective(ops, replace(v, split_head_norm=hn))
         assert built.qkv_parts == parts and built.split_head_norm == (hn or name == "tiny-llama")
         assert built.kv_split >= 16 and 64 % built.kv_split == 0
-    assert tuning.effective(ops, replace(v, workers=1)).kv_split == 64   # one worker: one split
+    assert effective(ops, replace(v, workers=1)).kv_split == 64   # one worker: one split
     # keys per task beyond the context (64) build what the whole context does
-    assert tuning.effective(ops, replace(v, kv_split=128)) == \
-        tuning.effective(ops, replace(v, kv_split=64))
+    assert effective(ops, replace(v, kv_split=128)) == \
+        effective(ops, replace(v, kv_split=64))
     # a higher attention task limit: more splits where the limit raised the span, else the
     # same kernel as the default limit
-    few, more = (tuning.effective(ops, replace(v, workers=4, attn_tasks_per_worker=a))
+    few, more = (effective(ops, replace(v, workers=4, attn_tasks_per_worker=a))
                  for a in (2, 8))
     assert more.kv_split < few.kv_split and more.attn_tasks_per_worker == 8
-    assert tuning.effective(ops, replace(v, attn_tasks_per_worker=8)) == tuning.effective(ops, v)
+    assert effective(ops, replace(v, attn_tasks_per_worker=8)) == effective(ops, v)
     # a limit that only raised the span to what the default limit keeps: the same kernel
-    low = tuning.effective(ops, replace(v, workers=4, attn_tasks_per_worker=1))
+    low = effective(ops, replace(v, workers=4, attn_tasks_per_worker=1))
     assert low.kv_split > 16
-    assert low == tuning.effective(ops, replace(v, workers=4, kv_split=low.kv_split))
+    assert low == effective(ops, replace(v, workers=4, kv_split=low.kv_split))
     # streamed attention: keys per task, their limit and balance mean nothing there
-    streamed = tuning.effective(ops, replace(v, attn_stream=True))
+    streamed = effective(ops, replace(v, attn_stream=True))
     assert streamed.attn_stream and streamed.kv_split == TileConfig.kv_split
-    assert tuning.effective(ops, replace(v, attn_stream=True, kv_split=32, attn_balance=True,
+    assert effective(ops, replace(v, attn_stream=True, kv_split=32, attn_balance=True,
                                          attn_tasks_per_worker=8)) == streamed
     assert parse_variant(streamed.label) == streamed
-    blocked = tuning.effective(ops, replace(v, attn_stream=True, kv_block=32, kv_split=32))
+    blocked = effective(ops, replace(v, attn_stream=True, kv_block=32, kv_split=32))
     assert blocked.kv_split == TileConfig.kv_split and blocked.kv_block == 32
-    wide = tuning.effective(ops, replace(v, attn_stream=True, kv_block=128, kv_split=128))
+    wide = effective(ops, replace(v, attn_stream=True, kv_block=128, kv_split=128))
     assert wide.kv_split == 128 and parse_variant(wide.label) == wide
     # pairs of kv heads per task: only where each unit's keys are one task's, never streamed
-    paired = tuning.effective(ops, replace(v, attn_pairs=True, kv_split=64))
+    paired = effective(ops, replace(v, attn_pairs=True, kv_split=64))
     assert paired.attn_pairs and parse_variant(paired.label) == paired
-    assert tuning.effective(ops, replace(v, attn_pairs=True)) == tuning.effective(ops, v)
-    assert not tuning.effective(ops, replace(v, attn_pairs=True, attn_stream=True)).attn_pairs
+    assert effective(ops, replace(v, attn_pairs=True)) == effective(ops, v)
+    assert not effective(ops, replace(v, attn_pairs=True, attn_stream=True)).attn_pairs
     # groups of 4 kv heads: not with 2 kv heads (tiny-qwen3), and the size means nothing alone
-    assert tuning.effective(ops, replace(v, attn_pairs=True, attn_group=4, kv_split=64)) == \
-        tuning.effective(ops, replace(v, kv_split=64))
-    assert tuning.effective(ops, replace(v, attn_group=4)) == tuning.effective(ops, v)
+    assert effective(ops, replace(v, attn_pairs=True, attn_group=4, kv_split=64)) == \
+        effective(ops, replace(v, kv_split=64))
+    assert effective(ops, replace(v, attn_group=4)) == effective(ops, v)
     # pairs over key ranges: where units have several, and only with pairs
-    ranged = tuning.effective(ops, replace(v, attn_pairs=True, attn_pair_ranges=True,
+    ranged = effective(ops, replace(v, attn_pairs=True, attn_pair_ranges=True,
                                            attn_tasks_per_worker=0))
     assert ranged.attn_pairs and ranged.attn_pair_ranges and parse_variant(ranged.label) == ranged
-    assert not tuning.effective(ops, replace(v, attn_pair_ranges=True)).attn_pair_ranges
-    assert not tuning.effective(ops, replace(v, attn_pairs=True, attn_pair_ranges=True,
+    assert not effective(ops, replace(v, attn_pair_ranges=True)).attn_pair_ranges
+    assert not effective(ops, replace(v, attn_pairs=True, attn_pair_ranges=True,
                                              kv_split=64)).attn_pair_ranges
     # spilled units: only where units overrun whole rounds of the workers by a few (tiny-qwen3
     # at 3 rows: 6 units, 5 workers: the sixth cut in 16-key pieces), never with pairs
-    spilled = tuning.effective(ops, replace(v, workers=5, kv_split=64, attn_spill=True))
+    spilled = effective(ops, replace(v, workers=5, kv_split=64, attn_spill=True))
     assert spilled.attn_spill and parse_variant(spilled.label) == spilled
     for other in (dict(workers=6), dict(workers=7), dict(attn_pairs=True),
                   dict(kv_split=32, attn_tasks_per_worker=0)):
         spill = dict(workers=5, kv_split=64, attn_spill=True) | other
-        assert not tuning.effective(ops, replace(v, **spill)).attn_spill
+        assert not effective(ops, replace(v, **spill)).attn_spill
     # norms from the reduces' sums of squares: only with norm first and K slices, then no fused
     # reduce and norm
     both = dict(norm_first=True, split_k=2, reduce_norm=True)
-    summed = tuning.effective(ops, replace(v, norm_sums=True, **both))
+    summed = effective(ops, replace(v, norm_sums=True, **both))
     assert summed.norm_sums and not summed.reduce_norm and parse_variant(summed.label) == summed
     for other in (dict(norm_first=False), dict(split_k=1)):
-        assert not tuning.effective(ops, replace(v, norm_sums=True, **(both | other))).norm_sums
+        assert not effective(ops, replace(v, norm_sums=True, **(both | other))).norm_sums
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
-    assert tuning.effective(ops, replace(v, qkv_cross=True)) == tuning.effective(ops, v)
+    assert effective(ops, replace(v, qkv_cross=True)) == effective(ops, v)
     llama = lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
-    cross = tuning.effective(llama, replace(v, qkv_cross=True, qkv_parts=4))
+    cross = effective(llama, replace(v, qkv_cross=True, qkv_parts=4))
     assert cross.qkv_cross and cross.qkv_parts == TileConfig.qkv_parts
     assert parse_variant(cross.label) == cross and "xqc" in cross.label
     # attention rows: kept where they pad a kv head's query heads to another size
     group = ops.dims.heads // ops.dims.kv_heads
     for rows in (8, 16):
-        kept = tuning.effective(ops, replace(v, attn_rows=rows)).attn_rows
+        kept = effective(ops, replace(v, attn_rows=rows)).attn_rows
         pads = [max(r, 1 << (group - 1).bit_length()) for r in (rows, TileConfig.attn_rows)]
         assert kept == (rows if pads[0] != pads[1] else TileConfig.attn_rows)
 
@@ -363,7 +395,7 @@ def test_shortlist_times_the_default_and_every_attention_layout_near_it():
     # the default's schedule class with each code-level knob
     assert {v.num_warps for v in variants if search.schedule_class(v) == home} == {4, 8}
     layouts = {v.kv_split for v in search.candidates(H200, space)
-               for v in [tuning.effective(ops, v)] if v.workers == default.workers}
+               for v in [effective(ops, v)] if v.workers == default.workers}
     assert len(layouts) > 1 and {v.kv_split for v in variants} == layouts
     # each layout's class is the one nearest the default: only the attention knobs differ
     for span in layouts - {default.kv_split}:
@@ -372,14 +404,14 @@ def test_shortlist_times_the_default_and_every_attention_layout_near_it():
         assert nearest, span
     # pairs of kv heads are a layout of their own wherever they apply
     paired = {v.kv_split for v in search.candidates(H200, space)
-              for v in [tuning.effective(ops, v)] if v.attn_pairs and v.workers == default.workers}
+              for v in [effective(ops, v)] if v.attn_pairs and v.workers == default.workers}
     assert paired and paired == {v.kv_split for v in variants if v.attn_pairs}
     # each class timed is timed with the K slices' reduce fused with the norm too, where it can be
     # (8 rows: norm first by default)
     ops = lower(capture(load_model("tiny-llama", progress=False).model, 8, 64), 4)
     fusable = dict(space, split_k=(1, 4), norm_first=(False, True), reduce_norm=(False, True))
     timed = {search.schedule_class(v) for v, _ in search.shortlist(ops, H200, fusable, 1)}
-    rated = {search.schedule_class(tuning.effective(ops, v))
+    rated = {search.schedule_class(effective(ops, v))
              for v in search.candidates(H200, fusable)}
     siblings = {search.fused_sibling(k) for k in timed} & rated
     assert siblings and siblings <= timed

@@ -1,0 +1,192 @@
+"""The refinement of each batch size's fastest variant: its knobs flipped one at a time, then the
+flips that gained combined.
+
+    refinement(ledger, base, batch, rows, refine, model, seq, target) -> [(Variant, predicted)]
+    compound(ledger, base, batch, start, rows, tried, model, seq, target) -> [(Variant, predicted)]
+
+``rows`` are [(variant, ledger row)] of the variants timed so far; each returns the variants to
+build and time next with their cost-model ratings (us), none already timed, and keeps that plan
+in the ledger, so that a rerun rates nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from megakernel.compiler.capture import capture
+from megakernel.compiler.cost import Target
+from megakernel.compiler.lower import lower
+from megakernel.compiler.registry import rows as dot_rows
+from megakernel.compiler.tile import TileConfig
+
+from .ledger import Ledger
+from .search import SPACE, block_fits, predict
+from .variant import Variant, effective, stream_kv_split
+
+# Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
+# (``_refinement``; a knob's companions take its new value too): projection tasks in near-equal
+# spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
+# 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b: the winner at 1 and 13 rows, within
+# 1% elsewhere), the cache block (the shortlist times the largest that fits), deeper projection
+# pipelines (``TileConfig.stage_kib``; llama-3.2-1b, tuned ms: 64 rows 1.749 -> 1.704, 48 1.655 ->
+# 1.634, won at 5 and 32 rows too, 0.5-3.4% slower elsewhere) and the K slices of o and down (on,
+# their reduce fused with the norm where it comes first, or off; at each warp count, ``RESHAPING``):
+# the cost model rates them against the measurements at 8 rows (4 slices fused 0.997 ms with 8
+# warps, 1.033 with 4; none 1.037 / 1.030; rated 1153 us against 1078), so the shortlists of 1 to 5
+# rows hold none (4 fused slices won at 5 rows: 0.976 ms against 1.008); one-matrix steps as deep as
+# gate_up's (``TileConfig.step_weights``: lm_head's; won at 8-64 rows, 48 rows 1.660 -> 1.603 ms);
+# and the K slices' reduces writing their rows' sums of squares (and x times the norm weight) for
+# the next op's norm instead of a norm phase (``TileConfig.norm_sums``; sweeps against each winner,
+# ms: 5 rows 0.980 -> 0.966, 8 0.990 -> 0.980, 13 1.090 -> 1.080; lost at 16, 17, 24, 32 and 64).
+# A deeper attention pipeline (``attn_stages``: 8 stages, three buffers of keys and values) lost
+# at all 12 batch sizes (0.2-4.9%), pairs of kv heads over key ranges (``attn_pair_ranges``,
+# flipped with at most half the context per range) at each of the five where they applied
+# (llama-3.2-1b, ms: 3 rows 0.916 -> 0.951, 5 1.009 -> 1.063, 8 1.000 -> 1.058, 13 1.080 -> 1.115,
+# 16 1.084 -> 1.208): both left the refinement. Op bodies as functions of their own
+# (``noinline``): each gets its own registers, where one dispatch holds them all (sm_90 builds of
+# llama-3.2-1b's winners at 1 and 3 rows: 255 registers and 44-60 bytes of spills -> 198 and none;
+# on the H200, final rounds: 1 row 0.870 -> 0.852 ms, 2 0.896 -> 0.863, 13 1.075 -> 1.034). Any
+# call serialises a kernel's warpgroup MMAs (ptxas C7510; 64-row dots, from 48 rows on): 64
+# rows 1.600 -> 1.954 ms.
+REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
+          "noinline")
+COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
+# the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
+# an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
+DEEP_STAGES_KIB = 200
+# the attention pipeline's stages when deepened: the block table's gathers keep (stages - 1) // 2
+# steps in shared memory (sm_90 builds of llama-3.2-1b's winners: 194 KiB at 32 rows with
+# pairs and at 64 with groups of 4, 144 KiB at 13 rows)
+DEEP_ATTN_STAGES = 8
+
+
+def other_block(v: Variant, seq: int) -> Variant:
+    """``v`` with the largest other cache block of ``SPACE`` that fits (itself where none does)."""
+    fits = [b for b in SPACE["kv_block"] if b != v.kv_block and block_fits(v, b, seq)]
+    if not fits:
+        return v
+    b = max(fits)
+    return replace(v, kv_block=b, kv_split=stream_kv_split(b) if v.attn_stream else v.kv_split)
+
+
+def deeper(knob: str, deep: int, default: int):
+    """The flip of a pipeline depth: ``deep`` from the default, the default from any other."""
+    return lambda v, seq: replace(v, **{knob: deep if getattr(v, knob) == default else default})
+
+
+def other_split(v: Variant, seq: int) -> Variant:
+    """K slices of the projections without a norm on (4, their reduce fused with the norm where
+    the norm comes first) where ``v`` has none, else none."""
+    split = 1 if v.split_k > 1 else 4
+    return replace(v, split_k=split, reduce_norm=split > 1 and bool(v.norm_first))
+
+
+# the interpreter ignores pipeline stages; step sizes change only what streams at once
+GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline")
+# knobs whose flip is not a switch's: (variant, context) -> the flipped variant
+FLIPS = {"kv_block": other_block, "split_k": other_split,
+         "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
+         "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
+         "step_weights": deeper("step_weights", 2, TileConfig.step_weights)}
+# flips that change the shape of every task of some ops, or how the registers are shared out:
+# timed at each warp count of ``SPACE`` (on GPUs; the interpreter ignores warps). With calls,
+# llama-3.2-1b's 4-warp variants won at 1-5, 13 and 16 rows (5 rows: 0.941 ms against 0.972 for
+# the best without, of 8 warps), while calls at 8 warps lost at 8, 17 and 32 rows by about 1%
+# (sm_90 builds of 8-warp variants with calls keep to about 128 registers: 16 rows 153 -> 118)
+RESHAPING = ("split_k", "noinline")
+
+
+def warpgroup_mmas(dims, tile: TileConfig) -> bool:
+    """Whether the projections' dots take 64 rows or more (the batch's rows as the tiles pad them,
+    or weight rows as the dot's M): Hopper's warpgroup MMAs, which any call in the kernel
+    serialises (ptxas C7510), so op bodies as calls are not built with them."""
+    return not tile.gemv and (tile.swap_ab or dot_rows(dims, tile) >= 64)
+
+
+def flip(v: Variant, knob: str, seq: int) -> Variant:
+    """``v`` with ``knob`` flipped (``FLIPS``, else a switch), and its companions set to the
+    knob's new value; key ranges turned on (``attn_pair_ranges``) hold at most half of the
+    ``seq`` keys."""
+    if knob in FLIPS:
+        return FLIPS[knob](v, seq)
+    value = not getattr(v, knob)
+    u = replace(v, **{k: value for k in (knob, *COMPANIONS.get(knob, ()))})
+    if knob == "attn_pair_ranges" and value:
+        u = replace(u, kv_split=min(u.kv_split, seq // 2))
+    return u
+
+
+def ranked(rows: list) -> list[Variant]:
+    """The right variants of timed ``rows`` [(variant, ledger row)], fastest first (equal times:
+    by label)."""
+    return [v for *_, v in sorted((row["ms"], v.label, v) for v, row in rows
+                                   if row["error"] is None)]
+
+
+def op_graph(cfg, dtype, batch: int, seq: int):
+    """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on)."""
+    from megakernel.models.weights import empty_model
+
+    model = empty_model(cfg).to(dtype)
+    return lower(capture(model, batch, seq), model.lm_head.weight.element_size())
+
+
+def refinement(ledger: Ledger, base: dict, batch: int, rows: list, refine: tuple[str, ...],
+               model, max_seq_len: int, target: Target) -> list[tuple[Variant, float]]:
+    """The batch size's fastest right variant with each ``refine`` knob flipped (``flip``), as
+    it will be built, where that is a variant not timed yet: [(variant, predicted us)]; rated
+    here, kept in the ledger's plans (a rerun rates nothing). ``base``: the ledger key's fields
+    (model, context, device, code and rules versions)."""
+    ok = ranked(rows)
+    if not ok:
+        return []
+    best = ok[0]
+    key = ledger.key(batch=batch, best=best.label, refine=list(refine), **base)
+    if ledger.plan(key) is None:
+        dtype = next(model.parameters()).dtype
+        ledger.add_plan(key, _flips(model.config, dtype, batch, max_seq_len, target, best,
+                                    refine, {u.label for u, _ in rows}))
+    return ledger.plan(key)
+
+
+def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
+           refine: tuple[str, ...], labels: set[str]) -> list[tuple[Variant, float]]:
+    """``v`` with each knob of ``refine`` flipped (as it will be built), rated, unless a
+    variant of that label is timed already (``labels``)."""
+    ops = op_graph(cfg, dtype, batch, seq)
+    cpu = target.name == "cpu"
+    skip = GPU_ONLY_FLIPS if cpu else ()      # the interpreter's are alike
+    warps = lambda k: SPACE["num_warps"] if k in RESHAPING and not cpu else (None,)
+    flipped = [effective(ops, replace(u, num_warps=w or u.num_warps))
+               for k in refine if k not in skip for u in [flip(v, k, seq)] for w in warps(k)
+               if not (u.noinline and warpgroup_mmas(ops.dims, u.tile))]
+    return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
+
+
+# the gaining flips of a refinement, besides its fastest, combined with it (``compound``):
+# llama-3.2-1b on the H200, each batch size's winner with one more of its refinement's gains
+# (ms): 48 rows `sw2` 1.518 -> with `sm200` too 1.485, 64 1.588 -> 1.562
+COMPOUND = 2
+
+
+def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list, tried: list,
+             model, max_seq_len: int, target: Target) -> list[tuple[Variant, float]]:
+    """Where more than one of the refinement's flips (``tried``, of ``start``) beat ``start``,
+    the fastest of them with each of the next ``COMPOUND`` fastest's changes (the fields that
+    flip set on ``start``) set on it too, as it will be built, where not timed yet (nor a call
+    beside warpgroup MMAs): [(variant, predicted us)], kept in the ledger's plans."""
+    ms = {v.label: row["ms"] for v, row in rows if row["error"] is None}
+    gains = sorted((ms[u.label], u.label, u) for u, _ in tried
+                   if u.label in ms and start.label in ms and ms[u.label] < ms[start.label])
+    if len(gains) < 2:
+        return []
+    best = gains[0][2]
+    key = ledger.key(batch=batch, compound=[u.label for *_, u in gains[:COMPOUND + 1]], **base)
+    if ledger.plan(key) is None:
+        ops = op_graph(model.config, next(model.parameters()).dtype, batch, max_seq_len)
+        changes = lambda u: {f.name: getattr(u, f.name) for f in fields(Variant)
+                             if getattr(u, f.name) != getattr(start, f.name)}
+        made = [effective(ops, replace(best, **changes(u))) for *_, u in gains[1:COMPOUND + 1]]
+        made = [u for u in dict.fromkeys(made) if u.label not in {v.label for v, _ in rows}
+                and not (u.noinline and warpgroup_mmas(ops.dims, u.tile))]
+        ledger.add_plan(key, [(u, predict(ops, u, target)) for u in made])
+    return ledger.plan(key)
