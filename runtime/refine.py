@@ -23,13 +23,13 @@ from .search import SPACE, block_fits, predict
 from .variant import Variant, effective, stream_kv_split
 
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
-# (``_refinement``; a knob's companions take its new value too): projection tasks in near-equal
+# (``refinement``; a knob's companions take its new value too): projection tasks in near-equal
 # spans that fill whole waves of workers (llama-3.1-8b on the H200 at batch 1: 4.192 -> 4.132 ms,
 # 132 tasks of gate_up, o and down instead of 128; llama-3.2-1b: the winner at 1 and 13 rows, within
 # 1% elsewhere), the cache block (the shortlist times the largest that fits), deeper projection
 # pipelines (``TileConfig.stage_kib``; llama-3.2-1b, tuned ms: 64 rows 1.749 -> 1.704, 48 1.655 ->
 # 1.634, won at 5 and 32 rows too, 0.5-3.4% slower elsewhere) and the K slices of o and down (on,
-# their reduce fused with the norm where it comes first, or off; at each warp count, ``RESHAPING``):
+# their reduce fused with the norm where it comes first, or off):
 # the cost model rates them against the measurements at 8 rows (4 slices fused 0.997 ms with 8
 # warps, 1.033 with 4; none 1.037 / 1.030; rated 1153 us against 1078), so the shortlists of 1 to 5
 # rows hold none (4 fused slices won at 5 rows: 0.976 ms against 1.008); one-matrix steps as deep as
@@ -87,12 +87,14 @@ FLIPS = {"kv_block": other_block, "split_k": other_split,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights)}
-# flips that change the shape of every task of some ops, or how the registers are shared out:
-# timed at each warp count of ``SPACE`` (on GPUs; the interpreter ignores warps). With calls,
-# llama-3.2-1b's 4-warp variants won at 1-5, 13 and 16 rows (5 rows: 0.941 ms against 0.972 for
-# the best without, of 8 warps), while calls at 8 warps lost at 8, 17 and 32 rows by about 1%
-# (sm_90 builds of 8-warp variants with calls keep to about 128 registers: 16 rows 153 -> 118)
-RESHAPING = ("split_k", "noinline")
+# flips that change how the registers are shared out: timed at each warp count of ``SPACE`` (on
+# GPUs; the interpreter ignores warps). With calls, llama-3.2-1b's 4-warp variants won at 1-5, 13
+# and 16 rows (5 rows: 0.941 ms against 0.972 for the best without, of 8 warps), and at 8, 17, 24
+# and 32 rows where the best without was of 8 warps (17 rows 1.190 -> 1.160; with 8 warps 1.183),
+# 8 warps with calls keeping to about 128 registers (sm_90 builds: 16 rows 153 -> 118). The K
+# slices' flip at the other warp count never gained where the same flip at the variant's own
+# did not (12 batch sizes; it lost 7-23% from 13 rows on), so it is timed at the variant's own.
+RESHAPING = ("noinline",)
 
 
 def warpgroup_mmas(dims, tile: TileConfig) -> bool:
