@@ -23,7 +23,8 @@ elements per attention step (default 8192), ``asN`` an N-stage attention pipelin
 the projections', at least 2), ``atN`` keys per attention task doubled while there are more than N
 tasks per worker (default 2; at0 never), ``pl`` counters polled with acquire loads instead of
 atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN`` projections
-without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``nf`` normalised x
+without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``kmN`` only those of
+at least N reduction columns, ``nf`` normalised x
 written once by rms_norm tasks (norm first; ``nf0`` never; default: from 5 batch rows on), ``rn``
 with norm first and split-K, the K slices reduced by whole rows and each row normalised in the same
 task, ``ns`` instead each column group's reduce (and the embedding) writing its rows' sums of
@@ -78,6 +79,7 @@ class Variant:
     prefetch_start: int = CompileOptions.prefetch_start
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
+    split_k_min: int = TileConfig.split_k_min
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
     norm_first: bool | None = TileConfig.norm_first
@@ -131,6 +133,7 @@ class Variant:
         flags += ["sp"] * self.attn_spill
         flags += [f"ar{self.attn_rows}"] * (self.attn_rows != TileConfig.attn_rows)
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
+        flags += [f"km{self.split_k_min}"] * (self.split_k_min != TileConfig.split_k_min)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         flags += [f"rg{self.max_registers}"] * bool(self.max_registers)
         flags += ["ni" if self.noinline else "ni0"] * (self.noinline != CompileOptions.noinline)
@@ -180,7 +183,8 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "as": lambda n: {"attn_stages": n},
            "ar": lambda n: {"attn_rows": n}, "ag": lambda n: {"attn_group": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
-           "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},
+           "sk": lambda n: {"split_k": n}, "km": lambda n: {"split_k_min": n},
+           "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
@@ -223,7 +227,8 @@ def effective(ops, v: Variant) -> Variant:
     across heads only without head norms (their pieces per head then mean nothing), pairs (or
     groups) of kv heads per task only where they apply (``Tiler.attn_pairs``), the group size only
     with them, pairs over key ranges only where units have several, spilled units only where some
-    are cut. Equal results build equal kernels."""
+    are cut, the K slices' least K only where it leaves some projections unsliced
+    (``slicing``). Equal results build equal kernels."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
@@ -263,13 +268,29 @@ def effective(ops, v: Variant) -> Variant:
     group = ops.dims.heads // ops.dims.kv_heads
     rows = v.attn_rows if p2(group, v.attn_rows) != p2(group, TileConfig.attn_rows) \
         else TileConfig.attn_rows
-    split_norm = tiler.norm_first() and tiler.split_k() > 1     # a split's output normalised
+    split, split_min = slicing(ops, tiler.split_k(), v.split_k_min)
+    if split_min != v.split_k_min or split != tiler.split_k():
+        return effective(ops, replace(v, split_k=split, split_k_min=split_min))
+    split_norm = tiler.norm_first() and split > 1               # a split's output normalised
     sums = v.norm_sums and split_norm
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
-                   split_k=tiler.split_k(), norm_first=tiler.norm_first(), norm_sums=sums,
+                   split_k=split, norm_first=tiler.norm_first(), norm_sums=sums,
                    reduce_norm=v.reduce_norm and split_norm and not sums,
                    split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                    else TileConfig.split_head_norm)
+
+
+def slicing(ops, split: int, split_min: int) -> tuple[int, int]:
+    """(K slices, their least K) as they act on the projections without a norm of ``ops``: the
+    least K only where it leaves some of the projections that would be sliced unsliced, and no
+    slices where it leaves none sliced."""
+    ks = [ops.buffers[op.params["weight"]].shape[1] for op in ops.ops
+          if op.kind == "linear" and op.params.get("norm") is None]
+    sliced = [k for k in ks if split > 1 and k % (16 * split) == 0]
+    if not any(k < split_min for k in sliced):
+        return split, TileConfig.split_k_min
+    return (split, split_min) if any(k >= split_min for k in sliced) \
+        else (1, TileConfig.split_k_min)
 
 
 def variant_of(compiled) -> Variant:

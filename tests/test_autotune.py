@@ -364,6 +364,14 @@ def test_variants_are_rated_as_they_will_be_built():
     assert summed.norm_sums and not summed.reduce_norm and parse_variant(summed.label) == summed
     for other in (dict(norm_first=False), dict(split_k=1)):
         assert not effective(ops, replace(v, norm_sums=True, **(both | other))).norm_sums
+    # the K slices' least K: only where it leaves some projections unsliced (tiny-llama's o has
+    # K 96, down 224), and none sliced: no slices
+    llama = lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
+    least = lambda k: effective(llama, replace(v, split_k=2, split_k_min=k))
+    assert (least(128).split_k, least(128).split_k_min) == (2, 128)
+    assert least(128).label.endswith("xsk2xkm128") and parse_variant(least(128).label) == least(128)
+    assert least(96) == least(0) == effective(llama, replace(v, split_k=2))
+    assert least(512) == effective(llama, replace(v, split_k=1))
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert effective(ops, replace(v, qkv_cross=True)) == effective(ops, v)

@@ -81,6 +81,24 @@ def test_kernel_equals_vm_with_op_bodies_as_calls():
     check_kernel_against_vm("tiny-qwen3", TileConfig(split_k=2, norm_first=True), noinline=True)
 
 
+def test_kernel_equals_vm_with_slices_of_the_long_projections_only():
+    """K slices only for projections of at least ``split_k_min`` reduction columns: tiny-llama's
+    down (224) sliced, o (96) whole, the norm after o by rows, the one after down with the
+    reduce."""
+    tiles = TileConfig(split_k=2, block_k=32, norm_first=True, reduce_norm=True,
+                       split_k_min=128)
+    check_kernel_against_vm("tiny-llama", tiles)
+    model = load("tiny-llama")
+    tasks = compile_model(model, CompileOptions(B, S, target="cpu", tile=tiles),
+                          "tiny-llama").tasks.tasks
+    sliced = {t.op for t in tasks if t.kind == "linear_part"}
+    whole = {t.op for t in tasks if t.kind == "linear"}
+    layers = model.config.num_layers
+    assert len(sliced) == layers and len(whole) == layers + 1          # down; o and lm_head
+    assert {t.op for t in tasks if t.kind == "reduce_norm"} == sliced
+    assert any(t.kind == "rms_norm" and t.op.startswith("gate_up") for t in tasks)
+
+
 def check_kernel_against_vm(name, tiles, noinline: bool = False) -> list[str]:
     """The kernel's step against the VM's, every buffer; the kinds of its tasks."""
     model = load(name)
