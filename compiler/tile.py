@@ -50,10 +50,10 @@ class TileConfig:
                                # column group S times as wide; 1: none; 0: 4 from 8 batch rows
                                # on (llama-3.2-1b on the H200, ms at batch 8 / 17 / 64: 1.217 /
                                # 1.917 / 4.027 -> 1.202 / 1.799 / 3.163; batch 1 alike)
-    split_k_min: int = 0       # K slices only for those projections of at least this many
-                               # reduction columns (llama-3.2-1b, 4096: down's 8192 sliced,
-                               # o's 2048 not: no reduce phase after o, whose x is as large as
-                               # its weights' share of a task at 17 rows)
+    split_long: bool = False   # K slices only for projections with more reduction columns
+                               # than the hidden size (llama-3.2-1b: down's 8192 sliced, o's
+                               # 2048 not: no reduce phase after o, whose x is as large as its
+                               # weights' share of a task at 17 rows)
     block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
     kv_block: int = 16         # cache block (tokens): the block table's unit; a multiple of an
                                # attention step's keys: one table entry per step (128: the

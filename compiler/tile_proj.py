@@ -16,11 +16,12 @@ if TYPE_CHECKING:
 
 
 def split_slices(t: Tiler, op) -> int:
-    """K slices of a linear op: split_k where it has no norm, K is at least split_k_min and
-    splits into slices of a multiple of 16 columns (whole 16-byte loads), else 1."""
+    """K slices of a linear op: split_k where it has no norm, K splits into slices of a multiple
+    of 16 columns (whole 16-byte loads) and (``split_long``) exceeds the hidden size, else 1."""
     k, s = t.b(op.params["weight"]).shape[1], t.split_k()
     plain = op.params["norm"] is None and not op.params.get("prenormed")
-    return s if s > 1 and plain and k % (16 * s) == 0 and k >= t.cfg.split_k_min else 1
+    long = k > t.graph.dims.hidden or not t.cfg.split_long
+    return s if s > 1 and plain and k % (16 * s) == 0 and long else 1
 
 
 def tile_linear_split(t: Tiler, op, slices: int) -> None:

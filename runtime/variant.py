@@ -23,8 +23,8 @@ elements per attention step (default 8192), ``asN`` an N-stage attention pipelin
 the projections', at least 2), ``atN`` keys per attention task doubled while there are more than N
 tasks per worker (default 2; at0 never), ``pl`` counters polled with acquire loads instead of
 atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN`` projections
-without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``kmN`` only those of
-at least N reduction columns, ``nf`` normalised x
+without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``kl`` only those with
+more reduction columns than the hidden size, ``nf`` normalised x
 written once by rms_norm tasks (norm first; ``nf0`` never; default: from 5 batch rows on), ``rn``
 with norm first and split-K, the K slices reduced by whole rows and each row normalised in the same
 task, ``ns`` instead each column group's reduce (and the embedding) writing its rows' sums of
@@ -79,7 +79,7 @@ class Variant:
     prefetch_start: int = CompileOptions.prefetch_start
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
-    split_k_min: int = TileConfig.split_k_min
+    split_long: bool = TileConfig.split_long
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
     norm_first: bool | None = TileConfig.norm_first
@@ -133,7 +133,7 @@ class Variant:
         flags += ["sp"] * self.attn_spill
         flags += [f"ar{self.attn_rows}"] * (self.attn_rows != TileConfig.attn_rows)
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
-        flags += [f"km{self.split_k_min}"] * (self.split_k_min != TileConfig.split_k_min)
+        flags += ["kl"] * self.split_long
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         flags += [f"rg{self.max_registers}"] * bool(self.max_registers)
         flags += ["ni" if self.noinline else "ni0"] * (self.noinline != CompileOptions.noinline)
@@ -171,7 +171,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
-            "rn": {"reduce_norm": True}, "ns": {"norm_sums": True},
+            "rn": {"reduce_norm": True}, "ns": {"norm_sums": True}, "kl": {"split_long": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
             "pf": {"prefetch": True}, "ni": {"noinline": True}, "ni0": {"noinline": False}}
 NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
@@ -183,8 +183,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "as": lambda n: {"attn_stages": n},
            "ar": lambda n: {"attn_rows": n}, "ag": lambda n: {"attn_group": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
-           "sk": lambda n: {"split_k": n}, "km": lambda n: {"split_k_min": n},
-           "rg": lambda n: {"max_registers": n},
+           "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
@@ -227,8 +226,8 @@ def effective(ops, v: Variant) -> Variant:
     across heads only without head norms (their pieces per head then mean nothing), pairs (or
     groups) of kv heads per task only where they apply (``Tiler.attn_pairs``), the group size only
     with them, pairs over key ranges only where units have several, spilled units only where some
-    are cut, the K slices' least K only where it leaves some projections unsliced
-    (``slicing``). Equal results build equal kernels."""
+    are cut, slices of the long projections only where that leaves some
+    projections unsliced (``slicing``). Equal results build equal kernels."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
@@ -268,9 +267,9 @@ def effective(ops, v: Variant) -> Variant:
     group = ops.dims.heads // ops.dims.kv_heads
     rows = v.attn_rows if p2(group, v.attn_rows) != p2(group, TileConfig.attn_rows) \
         else TileConfig.attn_rows
-    split, split_min = slicing(ops, tiler.split_k(), v.split_k_min)
-    if split_min != v.split_k_min or split != tiler.split_k():
-        return effective(ops, replace(v, split_k=split, split_k_min=split_min))
+    split, long = slicing(ops, tiler.split_k(), v.split_long)
+    if long != v.split_long or split != tiler.split_k():
+        return effective(ops, replace(v, split_k=split, split_long=long))
     split_norm = tiler.norm_first() and split > 1               # a split's output normalised
     sums = v.norm_sums and split_norm
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
@@ -280,17 +279,17 @@ def effective(ops, v: Variant) -> Variant:
                    else TileConfig.split_head_norm)
 
 
-def slicing(ops, split: int, split_min: int) -> tuple[int, int]:
-    """(K slices, their least K) as they act on the projections without a norm of ``ops``: the
-    least K only where it leaves some of the projections that would be sliced unsliced, and no
+def slicing(ops, split: int, long: bool) -> tuple[int, bool]:
+    """(K slices, only the long projections) as they act on the projections without a norm of
+    ``ops``: ``long`` only where it leaves some of those that would be sliced unsliced, and no
     slices where it leaves none sliced."""
     ks = [ops.buffers[op.params["weight"]].shape[1] for op in ops.ops
           if op.kind == "linear" and op.params.get("norm") is None]
     sliced = [k for k in ks if split > 1 and k % (16 * split) == 0]
-    if not any(k < split_min for k in sliced):
-        return split, TileConfig.split_k_min
-    return (split, split_min) if any(k >= split_min for k in sliced) \
-        else (1, TileConfig.split_k_min)
+    kept = [k for k in sliced if k > ops.dims.hidden]
+    if not long or len(kept) == len(sliced):
+        return split, False
+    return (split, True) if kept else (1, False)
 
 
 def variant_of(compiled) -> Variant:

@@ -364,14 +364,19 @@ def test_variants_are_rated_as_they_will_be_built():
     assert summed.norm_sums and not summed.reduce_norm and parse_variant(summed.label) == summed
     for other in (dict(norm_first=False), dict(split_k=1)):
         assert not effective(ops, replace(v, norm_sums=True, **(both | other))).norm_sums
-    # the K slices' least K: only where it leaves some projections unsliced (tiny-llama's o has
-    # K 96, down 224), and none sliced: no slices
+    # slices of the long projections only: where that leaves some unsliced (tiny-llama's o has
+    # K 96 as its hidden size, down 224); where it leaves none sliced, no slices
     llama = lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
-    least = lambda k: effective(llama, replace(v, split_k=2, split_k_min=k))
-    assert (least(128).split_k, least(128).split_k_min) == (2, 128)
-    assert least(128).label.endswith("xsk2xkm128") and parse_variant(least(128).label) == least(128)
-    assert least(96) == least(0) == effective(llama, replace(v, split_k=2))
-    assert least(512) == effective(llama, replace(v, split_k=1))
+    long = effective(llama, replace(v, split_k=2, split_long=True))
+    assert (long.split_k, long.split_long) == (2, True) and long.label.endswith("xsk2xkl")
+    assert parse_variant(long.label) == long
+    assert effective(llama, replace(v, split_k=4, split_long=True)) == \
+        effective(llama, replace(v, split_k=4))           # 224 is not 4 slices of 16s: none
+    qwen = lower(capture(load_model("tiny-qwen3", progress=False).model, 3, 64), 4)
+    assert effective(qwen, replace(v, split_k=2, split_long=True)) == \
+        effective(qwen, replace(v, split_k=2))  # o's K 96 exceeds its hidden 80; down unsliced
+    assert effective(llama, replace(v, split_k=2, split_long=True, norm_first=True,
+                                    reduce_norm=True)).label.endswith("xnfxrnxsk2xkl")
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert effective(ops, replace(v, qkv_cross=True)) == effective(ops, v)

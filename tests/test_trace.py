@@ -77,8 +77,8 @@ def test_variant_labels():
         8, 264, 2, False)
     assert opts["tile"] == TileConfig(block_n=64, block_k=256, gemv=True, stages=2, kv_split=32)
     assert parse_variant(v.label) == v and parse_variant("64x64x4x132").prefetch
-    sliced = parse_variant("64x64x4x132xsk4xkm4096")
-    assert sliced.tile.split_k_min == 4096 and parse_variant(sliced.label) == sliced
+    sliced = parse_variant("64x64x4x132xsk4xkl")
+    assert sliced.tile.split_long and parse_variant(sliced.label) == sliced
     assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
     rows = parse_variant("64x64x4x132xafxar16")
     assert rows.tile.attn_rows == 16 and rows.label.endswith("xafxar16")

@@ -82,11 +82,11 @@ def test_kernel_equals_vm_with_op_bodies_as_calls():
 
 
 def test_kernel_equals_vm_with_slices_of_the_long_projections_only():
-    """K slices only for projections of at least ``split_k_min`` reduction columns: tiny-llama's
-    down (224) sliced, o (96) whole, the norm after o by rows, the one after down with the
-    reduce."""
+    """K slices only for projections with more reduction columns than the hidden size (96):
+    tiny-llama's down (224) sliced, o (96) whole, the norm after o by rows, the one after down
+    with the reduce."""
     tiles = TileConfig(split_k=2, block_k=32, norm_first=True, reduce_norm=True,
-                       split_k_min=128)
+                       split_long=True)
     check_kernel_against_vm("tiny-llama", tiles)
     model = load("tiny-llama")
     tasks = compile_model(model, CompileOptions(B, S, target="cpu", tile=tiles),
