@@ -11,10 +11,10 @@ at position ``max_seq_len - 1``, median of ``iters``), each step's logits checke
 eager model's on the same step: a variant farther than ``max_rel_err`` (relative norm) is
 recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of
 ``refine`` flipped (``refine.REFINE``: balanced projection spans, the cache block, deeper
-projection pipelines, the K slices of o and down at each warp count, deeper one-matrix steps,
-norms from the reduces' sums of squares, op bodies as calls at each warp count), where that
-builds another variant, and where several flips gained, the fastest of them with the next
-gains' changes too (``refine.compound``).
+projection pipelines, the K slices of o and down, deeper one-matrix steps, norms from the
+reduces' sums of squares, op bodies as calls at each warp count, K slices of the long
+projections only), where that builds another variant, and where several flips gained, the
+fastest of them with the next gains' changes too (``refine.compound``).
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -44,6 +44,7 @@ from .measure import measure, step_inputs
 from .refine import REFINE, compound, op_graph, ranked, refinement
 from .search import SPACE, shortlist
 from .variant import Variant
+
 
 @dataclass(frozen=True)
 class Winner:
@@ -238,13 +239,6 @@ class _Tuning:
                            [(v.label, self.opts(b, v)) for v in picks], self.root, self.iters,
                            self.final_rounds,
                            lambda: step_inputs(self.model, b, self.max_seq_len)[0])
-
-
-def ranked(rows: list) -> list[Variant]:
-    """The right variants of timed ``rows`` [(variant, ledger row)], fastest first (equal times:
-    by label)."""
-    return [v for *_, v in sorted((row["ms"], v.label, v) for v, row in rows
-                                   if row["error"] is None)]
 
 
 def _keep_winner(run: _Tuning, batch: int, rows: list, finals: dict, folder: Path) -> Winner:

@@ -170,7 +170,9 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
 
 # the gaining flips of a refinement, besides its fastest, combined with it (``compound``):
 # llama-3.2-1b on the H200, each batch size's winner with one more of its refinement's gains
-# (ms): 48 rows `sw2` 1.518 -> with `sm200` too 1.485, 64 1.588 -> 1.562
+# (ms): 48 rows `sw2` 1.518 -> with `sm200` too 1.485, 64 1.588 -> 1.562; in a cold autotune
+# the compounds won at 8 rows (0.958), 17 (1.145 against the best single flip's 1.162), 48
+# (1.476 against 1.517) and 64 (1.571 against 1.591)
 COMPOUND = 2
 
 
