@@ -132,13 +132,14 @@ def store_rows(ptr, vals, n0, n_hi, B: tl.constexpr, N: tl.constexpr, BLOCK_B: t
 
 
 @triton.jit
-def store_norm_inputs(ss_ptr, sc_ptr, y, w, n0, n_hi, B: tl.constexpr, N: tl.constexpr,
+def store_norm_inputs(ss_ptr, sc_ptr, y, w, g, n0, n_hi, B: tl.constexpr, N: tl.constexpr,
                       BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
     """What the next op's norm takes (``TileConfig.norm_sums``, see ``tile_norm``) from columns
-    [n0, n_hi) of x, y [BLOCK_B, BLOCK_N] fp32 (0 where masked): their sums of squares of each
-    row into ss[n0 // BLOCK_N, :B], and y times the norm's weight w [BLOCK_N] into sc [B, N]."""
+    [n0, n_hi) of x, column group g, y [BLOCK_B, BLOCK_N] fp32 (0 where masked): their sums of
+    squares of each row into ss[g, :B], and y times the norm's weight w [BLOCK_N] into
+    sc [B, N]."""
     rows = tl.arange(0, BLOCK_B)
-    tl.store(ss_ptr + (n0 // BLOCK_N) * B + rows, tl.sum(y * y, axis=1), mask=rows < B)
+    tl.store(ss_ptr + g * B + rows, tl.sum(y * y, axis=1), mask=rows < B)
     store_rows(sc_ptr, (y * w[None, :]).to(sc_ptr.dtype.element_ty), n0, n_hi, B, N, BLOCK_B,
                BLOCK_N)
 
@@ -157,19 +158,23 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, B: tl.c
     tl.store(out_ptr + rows[:, None] * H + ns[None, :], vals, mask=mask)
     if SUMS:
         w = tl.load(nw_ptr + ns, mask=ns < H, other=0.0).to(tl.float32)           # [BLOCK_N]
-        store_norm_inputs(ss_ptr, sc_ptr, vals.to(tl.float32), w, n0, H, B, H, BLOCK_B, BLOCK_N)
+        store_norm_inputs(ss_ptr, sc_ptr, vals.to(tl.float32), w, n0 // BLOCK_N, n0, H, B, H,
+                          BLOCK_B, BLOCK_N)
 
 
 @triton.jit
-def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.constexpr,
-              B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
-              HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
-              STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
-              SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1):
+def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, osc_ptr, n0, n1,
+              g, eps: tl.constexpr, B: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+              HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+              FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
+              FOLD: tl.constexpr, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
+              OUT_SUMS: tl.constexpr = False):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N); the
     norm's RMS from x, or (SUMS > 0: x scaled by the norm's weight already) from the sums of
-    squares ss [SUMS, B] of x's rows, applied to the product."""
+    squares ss [SUMS, B] of x's rows, applied to the product. OUT_SUMS: what the next op's norm
+    (weight onw) takes of out's columns too, as column group g (``store_norm_inputs`` into os,
+    osc)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
     rows = tl.arange(0, BLOCK_B)
@@ -186,6 +191,10 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.co
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
+    if OUT_SUMS:
+        w = tl.load(onw_ptr + ns, mask=ns < n1, other=0.0).to(tl.float32)          # [BLOCK_N]
+        y = tl.where((rows[:, None] < B) & (ns[None, :] < n1), y.to(DT).to(tl.float32), 0.0)
+        store_norm_inputs(os_ptr, osc_ptr, y, w, g, n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit

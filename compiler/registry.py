@@ -98,6 +98,7 @@ def _sums(t: Task) -> dict:
 def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=t.args["n"], HAS_NORM=t.args["norm"] is not None,
                 HAS_RES=t.args["residual"] is not None, BLOCK_N=t.args["bn"], **_sums(t),
+                OUT_SUMS=t.args.get("osums") is not None,
                 **_projection(t.args["k"], t.args["bn"], t.args["bk"], d, c))
 
 
@@ -212,8 +213,8 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("tokens_ptr:kernel table:weight out:act sums:f32 norm:weight scaled:act "
                    "n0:int"), _embed),
     OpSpec("linear", "ops.linear_op",
-           _fields("x:act weight:weight norm:weight residual:act out:act sums:f32 n0:int "
-                   "n1:int"),
+           _fields("x:act weight:weight norm:weight residual:act out:act sums:f32 osums:f32 "
+                   "onorm:weight oscaled:act n0:int n1:int g:int"),
            _linear),
     OpSpec("linear_part", "split_ops.linear_part_op",
            _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),

@@ -59,7 +59,7 @@ def linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, n1,
     y = sum_slices(part_ptr, res_ptr, offs, mask, S, B, N, HAS_RES, DT)
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
     if SUMS:
-        store_norm_inputs(ss_ptr, sc_ptr, y, w, n0, n1, B, N, BLOCK_B, BLOCK_N)
+        store_norm_inputs(ss_ptr, sc_ptr, y, w, n0 // BLOCK_N, n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit

@@ -20,8 +20,9 @@ Tilings (``TileConfig`` sets the sizes):
                ``tile_proj``)
     rms_norm   (``norm_first``) rows of an op's normalised input, before the op's own tasks;
                reduce_norm instead where that input is a split projection's output
-               (``reduce_norm``), or none, the split's reduces writing their rows' sums of
-               squares (``norm_sums``; see ``tile_norm``)
+               (``reduce_norm``), or none, the input's writers (the embedding, the split's
+               reduces, a projection's tasks) writing their rows' sums of squares
+               (``norm_sums``; see ``tile_norm``)
 A projection's columns split evenly over the workers in as few waves as keep tasks within
 4 * ``block_n`` columns, so that every op spreads its weights over the whole GPU with the fewest
 tasks; ``bn`` is the op body's block (a power of two), ``n0``/``n1`` the task's columns.
@@ -95,10 +96,11 @@ class TileConfig:
                                # 2.040)
     reduce_norm: bool = False  # with norm first and split-K: the slices reduced by whole rows,
                                # each row normalised for the next op in the same task
-    norm_sums: bool = False    # with norm first and split-K: each column group's reduce also
-                               # writes its rows' sums of squares and x times the norm weight,
-                               # and the next op projects that, each row's RMS applied to the
-                               # product (no norm phase; before reduce_norm)
+    norm_sums: bool = False    # with norm first: each writer of a normalised op's input (the
+                               # embedding, a reduce of K slices, a projection task) also
+                               # writes its columns' sums of squares and x times the norm
+                               # weight, and the op projects that, each row's RMS applied to
+                               # the product (no norm phase; before reduce_norm)
     stages: int = 3            # projection loop: an n-stage software pipeline (1: none)
     step_weights: int = 1      # 2: steps of one-matrix projections (all but gate_up) as deep
                                # as fit gate_up's step's elements (64 rows: lm_head 256 x 64
@@ -324,12 +326,12 @@ class Tiler:
 
 
 def tile_embed(t: Tiler, op) -> None:
-    """Tasks of ``block_n`` columns; with ``norm_sums`` (where the reduces of K slices write
-    them) each also writes its columns' sums of squares and scaled columns for the first norm,
-    as a linear_reduce task does (``tile_proj``), so that every q/k/v task shares one form."""
+    """Tasks of ``block_n`` columns; with ``norm_sums`` each also writes its columns' sums of
+    squares and scaled columns for the first norm, as the projections' tasks do for theirs
+    (``tile_proj``), so that every q/k/v task shares one form."""
     table, out = t.b(op.inputs[0]), t.b(op.outputs[0])
     d = t.graph.dims
-    reader = norm_reader(t, out.name) if t.cfg.norm_sums and t.split_k() > 1 else None
+    reader = norm_reader(t, out.name) if t.cfg.norm_sums else None
     tiles = list(t.col_tiles(d.hidden, t.cfg.block_n))
     for g, (lo, hi) in enumerate(tiles):
         extra_reads, writes, args = sums_writes(t, out, reader, len(tiles), g, lo, hi)

@@ -7,8 +7,9 @@ Two task kinds write {op}.xn, row by row:
                  slices: the slices' fp32 partials summed (and the residual added) into x, as
                  linear_reduce does it by columns, and x normalised in the same task, so that
                  the reduce and the norm take one phase instead of two
-Or (``TileConfig.norm_sums``, before reduce_norm) no xn where x is such an output: each of its
-linear_reduce tasks also writes the sums of squares of its columns of each row into
+Or (``TileConfig.norm_sums``, before reduce_norm) no xn at all: each task writing columns of x
+(linear_reduce of K slices, linear of whole columns, embed) also writes the sums of squares of
+its columns of each row into
 {x}.sums [G, B] fp32 (G column groups) and its columns times the norm's weight into
 {x}.scaled [B, K], and the op keeps its norm in another form: RMSNorm(x) * w @ W^T =
 rstd * ((x * w) @ W^T) with rstd per row, so each task projects {x}.scaled as it is and scales
@@ -17,7 +18,7 @@ arithmetic in the projection's loop; rounded once, after the scaling, not after 
 The embedding's tasks write the same for the first layer's norm, so that its q/k/v tasks take
 the form of every other layer's.
 Invariant: each row of x and of xn is written by exactly one task; each (group, row) of
-{x}.sums, and each column of {x}.scaled, by one linear_reduce (or embed) task.
+{x}.sums, and each column of {x}.scaled, by one linear_reduce, linear or embed task.
 """
 from __future__ import annotations
 

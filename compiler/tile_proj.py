@@ -66,6 +66,9 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
 
 
 def tile_linear(t: Tiler, op) -> None:
+    """Tasks of output columns (``Tiler.spans``), or K slices (``tile_linear_split``); where the
+    next op takes its norm from sums of squares (``norm_sums``), each task also writes its
+    columns' (``tile_norm.sums_writes``)."""
     from .tile import cols, full, rows
 
     if (slices := split_slices(t, op)) > 1:
@@ -74,14 +77,19 @@ def tile_linear(t: Tiler, op) -> None:
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
     n, k = w.shape
     spans, block = t.spans(n)
-    for lo, hi in spans:
-        reads = [Region(x.name, full(x)), rows(w, lo, hi), *norm_reads(t, p)]
+    summed = norm_reader(t, out.name) if t.cfg.norm_sums else None
+    for g, (lo, hi) in enumerate(spans):
+        extra_reads, writes, sums = sums_writes(t, out, summed, len(spans), g, lo, hi)
+        reads = [Region(x.name, full(x)), rows(w, lo, hi), *norm_reads(t, p), *extra_reads]
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
-        nbytes = ((hi - lo) * k + d.batch * k + d.batch * (hi - lo) * 2) * d.itemsize
+        nbytes = ((hi - lo) * k + d.batch * k + d.batch * (hi - lo) * (2 + bool(summed)))
         t.add(op, "linear", dict(x=x.name, weight=w.name, norm=p["norm"], residual=p["residual"],
                                  out=out.name, n0=lo, n1=hi, bn=block, bk=t.depth(k, block),
-                                 eps=p["eps"], n=n, k=k, **sums_args(t, p)),
-              reads, [cols(out, lo, hi)], nbytes, 2 * d.batch * (hi - lo) * k)
+                                 eps=p["eps"], n=n, k=k, osums=sums["sums"],
+                                 onorm=sums["norm"], oscaled=sums["scaled"], g=g,
+                                 **sums_args(t, p)),
+              reads, [cols(out, lo, hi), *writes], nbytes * d.itemsize,
+              2 * d.batch * (hi - lo) * k)
 
 
 def tile_gate_up(t: Tiler, op) -> None:

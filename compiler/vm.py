@@ -75,20 +75,21 @@ class VM:
         lo = a["n0"]
         hi = lo + a["bn"]
         self.buf[a["out"]][:, lo:hi] = y = self.buf[a["table"]][self.buf["tokens"], lo:hi]
-        self.norm_inputs(a, y, lo, hi)
+        self.norm_inputs(y, lo, hi, lo // a["bn"], a["sums"], a["norm"], a["scaled"])
 
-    def norm_inputs(self, a, y, lo, hi):
-        """With ``sums``: column group lo // bn of the sums of squares of y [B, hi - lo] (x's
-        columns lo:hi), and those columns times the next norm's weight."""
-        if a.get("sums") is not None:
-            self.buf[a["sums"]][lo // a["bn"]] = y.float().pow(2).sum(-1)
-            self.buf[a["scaled"]][:, lo:hi] = (y.float() * self.buf[a["norm"]][lo:hi].float()
-                                               ).to(self.dt)
+    def norm_inputs(self, y, lo, hi, g, sums, norm, scaled):
+        """Where ``sums`` is a buffer: into its column group g the sums of squares of y
+        [B, hi - lo] (x's columns lo:hi), and into ``scaled`` those columns times the next
+        norm's weight ``norm``."""
+        if sums is not None:
+            self.buf[sums][g] = y.float().pow(2).sum(-1)
+            self.buf[scaled][:, lo:hi] = (y.float() * self.buf[norm][lo:hi].float()).to(self.dt)
 
     def linear(self, a):
         lo, hi = a["n0"], a["n1"]
         y, = self.project(a, self.buf[a["weight"]][lo:hi])
-        self.buf[a["out"]][:, lo:hi] = self.plus_residual(a, y)
+        self.buf[a["out"]][:, lo:hi] = y = self.plus_residual(a, y)
+        self.norm_inputs(y, lo, hi, a["g"], a["osums"], a["onorm"], a["oscaled"])
 
     def plus_residual(self, a, y, where=None):
         """y (rounded) plus the task's residual at ``where`` (default its columns n0:n1 of
@@ -107,7 +108,7 @@ class VM:
         lo, hi = a["n0"], a["n1"]
         y = self.plus_residual(a, self.buf[a["part"]][:, :, lo:hi].sum(0).to(self.dt))
         self.buf[a["out"]][:, lo:hi] = y
-        self.norm_inputs(a, y, lo, hi)
+        self.norm_inputs(y, lo, hi, lo // a["bn"], a["sums"], a["norm"], a["scaled"])
 
     def reduce_norm(self, a):
         r0, r1 = a["r0"], a["r1"]

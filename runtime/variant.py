@@ -24,13 +24,13 @@ the projections', at least 2), ``atN`` keys per attention task doubled while the
 tasks per worker (default 2; at0 never), ``pl`` counters polled with acquire loads instead of
 atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN`` projections
 without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``kl`` only those with
-more reduction columns than the hidden size, ``nf`` normalised x
-written once by rms_norm tasks (norm first; ``nf0`` never; default: from 5 batch rows on), ``rn``
-with norm first and split-K, the K slices reduced by whole rows and each row normalised in the same
-task, ``ns`` instead each column group's reduce (and the embedding) writing its rows' sums of
-squares and x times the norm weight, the next op projecting that and scaling each row of the product
-by its RMS, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut per
-worker, ``af`` attention as one stream of keys per worker (an equal share of all units' keys),
+more reduction columns than the hidden size, ``nf`` normalised x written once by rms_norm tasks
+(norm first; ``nf0`` never; default: from 5 batch rows on), ``rn`` with norm first and split-K, the
+K slices reduced by whole rows and each row normalised in the same task, ``ns`` instead the writers
+of a normalised input (the embedding, the reduces, projections in whole columns) writing its rows'
+sums of squares and x times the norm weight, the next op projecting that and scaling each row of the
+product by its RMS, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut
+per worker, ``af`` attention as one stream of keys per worker (an equal share of all units' keys),
 ``ap`` attention tasks over a row's pair of kv heads where each unit's keys are one task's (``agN``:
 groups of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``sp`` the units
 left over a whole number of rounds of the workers cut into cache blocks spread over them, ``arN`` a
@@ -216,18 +216,19 @@ def stream_kv_split(kv_block: int) -> int:
 
 def effective(ops, v: Variant) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
-    tiler raises them for this batch (at most the context), q/k/v pieces per head as it chooses
-    them (one where heads have a head norm, unless split; split only where that makes pieces;
-    models without a head norm keep the default), the attention task limit only where it changed
-    the keys per task (balanced attention: never; its keys per task are a minimum there, kept as
-    asked; and no balance where it cuts the keys as the plain tiling does; streamed attention: none
-    of the three), the fused reduce and norm (or the sums of squares instead) only with both norm
-    first and split-K, the attention rows only where they pad the heads otherwise, q/k/v pieces
-    across heads only without head norms (their pieces per head then mean nothing), pairs (or
-    groups) of kv heads per task only where they apply (``Tiler.attn_pairs``), the group size only
-    with them, pairs over key ranges only where units have several, spilled units only where some
-    are cut, slices of the long projections only where that leaves some
-    projections unsliced (``slicing``). Equal results build equal kernels."""
+    tiler raises them for this batch (at most the context), q/k/v pieces per head as it chooses them
+    (one where heads have a head norm, unless split; split only where that makes pieces; models
+    without a head norm keep the default), the attention task limit only where it changed the
+    keys per task (balanced attention: never; its keys per task are a minimum there, kept as
+    asked; and no balance where it cuts the keys as the plain tiling does; streamed attention:
+    none of the three), the fused reduce and norm only with both norm first and split-K (the
+    sums of squares instead: with norm first), the attention rows only where they pad the heads
+    otherwise, q/k/v pieces across heads only without head norms (their pieces per head then
+    mean nothing), pairs (or groups) of kv heads per task only where they apply
+    (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only where
+    units have several, spilled units only where some are cut, slices of the long projections
+    only where that leaves some projections unsliced (``slicing``). Equal results build equal
+    kernels."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
@@ -271,7 +272,7 @@ def effective(ops, v: Variant) -> Variant:
     if long != v.split_long or split != tiler.split_k():
         return effective(ops, replace(v, split_k=split, split_long=long))
     split_norm = tiler.norm_first() and split > 1               # a split's output normalised
-    sums = v.norm_sums and split_norm
+    sums = v.norm_sums and tiler.norm_first()
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
                    split_k=split, norm_first=tiler.norm_first(), norm_sums=sums,
                    reduce_norm=v.reduce_norm and split_norm and not sums,

@@ -81,12 +81,13 @@ def test_kernel_equals_vm_with_op_bodies_as_calls():
     check_kernel_against_vm("tiny-qwen3", TileConfig(split_k=2, norm_first=True), noinline=True)
 
 
-def test_kernel_equals_vm_with_slices_of_the_long_projections_only():
+@pytest.mark.parametrize("norm", [dict(reduce_norm=True), dict(norm_sums=True)])
+def test_kernel_equals_vm_with_slices_of_the_long_projections_only(norm):
     """K slices only for projections with more reduction columns than the hidden size (96):
-    tiny-llama's down (224) sliced, o (96) whole, the norm after o by rows, the one after down
-    with the reduce."""
-    tiles = TileConfig(split_k=2, block_k=32, norm_first=True, reduce_norm=True,
-                       split_long=True)
+    tiny-llama's down (224) sliced, o (96) whole; the norm after down with the reduce (by rows,
+    or the reduces' sums of squares), the one after o by rows or (``norm_sums``) from the sums
+    of squares o's tasks write."""
+    tiles = TileConfig(split_k=2, block_k=32, norm_first=True, split_long=True, **norm)
     check_kernel_against_vm("tiny-llama", tiles)
     model = load("tiny-llama")
     tasks = compile_model(model, CompileOptions(B, S, target="cpu", tile=tiles),
@@ -95,8 +96,14 @@ def test_kernel_equals_vm_with_slices_of_the_long_projections_only():
     whole = {t.op for t in tasks if t.kind == "linear"}
     layers = model.config.num_layers
     assert len(sliced) == layers and len(whole) == layers + 1          # down; o and lm_head
-    assert {t.op for t in tasks if t.kind == "reduce_norm"} == sliced
-    assert any(t.kind == "rms_norm" and t.op.startswith("gate_up") for t in tasks)
+    normed = [t for t in tasks if t.kind in ("rms_norm", "reduce_norm")]
+    if "reduce_norm" in norm:
+        assert {t.op for t in normed if t.kind == "reduce_norm"} == sliced
+        assert any(t.kind == "rms_norm" and t.op.startswith("gate_up") for t in normed)
+    else:       # no norm phase: the embedding, the reduces and o's tasks write sums
+        assert normed == []
+        writers = {t.op for t in tasks if t.kind == "linear" and t.args["osums"] is not None}
+        assert len(writers) == layers and writers < whole                # o's, not lm_head's
 
 
 def check_kernel_against_vm(name, tiles, noinline: bool = False) -> list[str]:
@@ -132,11 +139,12 @@ def check_kernel_against_vm(name, tiles, noinline: bool = False) -> list[str]:
     ("tiny-llama", 64, 1, 1, "cross"), ("tiny-qwen3", 5, 1, 1, "pairs"),
     ("tiny-llama-kv4", 7, 1, 1, "groups"), ("tiny-llama-kv4", 64, 1, 1, "pair parts"),
     ("tiny-qwen3", 7, 1, 1, "cross"), ("tiny-llama", 5, 1, 1, "spill"),
-    ("tiny-qwen3", 32, 1, 2, "sums")])
+    ("tiny-qwen3", 32, 1, 2, "sums"), ("tiny-llama", 7, 1, 2, "long sums")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
     stream, cross, groups = balance == "stream", balance == "cross", balance == "groups"
-    parts, spill, sums = balance == "pair parts", balance == "spill", balance == "sums"
+    parts, spill = balance == "pair parts", balance == "spill"
+    sums, long = balance in ("sums", "long sums"), balance == "long sums"
     pairs = balance == "pairs" or groups or parts
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
@@ -146,7 +154,8 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
                                           kv_step=256, qkv_cross=cross, attn_pairs=pairs,
                                           attn_group=4 if groups else 2,
                                           attn_pair_ranges=parts, attn_spill=spill,
-                                          norm_first=True if sums else None, norm_sums=sums))
+                                          norm_first=True if sums else None, norm_sums=sums,
+                                          split_long=long))
     compiled = compile_model(model, opts, name)
     if cross:       # pieces across heads in one wave (not where heads have a head norm)
         qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
@@ -183,12 +192,13 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
                        if t.kind == "attn_partial")
         assert spans == [(16, 16, False)] * 4 + [(S, S, True)] * 5
         assert [t.kind for t in tasks].count("attn_combine") == 1
-    if sums:        # after the embedding and each split projection (o here) no norm phase:
-        tasks = compiled.tasks.tasks                        # the writers' row sums instead
+    if sums:        # no norm phase: the embedding, the K slices' reduces and the projections
+        tasks = compiled.tasks.tasks     # in whole columns write row sums, every norm reads them
         readers = {t.op: t.args["groups"] for t in tasks
                    if t.args.get("sums") and t.kind not in ("linear_reduce", "embed")}
         normed = {t.op for t in tasks if t.kind in ("rms_norm", "reduce_norm")}
-        assert len(readers) == 3 and min(readers.values()) > 1 and not normed & set(readers)
+        assert len(readers) == 2 * compiled.ops.dims.layers + 1 and not normed
+        assert min(readers.values()) > 1
     if balance is True:     # each row's keys cut once, at places that leave unequal ranges
         pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
