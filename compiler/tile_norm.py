@@ -9,12 +9,12 @@ Two task kinds write {op}.xn, row by row:
                  the reduce and the norm take one phase instead of two
 Or (``TileConfig.norm_sums``, before reduce_norm) no xn at all: each task writing columns of x
 (linear_reduce of K slices, linear of whole columns, embed) also writes the sums of squares of
-its columns of each row into
-{x}.sums [G, B] fp32 (G column groups) and its columns times the norm's weight into
-{x}.scaled [B, K], and the op keeps its norm in another form: RMSNorm(x) * w @ W^T =
-rstd * ((x * w) @ W^T) with rstd per row, so each task projects {x}.scaled as it is and scales
-its rows by the rstd of those sums at the end (no norm phase, no pass over x's rows, no norm
-arithmetic in the projection's loop; rounded once, after the scaling, not after the norm).
+its columns of each row into {x}.sums [G, B] fp32 (G column groups) and its columns times the
+norm's weight into {x}.scaled [B, K], and the op keeps its norm in another form:
+RMSNorm(x) * w @ W^T = rstd * ((x * w) @ W^T) with rstd per row, so each task projects
+{x}.scaled as it is and scales its rows by the rstd of those sums at the end (no norm phase, no
+pass over x's rows, no norm arithmetic in the projection's loop; rounded once, after the scaling,
+not after the norm).
 The embedding's tasks write the same for the first layer's norm, so that its q/k/v tasks take
 the form of every other layer's.
 Invariant: each row of x and of xn is written by exactly one task; each (group, row) of
