@@ -11,8 +11,8 @@ at position ``max_seq_len - 1``, median of ``iters``), each step's logits checke
 eager model's on the same step: a variant farther than ``max_rel_err`` (relative norm) is
 recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of
 ``refine`` flipped (``refine.REFINE``: balanced projection spans, the cache block, deeper
-projection pipelines, the K slices of o and down, deeper one-matrix steps, norms from the
-reduces' sums of squares, op bodies as calls at each warp count, K slices of the long
+projection pipelines, the K slices of o and down, deeper one-matrix steps, norms from their
+inputs' writers' sums of squares, op bodies as calls at each warp count, K slices of the long
 projections only), where that builds another variant, and where several flips gained, the
 fastest of them with the next gains' changes too (``refine.compound``).
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
