@@ -204,6 +204,7 @@ def test_compound_combines_the_refinements_gains_with_its_fastest(tmp_path, monk
     assert refine.compound(ledger, {"code": "d"}, 2, t(v), rows, [(t(fast), 1), (t(calls), 1)],
                            model, 64, H200) == []
 
+
 def test_the_shortlist_takes_the_largest_cache_block_of_variants_alike():
     """Variants equal but for the cache block (and a stream's keys per task, which follow it):
     only the one with the largest block stays, in order; others stay as they are."""
