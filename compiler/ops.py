@@ -183,6 +183,9 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
     if HAS_RES:  # requested before the weights stream, so its latency hides behind them
         r = tl.load(res_ptr + rows[:, None] * N + ns[None, :],
                     mask=(rows[:, None] < B) & (ns[None, :] < n1), other=0.0).to(tl.float32)
+    w = 1.0
+    if OUT_SUMS:  # the next norm's weight, asked for before the weights stream too
+        w = tl.load(onw_ptr + ns, mask=ns < n1, other=0.0).to(tl.float32)          # [BLOCK_N]
     rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
                       SUMS_BLOCK)
     y = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, IN_LOOP,
@@ -192,7 +195,6 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
     if OUT_SUMS:
-        w = tl.load(onw_ptr + ns, mask=ns < n1, other=0.0).to(tl.float32)          # [BLOCK_N]
         y = tl.where((rows[:, None] < B) & (ns[None, :] < n1), y.to(DT).to(tl.float32), 0.0)
         store_norm_inputs(os_ptr, osc_ptr, y, w, g, n0, n1, B, N, BLOCK_B, BLOCK_N)
 

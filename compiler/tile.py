@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from .deps import derive_deps
 from .ir import Buffer, OpGraph, Region, Task, TaskGraph
 from .tile_attention import tile_attention
-from .tile_norm import norm_first, norm_reader, sums_writes
+from .tile_norm import norm_first, sums_reader, sums_writes
 from .tile_proj import tile_gate_up, tile_linear
 from .tile_qkv import tile_qkv_rope
 
@@ -331,7 +331,7 @@ def tile_embed(t: Tiler, op) -> None:
     (``tile_proj``), so that every q/k/v task shares one form."""
     table, out = t.b(op.inputs[0]), t.b(op.outputs[0])
     d = t.graph.dims
-    reader = norm_reader(t, out.name) if t.cfg.norm_sums else None
+    reader = sums_reader(t, out.name)
     tiles = list(t.col_tiles(d.hidden, t.cfg.block_n))
     for g, (lo, hi) in enumerate(tiles):
         extra_reads, writes, args = sums_writes(t, out, reader, len(tiles), g, lo, hi)

@@ -67,6 +67,12 @@ def norm_reader(t: Tiler, name: str):
                  if op.params.get("x") == name and op.params.get("norm")), None)
 
 
+def sums_reader(t: Tiler, name: str):
+    """The op that will take its norm of buffer ``name`` from the sums of squares name's writers
+    write (``norm_sums``; see ``sums_writes``), or None."""
+    return norm_reader(t, name) if t.cfg.norm_sums else None
+
+
 def tile_reduce_norm(t: Tiler, op, part: Buffer, reader) -> None:
     """reduce_norm tasks by rows: op's output from its K slices' partials ``part`` [S, B, N]
     (plus the residual), and ``reader``'s normalised input from it."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .ir import Buffer, Region
-from .tile_norm import norm_reads, norm_reader, sums_args, sums_writes, tile_reduce_norm
+from .tile_norm import (norm_reads, norm_reader, sums_args, sums_reader, sums_writes,
+                        tile_reduce_norm)
 
 if TYPE_CHECKING:
     from .tile import Tiler
@@ -40,7 +41,7 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
     t.buffers[part.name] = part
     ks = k // slices
     bn = p2(min(t.width(n) * slices, n))
-    summed = reader if t.cfg.norm_sums else None         # the reader's norm from sums of squares
+    summed = sums_reader(t, out.name)                    # the reader's norm from sums of squares
     for g, (lo, hi) in enumerate(t.col_tiles(n, bn)):
         for s in range(slices):
             k0 = s * ks
@@ -77,7 +78,7 @@ def tile_linear(t: Tiler, op) -> None:
     x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
     n, k = w.shape
     spans, block = t.spans(n)
-    summed = norm_reader(t, out.name) if t.cfg.norm_sums else None
+    summed = sums_reader(t, out.name)
     for g, (lo, hi) in enumerate(spans):
         extra_reads, writes, sums = sums_writes(t, out, summed, len(spans), g, lo, hi)
         reads = [Region(x.name, full(x)), rows(w, lo, hi), *norm_reads(t, p), *extra_reads]
