@@ -47,6 +47,7 @@ from dataclasses import dataclass, fields, replace
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig, Tiler
+from megakernel.compiler.tile_proj import split_slices
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,7 @@ def effective(ops, v: Variant) -> Variant:
     group = ops.dims.heads // ops.dims.kv_heads
     rows = v.attn_rows if p2(group, v.attn_rows) != p2(group, TileConfig.attn_rows) \
         else TileConfig.attn_rows
-    split, long = slicing(ops, tiler.split_k(), v.split_long)
+    split, long = slicing(ops, v.tile, v.workers)
     if long != v.split_long or split != tiler.split_k():
         return effective(ops, replace(v, split_k=split, split_long=long))
     split_norm = tiler.norm_first() and split > 1               # a split's output normalised
@@ -280,15 +281,15 @@ def effective(ops, v: Variant) -> Variant:
                    else TileConfig.split_head_norm)
 
 
-def slicing(ops, split: int, long: bool) -> tuple[int, bool]:
-    """(K slices, only the long projections) as they act on the projections without a norm of
-    ``ops``: ``long`` only where it leaves some of those that would be sliced unsliced, and no
-    slices where it leaves none sliced."""
-    ks = [ops.buffers[op.params["weight"]].shape[1] for op in ops.ops
-          if op.kind == "linear" and op.params.get("norm") is None]
-    sliced = [k for k in ks if split > 1 and k % (16 * split) == 0]
-    kept = [k for k in sliced if k > ops.dims.hidden]
-    if not long or len(kept) == len(sliced):
+def slicing(ops, tile: TileConfig, workers: int) -> tuple[int, bool]:
+    """(K slices, only the long projections) as ``tile`` acts on ``ops`` (the tiling's own rule,
+    ``tile_proj.split_slices``): ``split_long`` only where it leaves some of the projections
+    that would be sliced unsliced, and no slices where it leaves none sliced."""
+    linear = [op for op in ops.ops if op.kind == "linear"]
+    sliced = lambda long: [op for op in linear if split_slices(
+        Tiler(ops, replace(tile, split_long=long), workers), op) > 1]
+    split, every, kept = Tiler(ops, tile, workers).split_k(), sliced(False), sliced(True)
+    if not tile.split_long or len(kept) == len(every):
         return split, False
     return (split, True) if kept else (1, False)
 
