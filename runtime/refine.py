@@ -108,6 +108,11 @@ def warpgroup_mmas(dims, tile: TileConfig) -> bool:
     return not tile.gemv and (tile.swap_ab or dot_rows(dims, tile) >= 64)
 
 
+def serialised(ops, v: Variant) -> bool:
+    """Whether ``v`` has op bodies as calls beside warpgroup MMAs (never built: see above)."""
+    return v.noinline and warpgroup_mmas(ops.dims, v.tile)
+
+
 def flip(v: Variant, knob: str, seq: int) -> Variant:
     """``v`` with ``knob`` flipped (``FLIPS``, else a switch), and its companions set to the
     knob's new value; key ranges turned on (``attn_pair_ranges``) hold at most half of the
@@ -164,7 +169,7 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
     warps = lambda k: SPACE["num_warps"] if k in RESHAPING and not cpu else (None,)
     flipped = [effective(ops, replace(u, num_warps=w or u.num_warps))
                for k in refine if k not in skip for u in [flip(v, k, seq)] for w in warps(k)
-               if not (u.noinline and warpgroup_mmas(ops.dims, u.tile))]
+               if not serialised(ops, u)]
     return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
 
 
@@ -183,8 +188,10 @@ def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list,
     flip set on ``start``) set on it too, as it will be built, where not timed yet (nor a call
     beside warpgroup MMAs): [(variant, predicted us)], kept in the ledger's plans."""
     ms = {v.label: row["ms"] for v, row in rows if row["error"] is None}
+    if start.label not in ms:
+        return []
     gains = sorted((ms[u.label], u.label, u) for u, _ in tried
-                   if u.label in ms and start.label in ms and ms[u.label] < ms[start.label])
+                   if u.label in ms and ms[u.label] < ms[start.label])
     if len(gains) < 2:
         return []
     best = gains[0][2]
@@ -194,7 +201,7 @@ def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list,
         changes = lambda u: {f.name: getattr(u, f.name) for f in fields(Variant)
                              if getattr(u, f.name) != getattr(start, f.name)}
         made = [effective(ops, replace(best, **changes(u))) for *_, u in gains[1:COMPOUND + 1]]
-        made = [u for u in dict.fromkeys(made) if u.label not in {v.label for v, _ in rows}
-                and not (u.noinline and warpgroup_mmas(ops.dims, u.tile))]
+        timed = {v.label for v, _ in rows}
+        made = [u for u in dict.fromkeys(made) if u.label not in timed and not serialised(ops, u)]
         ledger.add_plan(key, [(u, predict(ops, u, target)) for u in made])
     return ledger.plan(key)
