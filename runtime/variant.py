@@ -285,11 +285,16 @@ def slicing(ops, tile: TileConfig, workers: int) -> tuple[int, bool]:
     """(K slices, only the long projections) as ``tile`` acts on ``ops`` (the tiling's own rule,
     ``tile_proj.split_slices``): ``split_long`` only where it leaves some of the projections
     that would be sliced unsliced, and no slices where it leaves none sliced."""
+    split = Tiler(ops, tile, workers).split_k()
+    if not tile.split_long:
+        return split, False
     linear = [op for op in ops.ops if op.kind == "linear"]
-    sliced = lambda long: [op for op in linear if split_slices(
-        Tiler(ops, replace(tile, split_long=long), workers), op) > 1]
-    split, every, kept = Tiler(ops, tile, workers).split_k(), sliced(False), sliced(True)
-    if not tile.split_long or len(kept) == len(every):
+
+    def sliced(long: bool) -> int:
+        tiler = Tiler(ops, replace(tile, split_long=long), workers)
+        return sum(split_slices(tiler, op) > 1 for op in linear)
+    every, kept = sliced(False), sliced(True)
+    if kept == every:
         return split, False
     return (split, True) if kept else (1, False)
 
