@@ -12,8 +12,8 @@ eager model's on the same step: a variant farther than ``max_rel_err`` (relative
 recorded as wrong and never kept. Then each batch size's fastest is timed again with each knob of
 ``refine`` flipped (``refine.REFINE``: balanced projection spans, the cache block, deeper
 projection pipelines, the K slices of o and down, deeper one-matrix steps, norms from their
-inputs' writers' sums of squares, op bodies as calls at each warp count, K slices of the long
-projections only), where that builds another variant, and where several flips gained, the
+inputs' writers' sums of squares, op bodies as calls at each warp count), where that builds
+another variant, and where several flips gained, the
 fastest of them with the next gains' changes too (``refine.compound``).
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
@@ -235,6 +235,7 @@ class _Tuning:
             job.result()
         if not picks:
             return {}
+        self.bar.set_postfix_str(f"final round, batch {b}")
         return final_round(self.ledger, final_key, self.model, self.name,
                            [(v.label, self.opts(b, v)) for v in picks], self.root, self.iters,
                            self.final_rounds,

@@ -47,12 +47,12 @@ from .variant import Variant, effective, stream_kv_split
 # on the H200, final rounds: 1 row 0.870 -> 0.852 ms, 2 0.896 -> 0.863, 13 1.075 -> 1.034). Any
 # call serialises a kernel's warpgroup MMAs (ptxas C7510; 64-row dots, from 48 rows on): 64
 # rows 1.600 -> 1.954 ms. K slices only for the projections longer than the hidden size
-# (``split_long``: down, not o; no reduce phase after o, whose x rows weigh as much as its
-# weights' share of a task at 17 rows): the cost model rates it 3-5% faster on llama-3.2-1b's
-# winners at 8-32 rows (17 rows 1268 -> 1230 us; traced, o's slices and reduce took 7.3 us a
-# layer for 8.4 MB of weights); not yet timed.
+# (``split_long``: down, not o; no reduce phase after o) left it: rated 3-5% faster on
+# llama-3.2-1b's winners at 8-32 rows (17 rows 1268 -> 1230 us), it lost at every batch size
+# from 8 rows on (the best variant with it against the winner, ms: 8 rows 1.001 / 0.953, 17
+# 1.204 / 1.139, 32 1.293 / 1.245, 64 1.710 / 1.560).
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "split_long")
+          "noinline")
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
 # an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
