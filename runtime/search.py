@@ -151,8 +151,9 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     attention least well: llama-3.2-1b on the H200 at 16 rows, 1024 keys per task 1.130 ms against
     512 1.250, rated the other way round; at 13 rows the default with 1024 keys 1.153, the
     best-rated class with 1024 keys (no K slices) 1.267."""
+    memo: dict = {}
     variants = largest_blocks(list(dict.fromkeys(
-        effective(ops, v) for v in candidates(target, space)
+        effective(ops, v, memo) for v in candidates(target, space)
         if block_fits(v, v.kv_block, ops.dims.max_seq_len))))
     rated, alike = {}, alike_ops(ops)
     for v in variants:

@@ -215,7 +215,7 @@ def stream_kv_split(kv_block: int) -> int:
     return max(TileConfig.kv_split, kv_block)
 
 
-def effective(ops, v: Variant) -> Variant:
+def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     """The variant as it will be built for the op graph ``ops``: keys per attention task as the
     tiler raises them for this batch (at most the context), q/k/v pieces per head as it chooses them
     (one where heads have a head norm, unless split; split only where that makes pieces; models
@@ -229,33 +229,41 @@ def effective(ops, v: Variant) -> Variant:
     (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only where
     units have several, spilled units only where some are cut, slices of the long projections
     only where that leaves some projections unsliced (``slicing``). Equal results build equal
-    kernels."""
+    kernels. ``memo`` (variant -> result) carries results across calls on the same ``ops``."""
+    memo = {} if memo is None else memo
+    if v not in memo:
+        memo[v] = _effective(ops, v, lambda u: effective(ops, u, memo))
+    return memo[v]
+
+
+def _effective(ops, v: Variant, again) -> Variant:
+    """``effective`` of ``v``, ``again`` of a variant it changes."""
     stream_split = stream_kv_split(v.kv_block)
     if v.attn_stream and (v.kv_split, v.attn_tasks_per_worker, v.attn_balance) != \
             (stream_split, TileConfig.attn_tasks_per_worker, False):
-        return effective(ops, replace(v, kv_split=stream_split, attn_balance=False,
-                                      attn_tasks_per_worker=TileConfig.attn_tasks_per_worker))
+        return again(replace(v, kv_split=stream_split, attn_balance=False,
+                             attn_tasks_per_worker=TileConfig.attn_tasks_per_worker))
     tiler = Tiler(ops, v.tile, v.workers)
     # whether the key ranges stay as they are with a switch of the attention layout off
     cuts_alike = lambda knob: tiler.kv_pieces() == Tiler(
         ops, replace(v.tile, **{knob: False}), v.workers).kv_pieces()
     if v.attn_balance and cuts_alike("attn_balance"):
-        return effective(ops, replace(v, attn_balance=False))
+        return again(replace(v, attn_balance=False))
     if v.attn_pairs and not tiler.attn_pairs():
-        return effective(ops, replace(v, attn_pairs=False))
+        return again(replace(v, attn_pairs=False))
     if v.attn_group != TileConfig.attn_group and not v.attn_pairs:
-        return effective(ops, replace(v, attn_group=TileConfig.attn_group))
+        return again(replace(v, attn_group=TileConfig.attn_group))
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
-        return effective(ops, replace(v, attn_pair_ranges=False))
+        return again(replace(v, attn_pair_ranges=False))
     if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):
-        return effective(ops, replace(v, attn_spill=False))
+        return again(replace(v, attn_spill=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:
-        return effective(ops, replace(v, qkv_cross=False))
+        return again(replace(v, qkv_cross=False))
     if v.qkv_cross and (v.qkv_parts, v.split_head_norm) != (TileConfig.qkv_parts,
                                                             TileConfig.split_head_norm):
-        return effective(ops, replace(v, qkv_parts=TileConfig.qkv_parts,
-                                      split_head_norm=TileConfig.split_head_norm))
+        return again(replace(v, qkv_parts=TileConfig.qkv_parts,
+                             split_head_norm=TileConfig.split_head_norm))
     pieces, span = tiler.qkv_pieces(head_norm), tiler.kv_span()
     pieces = TileConfig.qkv_parts if v.qkv_cross else pieces
     plain = replace(v.tile, kv_split=span,
@@ -271,7 +279,7 @@ def effective(ops, v: Variant) -> Variant:
         else TileConfig.attn_rows
     split, long = slicing(ops, v.tile, v.workers)
     if long != v.split_long or split != tiler.split_k():
-        return effective(ops, replace(v, split_k=split, split_long=long))
+        return again(replace(v, split_k=split, split_long=long))
     split_norm = tiler.norm_first() and split > 1               # a split's output normalised
     sums = v.norm_sums and tiler.norm_first()
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
