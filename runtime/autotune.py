@@ -90,15 +90,19 @@ def rules_hash() -> str:
 
 
 def _plans(ledger: Ledger, model, batch_sizes, max_seq_len, target, space, classes, processes,
-           base: dict) -> dict:
-    """Each batch size's shortlist: from the ledger, else rated (in worker processes) and kept."""
+           base: dict, progress: bool) -> dict:
+    """Each batch size's shortlist: from the ledger, else rated (in worker processes, a progress
+    bar while they work) and kept."""
+    from tqdm import tqdm
+
     key = {b: ledger.key(batch=b, space=space, classes=classes, target=target.name,
                          rules=rules_hash(), **base) for b in batch_sizes}
     plans = {b: ledger.plan(key[b]) for b in batch_sizes}
     todo = [b for b in batch_sizes if plans[b] is None]
     dtype = next(model.parameters()).dtype
-    rated = fan_out(_plan, [(model.config, dtype, b, max_seq_len, target.name, space, classes)
-                            for b in todo], processes)
+    with tqdm(total=len(todo), desc="shortlists", disable=not progress or not todo) as bar:
+        rated = fan_out(_plan, [(model.config, dtype, b, max_seq_len, target.name, space,
+                                 classes) for b in todo], processes, bar.update)
     for b, picks in zip(todo, rated):
         ledger.add_plan(key[b], picks)
         plans[b] = picks
@@ -124,7 +128,7 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     ledger, root = Ledger(folder / "autotune.json"), cache_root or cache_dir() / "artifacts"
     base = dict(model=model_hash(model), seq=max_seq_len, device=gpu, code=code_hash())
     plans = _plans(ledger, model, batch_sizes, max_seq_len, target, space, classes, processes,
-                   base)
+                   base, progress)
     bar = tqdm(total=sum(map(len, plans.values())), desc="autotune", disable=not progress)
     run = _Tuning(model, name, max_seq_len, target, ledger, base, root, iters, max_rel_err, bar,
                   finalists, final_rounds)

@@ -8,13 +8,18 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 
 
-def fan_out(fn, jobs: list, processes: int) -> list:
+def fan_out(fn, jobs: list, processes: int, done=None) -> list:
     """``[fn(job) for job in jobs]``, in ``processes`` worker processes (``worker_pool``) when
-    more than one."""
+    more than one; ``done()`` (if given) as each result comes, in order."""
+    def each(results):
+        for result in results:
+            if done:
+                done()
+            yield result
     if processes <= 1 or len(jobs) <= 1:
-        return [fn(job) for job in jobs]
+        return list(each(fn(job) for job in jobs))
     with worker_pool(min(processes, len(jobs))) as pool:
-        return list(pool.map(fn, jobs))
+        return list(each(pool.map(fn, jobs)))
 
 
 class Inline:
