@@ -26,15 +26,16 @@ export PYTHONUNBUFFERED=1
 lock=(); command -v flock >/dev/null && lock=(flock /tmp/megakernel-install.lock)
 ${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation --no-index \
   -e . 2>&1 | tail -2
-tune() {  # autotune every batch size into $tuned (then once more: the warm rerun's time)
+tune() {  # autotune every batch size into $tuned (then once more: the warm rerun's time); the
+          # ledger is copied to $out even when a run fails or is stopped
   local start run
+  trap 'cp "$tuned/autotune.json" "$out/autotune.json" 2>/dev/null || true' EXIT
   for run in first warm; do
     start=$(date +%s)
     python3 -m megakernel autotune "$model" --batch-sizes "$batches" --max-seq-len 1024 \
       --classes "${CLASSES:-2}" --jobs "${JOBS:-12}" -o "$tuned"
     echo "autotune ($run run): $(( $(date +%s) - start )) s for batch sizes $batches"
   done
-  cp "$tuned/autotune.json" "$out/autotune.json"
 }
 bench_rows() {  # BATCH_SIZES JSON [PLOT]: the three backends side by side, rows merged into JSON
   python3 -m megakernel bench decode --model "$model" --batch-sizes "$1" --context 1024 \
