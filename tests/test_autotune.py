@@ -447,6 +447,15 @@ def test_worker_pool_runs_jobs_there_or_here_and_hands_errors_to_the_asker():
                 pool.submit(abs, "not a number").result()
 
 
+def test_fan_out_keeps_the_jobs_order_and_reports_each_result():
+    from megakernel.runtime.fanout import fan_out
+
+    for processes in (2, 1):
+        seen = []
+        assert fan_out(abs, [-3, 1, -2], processes, lambda: seen.append(1)) == [3, 1, 2]
+        assert len(seen) == 3
+
+
 def test_final_round_times_the_finalists_in_turn_and_keeps_each_ones_median(monkeypatch):
     """Every round times each finalist once, in order, on the same state; a finalist's figure
     is the median of its rounds (neither ``b``'s slow round nor its fastest decides)."""
