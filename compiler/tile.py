@@ -55,6 +55,9 @@ class TileConfig:
                                # than the hidden size (llama-3.2-1b: down's 8192 sliced, o's
                                # 2048 not: no reduce phase after o, whose x is as large as its
                                # weights' share of a task at 17 rows)
+    long_slices: int = 0       # K slices of the projections without a norm and with more
+                               # reduction columns than the hidden size (llama-3.2-1b: down),
+                               # whatever split_k asks of the others; 0: split_k's
     block_k: int = 256         # reduction columns per inner step of a block_n-wide projection
     kv_block: int = 16         # cache block (tokens): the block table's unit; a multiple of an
                                # attention step's keys: one table entry per step (128: the

@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 
 
 def split_slices(t: Tiler, op) -> int:
-    """K slices of a linear op: split_k where it has no norm, K splits into slices of a multiple
-    of 16 columns (whole 16-byte loads) and (``split_long``) exceeds the hidden size, else 1."""
+    """K slices of a linear op: split_k (``long_slices`` where set and K exceeds the hidden
+    size) where it has no norm, K splits into slices of a multiple of 16 columns (whole 16-byte
+    loads) and (``split_long``) exceeds the hidden size, else 1."""
     k, s = t.b(op.params["weight"]).shape[1], t.split_k()
+    long = k > t.graph.dims.hidden
+    s = t.cfg.long_slices if long and t.cfg.long_slices else s
     plain = op.params["norm"] is None and not op.params.get("prenormed")
-    long = k > t.graph.dims.hidden or not t.cfg.split_long
-    return s if s > 1 and plain and k % (16 * s) == 0 and long else 1
+    return s if s > 1 and plain and k % (16 * s) == 0 and (long or not t.cfg.split_long) else 1
 
 
 def tile_linear_split(t: Tiler, op, slices: int) -> None:

@@ -81,6 +81,7 @@ class Variant:
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
     split_long: bool = TileConfig.split_long
+    long_slices: int = TileConfig.long_slices
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
     norm_first: bool | None = TileConfig.norm_first
@@ -135,6 +136,7 @@ class Variant:
         flags += [f"ar{self.attn_rows}"] * (self.attn_rows != TileConfig.attn_rows)
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += ["kl"] * self.split_long
+        flags += [f"ls{self.long_slices}"] * bool(self.long_slices)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         flags += [f"rg{self.max_registers}"] * bool(self.max_registers)
         flags += ["ni" if self.noinline else "ni0"] * (self.noinline != CompileOptions.noinline)
@@ -184,7 +186,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "as": lambda n: {"attn_stages": n},
            "ar": lambda n: {"attn_rows": n}, "ag": lambda n: {"attn_group": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
-           "sk": lambda n: {"split_k": n}, "rg": lambda n: {"max_registers": n},
+           "sk": lambda n: {"split_k": n}, "ls": lambda n: {"long_slices": n}, "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
@@ -228,7 +230,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     mean nothing), pairs (or groups) of kv heads per task only where they apply
     (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only where
     units have several, spilled units only where some are cut, slices of the long projections
-    only where that leaves some projections unsliced (``slicing``). Equal results build equal
+    only where that leaves some projections unsliced, their own slices only where they change
+    some (``slicing``). Equal results build equal
     kernels. ``memo`` (variant -> result) carries results across calls on the same ``ops``."""
     memo = {} if memo is None else memo
     if v not in memo:
@@ -277,10 +280,11 @@ def _effective(ops, v: Variant, again) -> Variant:
     group = ops.dims.heads // ops.dims.kv_heads
     rows = v.attn_rows if p2(group, v.attn_rows) != p2(group, TileConfig.attn_rows) \
         else TileConfig.attn_rows
-    split, long = slicing(ops, v.tile, v.workers)
-    if long != v.split_long or split != tiler.split_k():
-        return again(replace(v, split_k=split, split_long=long))
-    split_norm = tiler.norm_first() and split > 1               # a split's output normalised
+    split, long, long_slices = slicing(ops, v.tile, v.workers)
+    if (split, long, long_slices) != (tiler.split_k(), v.split_long, v.long_slices):
+        return again(replace(v, split_k=split, split_long=long, long_slices=long_slices))
+    # a split's output normalised
+    split_norm = tiler.norm_first() and max(split, long_slices) > 1
     sums = v.norm_sums and tiler.norm_first()
     return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
                    split_k=split, norm_first=tiler.norm_first(), norm_sums=sums,
@@ -289,22 +293,28 @@ def _effective(ops, v: Variant, again) -> Variant:
                    else TileConfig.split_head_norm)
 
 
-def slicing(ops, tile: TileConfig, workers: int) -> tuple[int, bool]:
-    """(K slices, only the long projections) as ``tile`` acts on ``ops`` (the tiling's own rule,
-    ``tile_proj.split_slices``): ``split_long`` only where it leaves some of the projections
-    that would be sliced unsliced, and no slices where it leaves none sliced."""
+def slicing(ops, tile: TileConfig, workers: int) -> tuple[int, bool, int]:
+    """(K slices, only the long projections, the long ones' own slices) as ``tile`` acts on
+    ``ops`` (the tiling's own rule, ``tile_proj.split_slices``): ``split_long`` only where it
+    leaves some of the projections that would be sliced unsliced (with ``long_slices``: those
+    as ``split_k``) and no slices where it leaves none, ``long_slices`` only where they change
+    some projection's slices."""
     split = Tiler(ops, tile, workers).split_k()
-    if not tile.split_long:
-        return split, False
+    if not tile.split_long and not tile.long_slices:
+        return split, False, 0
+    if tile.split_long and tile.long_slices:        # only the long ones, sliced as asked
+        return slicing(ops, replace(tile, split_k=tile.long_slices, long_slices=0), workers)
     linear = [op for op in ops.ops if op.kind == "linear"]
 
-    def sliced(long: bool) -> int:
-        tiler = Tiler(ops, replace(tile, split_long=long), workers)
-        return sum(split_slices(tiler, op) > 1 for op in linear)
-    every, kept = sliced(False), sliced(True)
-    if kept == every:
-        return split, False
-    return (split, True) if kept else (1, False)
+    def sliced(**changes) -> tuple[int, ...]:
+        tiler = Tiler(ops, replace(tile, **changes), workers)
+        return tuple(split_slices(tiler, op) for op in linear)
+    asked = sliced()
+    if tile.long_slices:
+        return split, False, tile.long_slices if asked != sliced(long_slices=0) else 0
+    if asked == sliced(split_long=False):
+        return split, False, 0
+    return (split, True, 0) if any(n > 1 for n in asked) else (1, False, 0)
 
 
 def variant_of(compiled) -> Variant:

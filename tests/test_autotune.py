@@ -380,6 +380,20 @@ def test_variants_are_rated_as_they_will_be_built():
         effective(qwen, replace(v, split_k=2))  # o's K 96 exceeds its hidden 80; down unsliced
     assert effective(llama, replace(v, split_k=2, split_long=True, norm_first=True,
                                     reduce_norm=True)).label.endswith("xnfxrnxsk2xkl")
+    # the long projections' own slices: kept where they change some projection's (down's 224
+    # in 2; o's 96 in 3, or whole)
+    own = effective(llama, replace(v, split_k=3, long_slices=2))
+    assert (own.split_k, own.long_slices) == (3, 2) and own.label.endswith("xsk3xls2")
+    assert parse_variant(own.label) == own
+    down_only = effective(llama, replace(v, split_k=1, long_slices=2, norm_first=True,
+                                         reduce_norm=True))
+    assert (down_only.split_k, down_only.long_slices, down_only.reduce_norm) == (1, 2, True)
+    assert effective(llama, replace(v, split_k=2, long_slices=2)) == \
+        effective(llama, replace(v, split_k=2))
+    assert effective(llama, replace(v, split_k=3, split_long=True, long_slices=2)) == \
+        effective(llama, replace(v, split_k=2, split_long=True))
+    assert effective(llama, replace(v, split_k=1, long_slices=4)) == \
+        effective(llama, replace(v, split_k=1))          # 224 is not 4 slices of 16s: none
     # q/k/v pieces across heads: none with head norms (tiny-qwen3 here); elsewhere their
     # pieces per head mean nothing
     assert effective(ops, replace(v, qkv_cross=True)) == effective(ops, v)

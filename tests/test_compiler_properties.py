@@ -40,6 +40,7 @@ def small_models(draw):
                        split_head_norm=draw(st.booleans()), balance=draw(st.booleans()),
                        split_k=draw(st.sampled_from([1, 2, 3])),
                        split_long=draw(st.booleans()),
+                       long_slices=draw(st.sampled_from([0, 2, 3])),
                        attn_balance=draw(st.booleans()), attn_stream=draw(st.booleans()),
                        kv_step=16 * draw(st.sampled_from([16, 32, 512])),
                        norm_first=draw(st.booleans()),

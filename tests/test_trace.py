@@ -79,6 +79,8 @@ def test_variant_labels():
     assert parse_variant(v.label) == v and parse_variant("64x64x4x132").prefetch
     sliced = parse_variant("64x64x4x132xsk4xkl")
     assert sliced.tile.split_long and parse_variant(sliced.label) == sliced
+    own = parse_variant("64x64x4x132xsk4xls8")
+    assert own.tile.long_slices == 8 and parse_variant(own.label) == own
     assert parse_variant("64x64x4x132xq4").options(132)["tile"].qkv_parts == 4
     rows = parse_variant("64x64x4x132xafxar16")
     assert rows.tile.attn_rows == 16 and rows.label.endswith("xafxar16")

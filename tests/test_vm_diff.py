@@ -81,6 +81,21 @@ def test_kernel_equals_vm_with_op_bodies_as_calls():
     check_kernel_against_vm("tiny-qwen3", TileConfig(split_k=2, norm_first=True), noinline=True)
 
 
+@pytest.mark.parametrize("split, norm", [(3, dict(reduce_norm=True)), (1, dict(norm_sums=True))])
+def test_kernel_equals_vm_with_the_long_projections_in_slices_of_their_own(split, norm):
+    """tiny-llama's down (K 224) in 2 K slices, o (K 96) in 3 or whole."""
+    tiles = TileConfig(split_k=split, long_slices=2, block_k=32, norm_first=True, **norm)
+    check_kernel_against_vm("tiny-llama", tiles)
+    compiled = compile_model(load("tiny-llama"), CompileOptions(B, S, target="cpu", tile=tiles),
+                             "tiny-llama")
+    ops = compiled.ops
+    k = {op.name: ops.buffers[op.params["weight"]].shape[1] for op in ops.ops
+         if op.kind == "linear"}
+    slices = {(k[t.op], t.args["slices"]) for t in compiled.tasks.tasks
+              if t.kind in ("linear_reduce", "reduce_norm")}
+    assert slices == {(224, 2)} | ({(96, 3)} if split > 1 else set())
+
+
 @pytest.mark.parametrize("norm", [dict(reduce_norm=True), dict(norm_sums=True)])
 def test_kernel_equals_vm_with_slices_of_the_long_projections_only(norm):
     """K slices only for projections with more reduction columns than the hidden size (96):
