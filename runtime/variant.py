@@ -186,7 +186,8 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "as": lambda n: {"attn_stages": n},
            "ar": lambda n: {"attn_rows": n}, "ag": lambda n: {"attn_group": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
-           "sk": lambda n: {"split_k": n}, "ls": lambda n: {"long_slices": n}, "rg": lambda n: {"max_registers": n},
+           "sk": lambda n: {"split_k": n}, "ls": lambda n: {"long_slices": n},
+           "rg": lambda n: {"max_registers": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
@@ -231,8 +232,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only where
     units have several, spilled units only where some are cut, slices of the long projections
     only where that leaves some projections unsliced, their own slices only where they change
-    some (``slicing``). Equal results build equal
-    kernels. ``memo`` (variant -> result) carries results across calls on the same ``ops``."""
+    some (``slicing``). Equal results build equal kernels. ``memo`` (variant -> result) carries
+    results across calls on the same ``ops``."""
     memo = {} if memo is None else memo
     if v not in memo:
         memo[v] = _effective(ops, v, lambda u: effective(ops, u, memo))
