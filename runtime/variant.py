@@ -24,21 +24,22 @@ the projections', at least 2), ``atN`` keys per attention task doubled while the
 tasks per worker (default 2; at0 never), ``pl`` counters polled with acquire loads instead of
 atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN`` projections
 without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``kl`` only those with
-more reduction columns than the hidden size, ``nf`` normalised x written once by rms_norm tasks
-(norm first; ``nf0`` never; default: from 5 batch rows on), ``rn`` with norm first and split-K, the
-K slices reduced by whole rows and each row normalised in the same task, ``ns`` instead the writers
-of a normalised input (the embedding, the reduces, projections in whole columns) writing its rows'
-sums of squares and x times the norm weight, the next op projecting that and scaling each row of the
-product by its RMS, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut
-per worker, ``af`` attention as one stream of keys per worker (an equal share of all units' keys),
-``ap`` attention tasks over a row's pair of kv heads where each unit's keys are one task's (``agN``:
-groups of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``sp`` the units
-left over a whole number of rounds of the workers cut into cache blocks spread over them, ``arN`` a
-kv head's query heads padded to at least N rows in the attention dots (default 4), ``pk`` attention
-tasks asking L2 for earlier steps' keys and values before their waits, ``kbN`` cache blocks (the
-block table's unit) of N tokens (default 16; where a block holds whole attention steps each step
-reads one table entry), ``rgN`` at most N registers per thread, ``ni`` each op body a function of
-its own (a call: its own registers, not the whole dispatch's).
+more reduction columns than the hidden size, ``lsN`` those in N slices whatever ``skN`` asks of the
+others, ``nf`` normalised x written once by rms_norm tasks (norm first; ``nf0`` never; default: from
+5 batch rows on), ``rn`` with norm first and split-K, the K slices reduced by whole rows and each
+row normalised in the same task, ``ns`` instead the writers of a normalised input (the embedding,
+the reduces, projections in whole columns) writing its rows' sums of squares and x times the norm
+weight, the next op projecting that and scaling each row of the product by its RMS, ``ab`` attention
+tasks cut from all rows' keys laid end to end, about one cut per worker, ``af`` attention as one
+stream of keys per worker (an equal share of all units' keys), ``ap`` attention tasks over a row's
+pair of kv heads where each unit's keys are one task's (``agN``: groups of N kv heads; ``apr``:
+pairs also over key ranges, merged by combines), ``sp`` the units left over a whole number of rounds
+of the workers cut into cache blocks spread over them, ``arN`` a kv head's query heads padded to at
+least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps'
+keys and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens
+(default 16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at
+most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
+not the whole dispatch's).
 """
 from __future__ import annotations
 
