@@ -36,7 +36,9 @@ from .variant import Variant, effective, stream_kv_split
 # gate_up's (``TileConfig.step_weights``: lm_head's; won at 8-64 rows, 48 rows 1.660 -> 1.603 ms);
 # and the K slices' reduces writing their rows' sums of squares (and x times the norm weight) for
 # the next op's norm instead of a norm phase (``TileConfig.norm_sums``; sweeps against each winner,
-# ms: 5 rows 0.980 -> 0.966, 8 0.990 -> 0.980, 13 1.090 -> 1.080; lost at 16, 17, 24, 32 and 64).
+# ms: 5 rows 0.980 -> 0.966, 8 0.990 -> 0.980, 13 1.090 -> 1.080; lost at 16, 17, 24, 32 and 64;
+# where the norm is in the projections' loops, each task's RMS a pass over x before its loop,
+# the flip sets norm first too: ``other_norm``).
 # A deeper attention pipeline (``attn_stages``: 8 stages, three buffers of keys and values) lost
 # at all 12 batch sizes (0.2-4.9%), pairs of kv heads over key ranges (``attn_pair_ranges``,
 # flipped with at most half the context per range) at each of the five where they applied
@@ -84,10 +86,19 @@ def other_split(v: Variant, seq: int) -> Variant:
     return replace(v, split_k=split, reduce_norm=split > 1 and bool(v.norm_first))
 
 
+def other_norm(v: Variant, seq: int) -> Variant:
+    """The norms from their inputs' writers' sums of squares where ``v`` has none, norm first
+    then too (without it there are no such writers, and the flip would change nothing:
+    llama-3.2-1b's winners at 1-3 rows have the norm in the projections' loops), else none."""
+    if v.norm_sums:
+        return replace(v, norm_sums=False)
+    return replace(v, norm_sums=True, norm_first=True)
+
+
 # the interpreter ignores pipeline stages; step sizes change only what streams at once
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
-FLIPS = {"kv_block": other_block, "split_k": other_split,
+FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights)}

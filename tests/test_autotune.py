@@ -161,6 +161,13 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(cpu, _)] = refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("split_k",),
                                {v.label})
     assert cpu == gpu[0][0]
+    # norms from their inputs' writers' sums of squares: norm first then too (without it the
+    # flip would build the variant itself), or none
+    summed = refine.flip(v, "norm_sums", 64)
+    assert summed == replace(v, norm_sums=True, norm_first=True) and "xnfxns" in summed.label
+    assert refine.flip(summed, "norm_sums", 64) == replace(summed, norm_sums=False)
+    [(u, _)] = refine._flips(cfg, torch.float32, 2, 64, H200, v, ("norm_sums",), {v.label})
+    assert u.norm_sums and u.norm_first
     # op bodies as calls: at each warp count on GPUs, not at all on the interpreter
     calls = refine._flips(cfg, torch.float32, 2, 64, H200, v, ("noinline",), {v.label})
     assert [(u.noinline, u.num_warps) for u, _ in calls] == [(True, 4), (True, 8)]
