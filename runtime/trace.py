@@ -5,6 +5,9 @@ when it ended (``%globaltimer`` ns on the GPU, a global tick order under the int
 ``trace=True``; ``kind_table`` sets measured times per op kind beside the cost model's prediction;
 ``phase_table`` gives each phase of a layer (an op's tasks of one kind, e.g. the o projection's
 linear tasks) its span from first start to last end, averaged over the layers;
+``critical_path`` walks back from the task that ends last to what held each task up, and
+``path_table`` splits that chain by phase into the ops' own time, hops (a task waiting on its
+last producer's signal) and dispatch (a task starting after its worker's previous one);
 ``draw_timeline`` draws workers against time, waits pale, ops coloured by kind.
 """
 from __future__ import annotations
@@ -77,6 +80,56 @@ def phase_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[d
              "tasks": tasks // n_ops, "span_us": span / n_ops / unit_per_us,
              "task_us": busy / tasks / unit_per_us}
             for (role, kind), (n_ops, tasks, span, busy) in rows.items()]
+
+
+@dataclass(frozen=True)
+class Link:
+    trace: TaskTrace
+    held_by: str    # "input": the last of the producers of the counters it polls; "queue": its
+                    # worker's previous task; "": none (the chain's first task)
+    gap: int        # from that task's end stamp to this one's start (end stamps follow the
+                    # signal, so a hop can be slightly negative)
+
+
+def critical_path(traces: list[TaskTrace], compiled) -> list[Link]:
+    """The chain of tasks that sets the step's end, first to last: from the task that ends last,
+    back through whichever ended later of the last producer among the counters a task polls and
+    its worker's previous task."""
+    by_task = {t.task: t for t in traces}
+    producers = defaultdict(list)
+    for task, counter in enumerate(compiled.sync.signal):
+        if counter >= 0:
+            producers[counter].append(task)
+    previous = {b: a for q in compiled.schedule.queues for a, b in zip(q, q[1:])}
+    chain = []
+    t = max(traces, key=lambda x: x.end)
+    while True:
+        inputs = [by_task[p] for c in compiled.sync.waits[t.task] for p in producers[c]]
+        held = [(max(inputs, key=lambda x: x.end), "input")] if inputs else []
+        if t.task in previous:
+            held.append((by_task[previous[t.task]], "queue"))
+        if not held:
+            chain.append(Link(t, "", 0))
+            return chain[::-1]
+        blocker, why = max(held, key=lambda h: h[0].end)
+        chain.append(Link(t, why, t.start - blocker.end))
+        t = blocker
+
+
+def path_table(chain: list[Link], compiled, unit_per_us: float) -> list[dict]:
+    """Per phase (as ``phase_table`` names them) in order of first appearance on the chain: its
+    tasks there, their op time, the hops before them and the dispatch gaps before them (us)."""
+    ops = {op.name: op for op in compiled.tasks.ops.ops}
+    rows: dict = {}
+    for link in chain:
+        t = link.trace
+        role = op_role(ops[compiled.tasks.tasks[t.task].op])
+        r = rows.setdefault(f"{role} {t.kind}" if role != t.kind else t.kind,
+                            {"tasks": 0, "op_us": 0.0, "hop_us": 0.0, "dispatch_us": 0.0})
+        r["tasks"] += 1
+        r["op_us"] += (t.end - t.start) / unit_per_us
+        r["hop_us" if link.held_by == "input" else "dispatch_us"] += link.gap / unit_per_us
+    return [{"phase": name, **r} for name, r in rows.items()]
 
 
 def draw_timeline(traces: list[TaskTrace], path: Path, title: str, unit: str) -> None:

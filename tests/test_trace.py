@@ -10,7 +10,8 @@ from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
-from megakernel.runtime.trace import kind_table, phase_table, trace_step
+from megakernel.runtime.trace import (TaskTrace, critical_path, kind_table, path_table,
+                                      phase_table, trace_step)
 from megakernel.runtime.variant import parse_variant
 
 
@@ -35,6 +36,30 @@ def test_trace_stamps_every_task_in_order():
     assert [(r["phase"], r["ops"]) for r in phases if r["ops"] == layers][-2:] == \
         [("gate_up", layers), ("down_proj linear", layers)]
     assert all(r["span_us"] >= r["task_us"] > 0 for r in phases)
+    # one worker under the interpreter: the critical path is its whole queue
+    chain = critical_path(traces, step.compiled)
+    assert [link.trace.task for link in chain] == list(step.compiled.schedule.queues[0])
+    assert chain[0].held_by == "" and {link.held_by for link in chain[1:]} == {"queue"}
+    path = path_table(chain, step.compiled, 1.0)
+    assert sum(r["tasks"] for r in path) == len(chain)
+    assert sum(r["op_us"] + r["hop_us"] + r["dispatch_us"] for r in path) == \
+        chain[-1].trace.end - chain[0].trace.start
+
+
+def test_critical_path_follows_the_later_of_inputs_and_queue():
+    """Worker 0 runs a then c, worker 1 runs b; c polls b's counter. Where b ends after a, c was
+    held up by its input (a hop of c.start - b.end); where a ends later, by its queue."""
+    from types import SimpleNamespace
+
+    compiled = SimpleNamespace(sync=SimpleNamespace(signal=(-1, 0, -1), waits=((), (), (0,))),
+                               schedule=SimpleNamespace(queues=((0, 2), (1,))))
+    late_b = [TaskTrace(0, "linear", 0, 0, 1, 10), TaskTrace(1, "linear", 1, 0, 1, 12),
+              TaskTrace(2, "gate_up", 0, 11, 15, 20)]
+    chain = critical_path(late_b, compiled)
+    assert [(l.trace.task, l.held_by, l.gap) for l in chain] == [(1, "", 0), (2, "input", 3)]
+    late_a = [late_b[0], TaskTrace(1, "linear", 1, 0, 1, 8), late_b[2]]
+    chain = critical_path(late_a, compiled)
+    assert [(l.trace.task, l.held_by, l.gap) for l in chain] == [(0, "", 0), (2, "queue", 5)]
 
 
 def test_untraced_step_writes_no_stamps():
