@@ -56,10 +56,10 @@ def test_critical_path_follows_the_later_of_inputs_and_queue():
     late_b = [TaskTrace(0, "linear", 0, 0, 1, 10), TaskTrace(1, "linear", 1, 0, 1, 12),
               TaskTrace(2, "gate_up", 0, 11, 15, 20)]
     chain = critical_path(late_b, compiled)
-    assert [(l.trace.task, l.held_by, l.gap) for l in chain] == [(1, "", 0), (2, "input", 3)]
+    assert [(x.trace.task, x.held_by, x.gap) for x in chain] == [(1, "", 0), (2, "input", 3)]
     late_a = [late_b[0], TaskTrace(1, "linear", 1, 0, 1, 8), late_b[2]]
     chain = critical_path(late_a, compiled)
-    assert [(l.trace.task, l.held_by, l.gap) for l in chain] == [(0, "", 0), (2, "queue", 5)]
+    assert [(x.trace.task, x.held_by, x.gap) for x in chain] == [(0, "", 0), (2, "queue", 5)]
 
 
 def test_untraced_step_writes_no_stamps():
