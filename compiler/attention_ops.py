@@ -19,17 +19,19 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
             S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
             BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr = False):
     """Keys and values [CHUNK, BLOCK_D] at positions [start, start + CHUNK), each through the
-    block table (one gather, one memory latency); positions >= hi are not read. IN_BLOCK (the
+    block table (one gather, one memory latency); positions >= hi are not read. The table
+    entries do not wait for hi (the row's length, itself a load): positions are only kept
+    within the table's row (S), where every entry names a block of the cache. IN_BLOCK (the
     caller's promise: the step lies in one cache block, as where BS and start are multiples of
     CHUNK): one table entry per step, the keys at fixed offsets from the first."""
     ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
     if IN_BLOCK:
-        first = cache_slots(row, tl.minimum(start, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV,
+        first = cache_slots(row, tl.minimum(start, S - 1), bt_ptr, layer, 0, kv_head, B, HKV,
                             S, D, BS)
         key = first + tl.arange(0, CHUNK) * D                           # [CHUNK]
     else:
-        key = cache_slots(row, tl.minimum(ss, hi - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
+        key = cache_slots(row, tl.minimum(ss, S - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
                           BS)
     offs = key[:, None] + ds[None, :]                                   # [CHUNK, BLOCK_D]
     mask = (ss < hi)[:, None] & (ds[None, :] < D)
@@ -207,11 +209,11 @@ def load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, heads, B: tl.constex
     ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
     if IN_BLOCK:
-        first = cache_slots(row, tl.minimum(start, hi - 1), bt_ptr, layer, 0, heads, B, HKV, S,
+        first = cache_slots(row, tl.minimum(start, S - 1), bt_ptr, layer, 0, heads, B, HKV, S,
                             D, BS)                                                   # [NH]
         key = first[:, None] + tl.arange(0, CHUNK)[None, :] * D                  # [NH, CHUNK]
     else:
-        key = cache_slots(row, tl.minimum(ss, hi - 1)[None, :], bt_ptr, layer, 0,
+        key = cache_slots(row, tl.minimum(ss, S - 1)[None, :], bt_ptr, layer, 0,
                           heads[:, None], B, HKV, S, D, BS)                      # [NH, CHUNK]
     offs = key[:, :, None] + ds[None, None, :]                         # [NH, CHUNK, BLOCK_D]
     mask = (ss < hi)[None, :, None] & (ds[None, None, :] < D)

@@ -231,14 +231,44 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.c
 
 
 @triton.jit
-def cache_slots(row, pos, bt_ptr, layer, kv, head, B: tl.constexpr, HKV: tl.constexpr,
-                S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
-    """Element offset of cache[layer, kv, row, head, pos, 0] through the block table."""
+def cache_block(row, pos, bt_ptr, S: tl.constexpr, BS: tl.constexpr):
+    """The block-table entry of ``row``'s position ``pos``: the physical block holding it."""
     NBPR: tl.constexpr = S // BS
-    block = tl.load(bt_ptr + row * NBPR + pos // BS).to(tl.int64)
+    return tl.load(bt_ptr + row * NBPR + pos // BS).to(tl.int64)
+
+
+@triton.jit
+def block_slot(block, pos, layer, kv, head, B: tl.constexpr, HKV: tl.constexpr,
+               S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    """Element offset of cache[layer, kv, row, head, pos, 0] where ``block`` is the
+    ``cache_block`` of that row and position."""
+    NBPR: tl.constexpr = S // BS
     phys_row, phys_blk = block // NBPR, block % NBPR
     plane = ((tl.cast(layer, tl.int64) * 2 + kv) * B + phys_row) * HKV + head
     return (plane * S + phys_blk * BS + pos % BS) * D
+
+
+@triton.jit
+def cache_slots(row, pos, bt_ptr, layer, kv, head, B: tl.constexpr, HKV: tl.constexpr,
+                S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    """Element offset of cache[layer, kv, row, head, pos, 0] through the block table."""
+    return block_slot(cache_block(row, pos, bt_ptr, S, BS), pos, layer, kv, head, B, HKV, S, D,
+                      BS)
+
+
+@triton.jit
+def rope_inputs(pos_ptr, bt_ptr, inv_ptr, pair, npairs, B: tl.constexpr, D: tl.constexpr,
+                S: tl.constexpr, BS: tl.constexpr, BLOCK_B: tl.constexpr):
+    """What a head's RoPE and cache store take besides its values: each row's position [BB],
+    the block-table entry of its slot [BB] and the frequencies of pairs ``pair`` [HALF] (counted
+    over heads; the first ``npairs`` real). Asked for before a q/k/v task's loop, so that these
+    dependent loads do not follow it (q/k/v tasks are on each layer's critical path)."""
+    rows = tl.arange(0, BLOCK_B)
+    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0).to(tl.int32)
+    block = cache_block(tl.minimum(rows, B - 1), pos, bt_ptr, S, BS)
+    ds = tl.arange(0, pair.shape[0])
+    inv = tl.load(inv_ptr + pair % (D // 2), mask=ds < npairs, other=0.0)
+    return pos, block, inv
 
 
 @triton.jit
@@ -262,16 +292,21 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     DT: tl.constexpr = out_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
-    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
-                      SUMS_BLOCK)
     if CROSS:
         pairs = tl.where(kind == 0, HQ * D2, HKV * D2) - head * D2 - d0     # left from d0 on
         end = tl.minimum(pairs, PART)
+    else:
+        end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
+    if not RAW:
+        pos, block, inv = rope_inputs(pos_ptr, bt_ptr, inv_ptr, d0 + tl.arange(0, HALF), end, B,
+                                      D, S, BS, BLOCK_B)
+    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
+                      SUMS_BLOCK)
+    if CROSS:
         both = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D2 + d0, end,
                                              D2, B, K, IN_LOOP, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
                                              DT, FORM, STAGES, FOLD, 0, D), rstd, SUMS), DT)
     else:
-        end = tl.minimum(d0 + PART, D2) - d0                              # dims in this piece
         # rows of both halves in one pipeline
         both = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end,
                                              D2, B, K, IN_LOOP, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
@@ -283,12 +318,12 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
         offs = rows[:, None] * OUT_COLS + col + d0 + ds[None, :]
         _store_halves(out_ptr, offs, lo, hi, (rows[:, None] < B) & (ds[None, :] < end), D2)
     elif CROSS:
-        cross_rope_store(lo, hi, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr, kind, head, layer,
-                         col, d0, end, B, D, HKV, S, BS, BLOCK_B, HALF, OUT_COLS)
+        cross_rope_store(lo, hi, inv, pos, block, out_ptr, cache_ptr, kind, head, layer, col, d0,
+                         end, B, D, HKV, S, BS, BLOCK_B, HALF, OUT_COLS)
     else:
-        norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr, kind, head,
-                        layer, col, d0, end, qk_eps, B, D, HQ, HKV, S, BS, HAS_HEAD_NORM, BLOCK_B,
-                        HALF, OUT_COLS)
+        norm_rope_store(lo, hi, hn_ptr, inv, pos, block, out_ptr, cache_ptr, kind, head, layer,
+                        col, d0, end, qk_eps, B, D, HQ, HKV, S, BS, HAS_HEAD_NORM, BLOCK_B, HALF,
+                        OUT_COLS)
 
 
 @triton.jit
@@ -301,28 +336,28 @@ def head_norm_rope_op(raw_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_pt
     D2: tl.constexpr = D // 2
     rows = tl.arange(0, BLOCK_B)
     ds = tl.arange(0, HALF)
+    pos, block, inv = rope_inputs(pos_ptr, bt_ptr, inv_ptr, ds, D2, B, D, S, BS, BLOCK_B)
     mask = (rows[:, None] < B) & (ds[None, :] < D2)
     offs = rows[:, None] * RAW_COLS + col + ds[None, :]
     lo = tl.load(raw_ptr + offs, mask=mask, other=0.0).to(tl.float32)            # [BB, HALF]
     hi = tl.load(raw_ptr + offs + D2, mask=mask, other=0.0).to(tl.float32)
-    norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, head, layer,
+    norm_rope_store(lo, hi, hn_ptr, inv, pos, block, q_ptr, cache_ptr, kind, head, layer,
                     head * D, 0, D2, qk_eps, B, D, HQ, HKV, S, BS, True, BLOCK_B, HALF, HQ * D)
 
 
 @triton.jit
-def norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, head,
+def norm_rope_store(lo, hi, hn_ptr, inv, pos, block, q_ptr, cache_ptr, kind, head,
                     layer, col, d0, end, qk_eps: tl.constexpr, B: tl.constexpr, D: tl.constexpr,
                     HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
                     HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, HALF: tl.constexpr,
                     Q_COLS: tl.constexpr):
     """Dims [d0, d0 + end) of each half of a head ([BB, HALF] each, fp32 holding DT values): for
     Q and K the head RMSNorm (whole heads) and RoPE; Q into q [B, Q_COLS] from column col + d0,
-    K and V into the cache."""
+    K and V into the cache. ``inv``, ``pos``, ``block``: as ``rope_inputs`` gives them."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
     rows = tl.arange(0, BLOCK_B)
     ds = tl.arange(0, HALF)
-    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0).to(tl.int32)
     if kind < 2:
         if HAS_HEAD_NORM:
             hr = tl.math.rsqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / D + qk_eps)
@@ -330,14 +365,12 @@ def norm_rope_store(lo, hi, hn_ptr, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, 
             w_hi = tl.load(hn_ptr + D2 + ds, mask=ds < D2, other=0.0).to(tl.float32)
             lo = _round(w_lo[None, :] * _round(lo * hr[:, None], DT), DT)
             hi = _round(w_hi[None, :] * _round(hi * hr[:, None], DT), DT)
-        inv = tl.load(inv_ptr + d0 + ds, mask=ds < end, other=0.0)
         lo, hi = rope(lo, hi, pos, inv, DT)
     mask = (rows[:, None] < B) & (ds[None, :] < end)
     if kind == 0:
         _store_halves(q_ptr, rows[:, None] * Q_COLS + col + d0 + ds[None, :], lo, hi, mask, D2)
     else:
-        safe_rows = tl.minimum(rows, B - 1)
-        slot = cache_slots(safe_rows, pos, bt_ptr, layer, kind - 1, head, B, HKV, S, D, BS)
+        slot = block_slot(block, pos, layer, kind - 1, head, B, HKV, S, D, BS)
         _store_halves(cache_ptr, slot[:, None] + d0 + ds[None, :], lo, hi, mask, D2)
 
 
@@ -352,7 +385,7 @@ def rope(lo, hi, pos, inv, DT: tl.constexpr):
 
 
 @triton.jit
-def cross_rope_store(lo, hi, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, head, layer, col,
+def cross_rope_store(lo, hi, inv, pos, block, q_ptr, cache_ptr, kind, head, layer, col,
                      d0, end, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr,
                      S: tl.constexpr, BS: tl.constexpr, BLOCK_B: tl.constexpr,
                      HALF: tl.constexpr, Q_COLS: tl.constexpr):
@@ -361,20 +394,17 @@ def cross_rope_store(lo, hi, inv_ptr, pos_ptr, bt_ptr, q_ptr, cache_ptr, kind, h
     DT: tl.constexpr = q_ptr.dtype.element_ty
     D2: tl.constexpr = D // 2
     rows = tl.arange(0, BLOCK_B)
-    pos = tl.load(pos_ptr + rows, mask=rows < B, other=0).to(tl.int32)
     pair = d0 + tl.arange(0, HALF)                                          # [HALF]
     over, dim = pair // D2, pair % D2                   # heads past ``head``, dim in the head
     if kind < 2:
-        inv = tl.load(inv_ptr + dim, mask=pair < d0 + end, other=0.0)
         lo, hi = rope(lo, hi, pos, inv, DT)
     mask = (rows[:, None] < B) & (pair[None, :] < d0 + end)
     if kind == 0:
         offs = rows[:, None] * Q_COLS + col + (over * D + dim)[None, :]
         _store_halves(q_ptr, offs, lo, hi, mask, D2)
     else:
-        safe_rows = tl.minimum(rows, B - 1)[:, None]                        # [BB, 1]
-        slot = cache_slots(safe_rows, pos[:, None], bt_ptr, layer, kind - 1,
-                           head + over[None, :], B, HKV, S, D, BS)           # [BB, HALF]
+        slot = block_slot(block[:, None], pos[:, None], layer, kind - 1, head + over[None, :], B,
+                          HKV, S, D, BS)                                     # [BB, HALF]
         _store_halves(cache_ptr, slot + dim[None, :], lo, hi, mask, D2)
 
 
