@@ -27,7 +27,7 @@ import triton.language as tl
 
 from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
-from megakernel.compiler.ops import cache_slots
+from megakernel.compiler.rope_ops import cache_slots
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig
 

@@ -3,7 +3,7 @@ one key range of one row's query heads of a kv head, a pair (or a group) of a ro
 over all its keys, a stream over the keys of consecutive (row, kv head) units, and the combine
 of partials.
 
-The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``ops.cache_slots``;
+The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``rope_ops.cache_slots``;
 partials are fp32 acc [P, G, D] and (max, sum) [P, G, 2], one slot per key range (P in all), the
 ranges of one (row, kv head) in consecutive slots.
 """
@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from . import kernel_loop
-from .ops import _dot, cache_slots
+from .ops import _dot
+from .rope_ops import cache_slots
 
 
 @triton.jit
