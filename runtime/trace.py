@@ -63,6 +63,11 @@ def op_role(op) -> str:
     return weight.split(".")[-2] if isinstance(weight, str) and "." in weight else op.kind
 
 
+def phase_name(role: str, kind: str) -> str:
+    """A phase's name: the op's role, then the task kind where it differs (``o_proj linear``)."""
+    return f"{role} {kind}" if role != kind else kind
+
+
 def phase_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[dict]:
     """Per phase, (op role, task kind) in order of first start: ops (layers), tasks per op, mean
     span from the phase's first start to its last end, and mean task time (us)."""
@@ -76,7 +81,7 @@ def phase_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[d
     for (name, kind), (first, last, n, busy) in sorted(spans.items(), key=lambda kv: kv[1][0]):
         r = rows.setdefault((op_role(ops[name]), kind), [0, 0, 0, 0])
         r[0], r[1], r[2], r[3] = r[0] + 1, r[1] + n, r[2] + last - first, r[3] + busy
-    return [{"phase": f"{role} {kind}" if role != kind else kind, "ops": n_ops,
+    return [{"phase": phase_name(role, kind), "ops": n_ops,
              "tasks": tasks // n_ops, "span_us": span / n_ops / unit_per_us,
              "task_us": busy / tasks / unit_per_us}
             for (role, kind), (n_ops, tasks, span, busy) in rows.items()]
@@ -124,7 +129,7 @@ def path_table(chain: list[Link], compiled, unit_per_us: float) -> list[dict]:
     for link in chain:
         t = link.trace
         role = op_role(ops[compiled.tasks.tasks[t.task].op])
-        r = rows.setdefault(f"{role} {t.kind}" if role != t.kind else t.kind,
+        r = rows.setdefault(phase_name(role, t.kind),
                             {"tasks": 0, "op_us": 0.0, "hop_us": 0.0, "dispatch_us": 0.0})
         r["tasks"] += 1
         r["op_us"] += (t.end - t.start) / unit_per_us
