@@ -14,7 +14,8 @@ recorded as wrong and never kept. Then each batch size's fastest is timed again 
 projection pipelines, the K slices of o and down, deeper one-matrix steps, norms from their
 inputs' writers' sums of squares, op bodies as calls at each warp count), where that builds
 another variant, and where several flips gained, the fastest of them with the next gains'
-changes too (``refine.compound``).
+changes too, and where a first-round variant of another class came within 1% of the fastest,
+that one with the gains' changes (``refine.compound``).
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,

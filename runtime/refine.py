@@ -1,8 +1,9 @@
 """The refinement of each batch size's fastest variant: its knobs flipped one at a time, then the
-flips that gained combined.
+flips that gained combined, on it and on a first-round variant of another class nearly as fast.
 
     refinement(ledger, base, batch, rows, refine, model, seq, target) -> [(Variant, predicted)]
     compound(ledger, base, batch, start, rows, tried, model, seq, target) -> [(Variant, predicted)]
+    runner_up(start, rows, tried, ms) -> Variant | None
 
 ``rows`` are [(variant, ledger row)] of the variants timed so far; each returns the variants to
 build and time next with their cost-model ratings (us), none already timed, and keeps that plan
@@ -190,29 +191,55 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
 # the compounds won at 8 rows (0.958), 17 (1.145 against the best single flip's 1.162), 48
 # (1.476 against 1.517) and 64 (1.571 against 1.591)
 COMPOUND = 2
+# a first-round variant of another schedule class (not only other warps or calls) within this
+# share of the refined one's time gets the refinement's gains too (``compound``): two cold
+# autotunes of llama-3.2-1b at 48 rows timed the plain attention layout and groups of 4 kv heads
+# 0.5% apart, once one first and once the other; each time only the first was refined, with
+# the same gains (`sm200`, `sw2`), giving 1.485 ms with the groups and 1.535 without
+TIE = 0.01
 
 
 def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list, tried: list,
              model, max_seq_len: int, target: Target) -> list[tuple[Variant, float]]:
     """Where more than one of the refinement's flips (``tried``, of ``start``) beat ``start``,
     the fastest of them with each of the next ``COMPOUND`` fastest's changes (the fields that
-    flip set on ``start``) set on it too, as it will be built, where not timed yet (nor a call
-    beside warpgroup MMAs): [(variant, predicted us)], kept in the ledger's plans."""
+    flip set on ``start``) set on it too; where any gained and a first-round variant of
+    another class came within ``TIE`` of ``start`` (``runner_up``), that one with all those
+    gains' changes (the faster's where two set one field). As they will be built, where not
+    timed yet (nor a call beside warpgroup MMAs): [(variant, predicted us)], kept in the
+    ledger's plans."""
     ms = {v.label: row["ms"] for v, row in rows if row["error"] is None}
     if start.label not in ms:
         return []
     gains = sorted((ms[u.label], u.label, u) for u, _ in tried
-                   if u.label in ms and ms[u.label] < ms[start.label])
-    if len(gains) < 2:
+                   if u.label in ms and ms[u.label] < ms[start.label])[:COMPOUND + 1]
+    runner = runner_up(start, rows, tried, ms) if gains else None
+    if len(gains) < 2 and runner is None:
         return []
-    best = gains[0][2]
-    key = ledger.key(batch=batch, compound=[u.label for *_, u in gains[:COMPOUND + 1]], **base)
+    key = ledger.key(batch=batch, compound=[u.label for *_, u in gains],
+                     runner=runner and runner.label, **base)
     if ledger.plan(key) is None:
         ops = op_graph(model.config, next(model.parameters()).dtype, batch, max_seq_len)
         changes = lambda u: {f.name: getattr(u, f.name) for f in fields(Variant)
                              if getattr(u, f.name) != getattr(start, f.name)}
-        made = [effective(ops, replace(best, **changes(u))) for *_, u in gains[1:COMPOUND + 1]]
+        made = [replace(gains[0][2], **changes(u)) for *_, u in gains[1:]]
+        if runner is not None:
+            made.append(replace(runner, **{k: v for *_, u in reversed(gains)
+                                           for k, v in changes(u).items()}))
+        made = [effective(ops, u) for u in made]
         timed = {v.label for v, _ in rows}
         made = [u for u in dict.fromkeys(made) if u.label not in timed and not serialised(ops, u)]
         ledger.add_plan(key, [(u, predict(ops, u, target)) for u in made])
     return ledger.plan(key)
+
+
+def runner_up(start: Variant, rows: list, tried: list, ms: dict) -> Variant | None:
+    """The fastest variant of the first round (``rows`` not among the refinement's ``tried``,
+    none faster than ``start``, its fastest) that differs from ``start`` in more than warps and
+    calls, where it came within ``TIE`` of ``start`` (``ms``: label -> ms of the right ones)."""
+    flips = {u.label for u, _ in tried}
+    alike = lambda u: replace(u, num_warps=start.num_warps, noinline=start.noinline) == start
+    near = sorted((ms[u.label], u.label, u) for u, _ in rows
+                  if u.label in ms and u.label not in flips and not alike(u)
+                  and ms[start.label] <= ms[u.label] <= ms[start.label] * (1 + TIE))
+    return near[0][2] if near else None

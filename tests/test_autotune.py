@@ -212,6 +212,34 @@ def test_compound_combines_the_refinements_gains_with_its_fastest(tmp_path, monk
                            model, 64, H200) == []
 
 
+def test_compound_gives_the_gains_to_a_first_round_variant_of_another_class_nearly_as_fast(
+        tmp_path):
+    """A first-round variant within TIE of the refined one, of another class (not only other
+    warps or calls), gets every gain's changes (the faster gain's where two set one field), with
+    one gain too; none beyond TIE, none of the same class."""
+    from megakernel.runtime.variant import Variant
+
+    model = load_model("tiny-llama", progress=False).model
+    v = Variant(32, 32, 4, 132, stages=1, kv_split=32, qkv_parts=1, split_k=1, norm_first=False)
+    other, warps = replace(v, block_n=16), replace(v, num_warps=8)
+    fast, deep = replace(v, balance=True, stage_kib=100), replace(v, stage_kib=200)
+    tried = [(fast, 1.0), (deep, 1.0)]
+    ledger = tuning.Ledger(tmp_path / "autotune.json")
+
+    def run(ms: dict, code: str) -> list:
+        rows = [(u, {"ms": t, "error": None}) for u, t in ms.items()]
+        return [u for u, _ in refine.compound(ledger, {"code": code}, 2, v, rows, tried, model,
+                                              64, H200)]
+    near = 1 + refine.TIE / 2
+    times = {v: 1.0, warps: 1.0, other: near, fast: 0.8, deep: 0.9}
+    assert run(times, "a") == [replace(fast, stage_kib=200),
+                               replace(other, balance=True, stage_kib=100)]
+    assert run({**times, deep: 1.1}, "b") == [replace(other, balance=True, stage_kib=100)]
+    assert run({**times, deep: 1.1, other: 1 + 2 * refine.TIE}, "c") == []
+    assert run({v: 1.0, warps: 0.999, fast: 0.8, deep: 1.1}, "d") == []   # warps: same class
+    assert run({**times, fast: 1.1, deep: 1.2}, "e") == []                 # no gain at all
+
+
 def test_the_shortlist_takes_the_largest_cache_block_of_variants_alike():
     """Variants equal but for the cache block (and a stream's keys per task, which follow it):
     only the one with the largest block stays, in order; others stay as they are."""
