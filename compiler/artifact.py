@@ -95,12 +95,13 @@ def load(folder: Path) -> Compiled:
         return pickle.load(f)
 
 
-def compile_cached(model, options: CompileOptions, name: str, root: Path) -> tuple[Compiled, bool]:
-    """(compiled, whether it came from the cache)."""
+def compile_cached(model, options: CompileOptions, name: str, root: Path,
+                   ops=None) -> tuple[Compiled, bool]:
+    """(compiled, whether it came from the cache); ``ops`` as in ``compile_model``."""
     key = cache_key(model, options)
     folder = root / f"{name}-b{options.batch_size}-{key}"
     if (folder / "compiled.pkl").is_file():
         return load(folder), True
-    compiled = compile_model(model, options, name)
+    compiled = compile_model(model, options, name, ops)
     save(compiled, model, folder, key)
     return compiled, False

@@ -90,10 +90,15 @@ class Compiled:
 
 def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
                   name: str = "model") -> Compiled:
+    return compile_ops(lower(gm, itemsize), options, name)
+
+
+def compile_ops(ops: OpGraph, options: CompileOptions, name: str = "model") -> Compiled:
+    """The chain from a lowered op graph on (the same graph serves every variant of one batch
+    size: no stage changes it)."""
     target = TARGETS[options.target]
     if options.workers_per_sm:
         target = replace(target, workers_per_sm=options.workers_per_sm)
-    ops = lower(gm, itemsize)
     workers = options.num_workers or target.max_workers
     tasks = tile(ops, options.tile, workers)
     sched = schedule(tasks, target, workers, options.scheduler)
@@ -106,7 +111,15 @@ def compile_graph(gm: fx.GraphModule, options: CompileOptions, itemsize: int,
                              options.noinline))
 
 
-def compile_model(model, options: CompileOptions, name: str = "model") -> Compiled:
-    gm = capture(model, options.batch_size, options.max_seq_len)
+def model_ops(model, batch_size: int, max_seq_len: int) -> OpGraph:
+    """The model's decode step at ``batch_size`` rows, captured and lowered."""
     itemsize = next(model.parameters()).element_size()
-    return compile_graph(gm, options, itemsize, name)
+    return lower(capture(model, batch_size, max_seq_len), itemsize)
+
+
+def compile_model(model, options: CompileOptions, name: str = "model",
+                  ops: OpGraph | None = None) -> Compiled:
+    """``ops``: ``model_ops`` of this model at the options' batch size and context, where the
+    caller has it already."""
+    ops = ops if ops is not None else model_ops(model, options.batch_size, options.max_seq_len)
+    return compile_ops(ops, options, name)

@@ -10,24 +10,28 @@ nothing (-1).
 """
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from graphlib import TopologicalSorter
 
 from .ir import Schedule, SyncPlan, TaskGraph
 
 
-def ancestors(deps) -> list[int]:
-    """Per task, a bitset (int) of every task it depends on, directly or transitively."""
+@functools.lru_cache(maxsize=1)
+def ancestors(deps: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """Per task, a bitset (int) of every task it depends on, directly or transitively (the last
+    graph's kept: the sync plan and the validation of one compile ask for the same).
+    Raises ``graphlib.CycleError`` on a cycle."""
     anc = [0] * len(deps)
     for t in TopologicalSorter({t: ds for t, ds in enumerate(deps)}).static_order():
         bits = 0
         for d in deps[t]:
             bits |= anc[d] | (1 << d)
         anc[t] = bits
-    return anc
+    return tuple(anc)
 
 
-def essential_deps(deps, anc: list[int] | None = None) -> tuple[tuple[int, ...], ...]:
+def essential_deps(deps, anc: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], ...]:
     """Each task's dependencies minus those implied through another of its dependencies."""
     anc = ancestors(deps) if anc is None else anc
     out = []
@@ -39,7 +43,7 @@ def essential_deps(deps, anc: list[int] | None = None) -> tuple[tuple[int, ...],
     return tuple(out)
 
 
-def counter_closure(signal, anc: list[int], num_counters: int) -> list[int]:
+def counter_closure(signal, anc: tuple[int, ...], num_counters: int) -> list[int]:
     """Per counter, a bitset of its producers and everything they depend on: all of it has
     happened once a wait on the counter returns."""
     closure = [0] * num_counters

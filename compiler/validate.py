@@ -11,7 +11,8 @@
 """
 from __future__ import annotations
 
-import networkx as nx
+from graphlib import CycleError
+
 import numpy as np
 
 from .cost import Target
@@ -33,12 +34,12 @@ def check_deps_cover_regions(graph: TaskGraph) -> None:
                                 "without depending on them")
 
 
-def check_acyclic(graph: TaskGraph) -> None:
-    g = nx.DiGraph()
-    g.add_nodes_from(range(len(graph.tasks)))
-    g.add_edges_from((d, t) for t, deps in enumerate(graph.deps) for d in deps)
-    if not nx.is_directed_acyclic_graph(g):
-        raise ScheduleError(f"dependency cycle: {nx.find_cycle(g)}")
+def check_acyclic(graph: TaskGraph) -> tuple[int, ...]:
+    """Each task's ancestors (``sync.ancestors``, which orders the tasks topologically)."""
+    try:
+        return ancestors(graph.deps)
+    except CycleError as err:
+        raise ScheduleError(f"dependency cycle through tasks {err.args[1]}") from None
 
 
 def check_complete(graph: TaskGraph, schedule: Schedule) -> None:
@@ -73,7 +74,8 @@ def check_written_once(graph: TaskGraph) -> None:
                                 "times, not exactly once")
 
 
-def check_sync(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, anc: list[int]) -> None:
+def check_sync(graph: TaskGraph, schedule: Schedule, sync: SyncPlan,
+               anc: tuple[int, ...]) -> None:
     """Every dependency must happen before its consumer: it ran earlier on the same worker, or
     it is a producer of a counter the consumer (or an earlier task of its worker) waited on, or
     an ancestor of one (release/acquire chains are transitive; ``anc``: each task's)."""
@@ -94,11 +96,11 @@ def validate(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, target: Targe
     if schedule.num_workers > target.max_workers:
         raise ScheduleError(f"{schedule.num_workers} workers cannot all be resident on "
                             f"{target.name} ({target.max_workers} slots)")
-    check_acyclic(graph)
+    anc = check_acyclic(graph)
     check_deps_cover_regions(graph)
     check_complete(graph, schedule)
     check_written_once(graph)
-    check_sync(graph, schedule, sync, ancestors(graph.deps))
+    check_sync(graph, schedule, sync, anc)
     try:
         simulate(graph, schedule, target)
     except DeadlockError as err:

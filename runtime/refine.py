@@ -11,11 +11,11 @@ in the ledger, so that a rerun rates nothing.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import fields, replace
 
-from megakernel.compiler.capture import capture
 from megakernel.compiler.cost import Target
-from megakernel.compiler.lower import lower
+from megakernel.compiler.pipeline import model_ops
 from megakernel.compiler.registry import rows as dot_rows
 from megakernel.compiler.tile import TileConfig
 
@@ -145,12 +145,20 @@ def ranked(rows: list) -> list[Variant]:
                                    if row["error"] is None)]
 
 
-def op_graph(cfg, dtype, batch: int, seq: int):
-    """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on)."""
+@functools.lru_cache(maxsize=2)
+def model_and_ops(cfg, dtype, batch: int, seq: int):
+    """The model of config ``cfg`` without weights and its decode step at ``batch`` rows,
+    captured and lowered; kept for the next variants of that batch size, which the autotuner
+    hands out in runs (llama-3.2-1b: about 1 s of a variant's 5 s of compiling)."""
     from megakernel.models.weights import empty_model
 
     model = empty_model(cfg).to(dtype)
-    return lower(capture(model, batch, seq), model.lm_head.weight.element_size())
+    return model, model_ops(model, batch, seq)
+
+
+def op_graph(cfg, dtype, batch: int, seq: int):
+    """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on)."""
+    return model_and_ops(cfg, dtype, batch, seq)[1]
 
 
 def refinement(ledger: Ledger, base: dict, batch: int, rows: list, refine: tuple[str, ...],
