@@ -67,11 +67,13 @@ def place(graph: TaskGraph, order: list[int], cost: list[float], target: Target,
         for d in graph.deps[t]:
             latest[where[d]] = max(latest.get(where[d], 0.0), finish[d])
         top = heapq.nlargest(2, latest.items(), key=lambda kv: kv[1])
+        # another worker's latest producer, plus the sync: the first of ``top`` not on w
+        first = (top[0][0], top[0][1] + target.sync_us) if top else (-1, 0.0)
+        second = top[1][1] + target.sync_us if len(top) > 1 else 0.0
 
         def start_on(w):                                # own producers free, others + sync
-            other = next((f for v, f in top if v != w), None)
-            ready = max(latest.get(w, 0.0), 0.0 if other is None else other + target.sync_us)
-            return max(ready, worker_free[w])
+            other = first[1] if first[0] != w else second
+            return max(latest.get(w, 0.0), other, worker_free[w])
         w = min({free[0][1]} | latest.keys(), key=lambda c: (start_on(c), c))
         where[t], finish[t] = w, start_on(w) + cost[t]
         worker_free[w] = finish[t]
