@@ -236,7 +236,7 @@ def test_compound_gives_the_gains_to_a_first_round_variant_of_another_class_near
                                replace(other, balance=True, stage_kib=100)]
     assert run({**times, deep: 1.1}, "b") == [replace(other, balance=True, stage_kib=100)]
     assert run({**times, deep: 1.1, other: 1 + 2 * refine.TIE}, "c") == []
-    assert run({v: 1.0, warps: 0.999, fast: 0.8, deep: 1.1}, "d") == []   # warps: same class
+    assert run({v: 1.0, warps: 1.001, fast: 0.8, deep: 1.1}, "d") == []   # warps: same class
     assert run({**times, fast: 1.1, deep: 1.2}, "e") == []                 # no gain at all
 
 
