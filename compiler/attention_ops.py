@@ -296,18 +296,20 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
                        CHUNK, BLOCK_D, BS % CHUNK == 0)           # steps start at CHUNK multiples
         m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
-        last = (c % NCH == NCH - 1) | (c == c1 - 1)                # this unit's piece ends
-        whole = (c % NCH == NCH - 1) & (u * NCH >= c0)
-        out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-        tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask & whole)
-        part = (slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)) * G + gs
-        split = last & ~whole
-        tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask & split)
-        tl.store(ml_ptr + part * 2, m, mask=(gs < G) & split)
-        tl.store(ml_ptr + part * 2 + 1, l, mask=(gs < G) & split)
-        m = tl.where(last, float("-inf"), m)
-        l = tl.where(last, 0.0, l)
-        acc = tl.where(last, 0.0, acc)
+        # where this unit's piece ends (a branch: the epilogue's stores and layout changes run
+        # once a piece, not masked at every step)
+        if (c % NCH == NCH - 1) | (c == c1 - 1):
+            if (c % NCH == NCH - 1) & (u * NCH >= c0):                     # the whole unit
+                out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+                tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
+            else:
+                part = (slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)) * G + gs
+                tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
+                tl.store(ml_ptr + part * 2, m, mask=gs < G)
+                tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+            m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+            l = tl.zeros([BLOCK_G], tl.float32)
+            acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
 
 
 @triton.jit
