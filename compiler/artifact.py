@@ -96,12 +96,13 @@ def load(folder: Path) -> Compiled:
 
 
 def compile_cached(model, options: CompileOptions, name: str, root: Path,
-                   ops=None) -> tuple[Compiled, bool]:
-    """(compiled, whether it came from the cache); ``ops`` as in ``compile_model``."""
+                   ops_of=None) -> tuple[Compiled, bool]:
+    """(compiled, whether it came from the cache); ``ops_of``: where the caller keeps the op
+    graph, a function giving it (``ops`` of ``compile_model``), asked only on a cache miss."""
     key = cache_key(model, options)
     folder = root / f"{name}-b{options.batch_size}-{key}"
     if (folder / "compiled.pkl").is_file():
         return load(folder), True
-    compiled = compile_model(model, options, name, ops)
+    compiled = compile_model(model, options, name, ops_of() if ops_of else None)
     save(compiled, model, folder, key)
     return compiled, False

@@ -42,7 +42,7 @@ from .fanout import fan_out, worker_pool
 from .finals import FINAL_ROUNDS, FINALISTS, final_round
 from .ledger import Ledger
 from .measure import measure, step_inputs
-from .refine import REFINE, compound, model_and_ops, op_graph, ranked, refinement
+from .refine import REFINE, compound, op_graph, ranked, refinement
 from .search import SPACE, shortlist
 from .variant import Variant
 
@@ -60,12 +60,15 @@ class Winner:
 def _prepare(job) -> str | None:
     """In a worker process: compile one variant (into the artifact cache) and build its kernel
     (into Triton's cache); the error, if any."""
+    from megakernel.models.weights import empty_model
+
     from .megakernel import build_ahead
 
     cfg, dtype, name, opts, root, device = job
     try:
-        model, ops = model_and_ops(cfg, dtype, opts.batch_size, opts.max_seq_len)
-        compiled, _ = compile_cached(model, opts, name, Path(root), ops)
+        compiled, _ = compile_cached(empty_model(cfg).to(dtype), opts, name, Path(root),
+                                     lambda: op_graph(cfg, dtype, opts.batch_size,
+                                                      opts.max_seq_len))
         build_ahead(compiled, dtype, device)
         return None
     except Exception as err:  # reported with the variant, which is then not timed

@@ -146,19 +146,13 @@ def ranked(rows: list) -> list[Variant]:
 
 
 @functools.lru_cache(maxsize=2)
-def model_and_ops(cfg, dtype, batch: int, seq: int):
-    """The model of config ``cfg`` without weights and its decode step at ``batch`` rows,
-    captured and lowered; kept for the next variants of that batch size, which the autotuner
+def op_graph(cfg, dtype, batch: int, seq: int):
+    """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on
+    and compiled from), kept for the next variants of that batch size, which the autotuner
     hands out in runs (llama-3.2-1b: about 1 s of a variant's 5 s of compiling)."""
     from megakernel.models.weights import empty_model
 
-    model = empty_model(cfg).to(dtype)
-    return model, model_ops(model, batch, seq)
-
-
-def op_graph(cfg, dtype, batch: int, seq: int):
-    """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on)."""
-    return model_and_ops(cfg, dtype, batch, seq)[1]
+    return model_ops(empty_model(cfg).to(dtype), batch, seq)
 
 
 def refinement(ledger: Ledger, base: dict, batch: int, rows: list, refine: tuple[str, ...],

@@ -10,7 +10,7 @@ import pytest
 
 from megakernel.cli import main, parse_batch_sizes
 from megakernel.compiler.artifact import cache_key, compile_cached
-from megakernel.compiler.pipeline import CompileOptions
+from megakernel.compiler.pipeline import CompileOptions, compile_model, model_ops
 from megakernel.models import PRESETS
 from megakernel.models.weights import empty_model
 
@@ -23,9 +23,16 @@ def test_cache_hit_reuses_the_compiled_kernel(tmp_path):
     first, hit = compile_cached(model, opts, "tiny-qwen3", tmp_path)
     assert not hit
     t0 = time.perf_counter()
-    again, hit = compile_cached(model, opts, "tiny-qwen3", tmp_path)
+    again, hit = compile_cached(model, opts, "tiny-qwen3", tmp_path,
+                                lambda: pytest.fail("a cache hit asked for the op graph"))
     assert hit and time.perf_counter() - t0 < 1.0
     assert again.kernel.source == first.kernel.source
+    # a miss compiles from the op graph the caller gives: the same kernel
+    other = CompileOptions(2, 64, target="h200", num_workers=4)
+    given, hit = compile_cached(model, other, "tiny-qwen3", tmp_path,
+                                lambda: model_ops(model, 2, 64))
+    assert not hit
+    assert given.kernel.source == compile_model(model, other, "tiny-qwen3").kernel.source
     assert cache_key(model, opts) != cache_key(model, CompileOptions(3, 64, target="h200"))
     assert cache_key(model, opts) != cache_key(empty_model(PRESETS["tiny-llama"]), opts)
 
