@@ -298,8 +298,9 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
         m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
         # where this unit's piece ends (a branch: the epilogue's stores and layout changes run
         # once a piece, not masked at every step)
-        if (c % NCH == NCH - 1) | (c == c1 - 1):
-            if (c % NCH == NCH - 1) & (u * NCH >= c0):                     # the whole unit
+        unit_end = c % NCH == NCH - 1
+        if unit_end | (c == c1 - 1):
+            if unit_end & (u * NCH >= c0):                                 # the whole unit
                 out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
                 tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
             else:
