@@ -6,9 +6,8 @@ per-unit body the megakernel's workers otherwise walk, and SDPA.
 The (row, kv head) units' keys are laid end to end and program t takes keys
 [t * cut, (t + 1) * cut) (cut: an equal share per SM, whole steps) in one software-pipelined
 loop, whatever units they belong to: no pipeline refill at a unit's start, every SM the same
-share; or (``spill``) as many whole units each, then a share of those left over
-(``tile_attention.stream_ranges``). Pieces of units cut between programs go to partial slots
-(``tile_attention.stream_plan``) and are merged on the host here (by attn_combine tasks in the megakernel). Beside it,
+share. Pieces of units cut between programs go to partial slots (``tile_attention.stream_plan``)
+and are merged on the host here (by attn_combine tasks in the megakernel). Beside it,
 ``attn_units`` of ``bench.attention``: one program per SM walking whole units (128-key steps,
 as the megakernel's attention tasks). Each checked against SDPA, for every combination of
 ``--rows`` and ``--stages``.
@@ -27,23 +26,23 @@ from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig
-from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_ranges,
+from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
                                                  unit_slots)
 from megakernel.compiler.vm import merge_partials
 
 
 @triton.jit
-def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f_ptr,
+def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cut, total,
                  slot0_ptr, layer, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
                  STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr):
-    """Program t: the attn_stream task of keys [f0, f1) and [g0, g1) (f_ptr [T, 4]), the
+    """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total)), the
     query heads of a kv head padded to BLOCK_G rows."""
-    f = f_ptr + 4 * tl.program_id(0)
+    t = tl.program_id(0)
     attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
-                                 tl.load(f), tl.load(f + 1), tl.load(f + 2), tl.load(f + 3),
-                                 layer, tl.load(slot0_ptr + tl.program_id(0)), D ** -0.5, B, HQ,
-                                 HKV, S, D, G, BS, STEP, BLOCK_G, D, STAGES)
+                                 t * cut, tl.minimum(t * cut + cut, total), layer,
+                                 tl.load(slot0_ptr + t), D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                 STEP, BLOCK_G, D, STAGES)
 
 
 def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
@@ -60,23 +59,20 @@ def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: d
 
 
 def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
-             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows,
-             spill: bool = False):
+             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows):
     """(launch, outputs): the launch fills NaN-poisoned outputs and slots from layer ``layer``
     of the cache, the query heads of a kv head padded to ``rows`` (at least) as
     ``TileConfig.attn_rows`` pads them; outputs() merges."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, units = q.shape[1] // d // hkv, b * hkv
-    step, streams = stream_ranges(units, s, programs, step, spill)
-    _, slot_of = stream_plan(streams, s)
-    slot0 = torch.tensor(first_slots(len(streams), slot_of), dtype=torch.int32, device=q.device)
-    flat = torch.tensor([f for rs in streams for f in (rs + [(0, 0)])[:2]], dtype=torch.int32,
-                        device=q.device).flatten()                      # [T * 4]
+    step, cut = stream_shares(units * s, s, programs, step)
+    streams, _, slot_of = stream_plan(units, s, cut)
+    slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
     acc = torch.full((max(1, len(slot_of)), g, d), float("nan"), device=q.device)
     ml = torch.full((max(1, len(slot_of)), g, 2), float("nan"), device=q.device)
     out = torch.full_like(q, float("nan"))
     launch = lambda: attn_streams[(len(streams),)](
-        q, cache, pos, table, acc, ml, out, flat, slot0, layer, b, q.shape[1] // d, hkv,
+        q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, b, q.shape[1] // d, hkv,
         s, d, g, s // table.shape[1], step, stages, p2(g, rows), num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
@@ -114,11 +110,11 @@ def main(argv: list[str] | None = None) -> None:
                 block_g, stages)
             ms = triton.testing.do_bench(units_run)
             show(f"per unit c128 {tag}", ms, rel_err(out, ref))
-            for warps, spill in itertools.product((4, 8), (False, True)):
+            for warps in (4, 8):
                 launch, outputs = run_flat(q, cache, pos, table, hkv, sms, 128, stages, warps,
-                                           layer, rows, spill)
+                                           layer, rows)
                 ms = triton.testing.do_bench(launch)
-                show(f"streams{' sp' * spill} c128 w{warps} {tag}", ms, rel_err(outputs(), ref))
+                show(f"streams c128 w{warps} {tag}", ms, rel_err(outputs(), ref))
 
 
 if __name__ == "__main__":

@@ -262,17 +262,17 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
 
 
 @triton.jit
-def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f0, f1, g0, g1,
-                   layer, slot0, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f0, f1, layer,
+                   slot0, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                    BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_D: tl.constexpr, STAGES: tl.constexpr):
-    """Keys [f0, f1), then [g0, g1) (empty where g0 == g1), of the (row, kv head) units laid end
-    to end (unit u = row * HKV + kv head holds keys [u * S, (u + 1) * S); all multiples of
-    CHUNK) in one pipelined loop of CHUNK-key steps, whatever unit each step belongs to. A
-    piece is a unit's keys within one range; where it ends: a whole unit -> its normalised
-    output in out [B, HQ * D]; a part of one -> acc and (max, sum) in partial slot slot0 + the
-    number of parts before it in this stream."""
+    """Keys [f0, f1) of the (row, kv head) units laid end to end (unit u = row * HKV + kv head
+    holds keys [u * S, (u + 1) * S); f0, f1 and S multiples of CHUNK) in one pipelined loop of
+    CHUNK-key steps, whatever unit each step belongs to. Where a unit's piece ends: the whole
+    unit -> its normalised output in out [B, HQ * D]; a part of one (only the first and the last
+    piece can be) -> acc and (max, sum) in partial slot slot0, or slot0 + 1 for the last where
+    the first was a part too."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     gs = tl.arange(0, BLOCK_G)
@@ -280,16 +280,12 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
     ss = tl.arange(0, CHUNK)
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
     c0 = f0 // CHUNK
-    n0 = f1 // CHUNK - c0                                   # steps of the first range
-    n = n0 + (g1 - g0) // CHUNK
-    shift = g0 // CHUNK - n0                                # step -> chunk in the second range
-    steps = 0                                               # of the current piece so far
-    parts = 0                                               # parts stored so far
+    c1 = f1 // CHUNK
+    first_cut = c0 % NCH != 0               # the first piece is a part (and not the last)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for i in tl.range(0, n, num_stages=STAGES):
-        c = tl.where(i < n0, c0 + i, shift + i)             # the chunk of all units' keys
+    for c in tl.range(c0, c1, num_stages=STAGES):
         u = c // NCH
         row = u // HKV
         kv_head = u % HKV
@@ -300,20 +296,18 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
                        CHUNK, BLOCK_D, BS % CHUNK == 0)           # steps start at CHUNK multiples
         m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
-        steps += 1
-        # where this piece ends (a branch: the epilogue's stores and layout changes run once a
-        # piece, not masked at every step)
-        if (c % NCH == NCH - 1) | (i == n0 - 1) | (i == n - 1):
-            if steps == NCH:                                               # the whole unit
+        # where this unit's piece ends (a branch: the epilogue's stores and layout changes run
+        # once a piece, not masked at every step)
+        unit_end = c % NCH == NCH - 1
+        if unit_end | (c == c1 - 1):
+            if unit_end & (u * NCH >= c0):                                 # the whole unit
                 out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
                 tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
             else:
-                part = (slot0 + parts) * G + gs
+                part = (slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)) * G + gs
                 tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
                 tl.store(ml_ptr + part * 2, m, mask=gs < G)
                 tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
-                parts += 1
-            steps = 0
             m = tl.full([BLOCK_G], float("-inf"), tl.float32)
             l = tl.zeros([BLOCK_G], tl.float32)
             acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)

@@ -253,7 +253,7 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "row:int kv_head:int layer:int"), _attn_group),
     OpSpec("attn_stream", "attention_ops.attn_stream_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act f0:int f1:int g0:int g1:int layer:int slot0:int"),
+                   "ml:f32 out:act f0:int f1:int layer:int slot0:int"),
            _attn_stream),
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),

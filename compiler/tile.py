@@ -83,9 +83,7 @@ class TileConfig:
                                     # for all): an attn_pair_part per pair and range, combines
     attn_spill: bool = False   # where whole units leave a few over a multiple of the workers,
                                # those few cut into whole cache blocks spread over the workers
-                               # and combined, not a round of their own (Tiler.kv_pieces); with
-                               # attn_stream, each stream's whole units, then its share of
-                               # those few (tile_attention.stream_ranges)
+                               # and combined, not a round of their own (Tiler.kv_pieces)
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)

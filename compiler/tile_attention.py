@@ -3,9 +3,8 @@
 ranges; a unit of one range writes its output itself (with ``attn_pairs``, where every unit is
 one range: an attn_pair task per row and pair of kv heads, or an attn_group task per row and
 group of ``attn_group``). With ``attn_stream``, the units' keys laid end to end are cut into
-one equal share per worker (whole steps), an attn_stream task each, or (and ``attn_spill``)
-each worker takes as many whole units and an equal share of the units left over; units cut
-between shares are merged by an attn_combine."""
+one equal share per worker (whole steps), an attn_stream task each; units cut between shares
+are merged by an attn_combine."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -152,35 +151,20 @@ def stream_shares(keys: int, seq: int, workers: int, step_keys: int) -> tuple[in
     return step, -(-share // step) * step
 
 
-def stream_ranges(units: int, seq: int, workers: int, step_keys: int, spill: bool):
-    """(keys per step, each stream's ranges [(f0, f1)] of the ``units`` x ``seq`` keys laid end
-    to end): an equal share of all keys per worker (``stream_shares``); or (``spill``, where the
-    units overrun whole rounds of the workers) the same number of whole units per worker, then
-    an equal share of the units left over (llama-3.2-1b at 17 rows on 132 workers: a unit each,
-    4 units in 32 pieces of 128 keys, 4 cut units instead of 105)."""
+def stream_plan(units: int, seq: int, cut: int):
+    """Streams [(f0, f1)] of ``cut`` keys over ``units`` x ``seq`` keys laid end to end, each
+    stream's pieces [(unit, lo, hi)], and the partial slot of each piece short of a whole unit,
+    {(stream, unit): slot}, numbered in stream order (a unit's pieces in consecutive slots)."""
     total = units * seq
-    whole = units // workers if spill and units > workers and units % workers else 0
-    lead = whole * workers * seq
-    step, cut = stream_shares(total - lead, seq, workers, step_keys)
-    rest = [[(f0, min(total, f0 + cut))] for f0 in range(lead, total, cut)]
-    if not whole:
-        return step, rest
-    return step, [[(i * whole * seq, (i + 1) * whole * seq)] + (rest[i] if i < len(rest) else [])
-                  for i in range(workers)]
-
-
-def stream_plan(ranges: list, seq: int):
-    """Each stream's pieces [(unit, lo, hi)] (a unit's keys within one of its ranges), and the
-    partial slot of each piece short of a whole unit, {(stream, unit): slot}, numbered in
-    stream order (a unit's pieces in consecutive slots)."""
+    streams = [(f0, min(total, f0 + cut)) for f0 in range(0, total, cut)]
     pieces = [[(u, max(f0, u * seq) - u * seq, min(f1, (u + 1) * seq) - u * seq)
-               for f0, f1 in rs for u in range(f0 // seq, (f1 - 1) // seq + 1)] for rs in ranges]
+               for u in range(f0 // seq, (f1 - 1) // seq + 1)] for f0, f1 in streams]
     slot_of: dict[tuple[int, int], int] = {}
     for i, ps in enumerate(pieces):
         for u, lo, hi in ps:
             if hi - lo < seq:
                 slot_of[i, u] = len(slot_of)
-    return pieces, slot_of
+    return streams, pieces, slot_of
 
 
 def unit_slots(slot_of: dict) -> dict[int, list[int]]:
@@ -191,25 +175,25 @@ def unit_slots(slot_of: dict) -> dict[int, list[int]]:
     return slots
 
 
-def first_slots(streams: int, slot_of: dict) -> list[int]:
+def first_slots(streams: list, slot_of: dict) -> list[int]:
     """Each stream's ``slot0``: its first piece's slot (0 where it has none; slots are numbered
     in stream order, so a stream's first in ``slot_of`` is its lowest)."""
     first: dict[int, int] = {}
     for (i, _), slot in slot_of.items():
         first.setdefault(i, slot)
-    return [first.get(i, 0) for i in range(streams)]
+    return [first.get(i, 0) for i in range(len(streams))]
 
 
 def tile_attention_stream(t: Tiler, op) -> None:
-    """An attn_stream task per stream of ``stream_ranges`` (``attn_spill``: whole units, then a
-    share of those left over); a whole unit writes its output, a unit's piece a partial slot of
-    {op}.acc / {op}.ml (numbered in stream order from the task's ``slot0``: a unit's pieces take
-    consecutive slots), merged by an attn_combine per cut unit."""
+    """attn_stream task i: keys [i * cut, (i + 1) * cut) of the units laid end to end; a whole
+    unit writes its output, a unit's piece a partial slot of {op}.acc / {op}.ml (numbered in
+    stream order from the task's ``slot0``: each stream has at most a first and a last piece
+    cut, and a unit's pieces take consecutive slots), merged by an attn_combine per cut unit."""
     d, s = t.graph.dims, t.graph.dims.max_seq_len
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
     group, hd, units = d.heads // d.kv_heads, d.head_dim, d.batch * d.kv_heads
-    step, streams = stream_ranges(units, s, t.workers, t.cfg.kv_step // hd, t.cfg.attn_spill)
-    pieces, slot_of = stream_plan(streams, s)
+    step, cut = stream_shares(units * s, s, t.workers, t.cfg.kv_step // hd)
+    streams, pieces, slot_of = stream_plan(units, s, cut)
     slots = unit_slots(slot_of)
     n = len(slot_of)
     acc, ml = (Buffer(f"{op.name}.{k}", "f32", (n, group, w)) for k, w in (("acc", hd), ("ml", 2)))
@@ -217,8 +201,8 @@ def tile_attention_stream(t: Tiler, op) -> None:
         t.buffers.update({acc.name: acc, ml.name: ml})
     heads = lambda u: ((u // d.kv_heads, u // d.kv_heads + 1),
                        (u % d.kv_heads * group * hd, (u % d.kv_heads + 1) * group * hd))
-    slot0s = first_slots(len(streams), slot_of)
-    for i, (ranges, ps) in enumerate(zip(streams, pieces)):
+    slot0s = first_slots(streams, slot_of)
+    for i, ((f0, f1), ps) in enumerate(zip(streams, pieces)):
         reads, writes = [Region("positions", ((0, d.batch),))], []
         for u, lo, hi in ps:
             b = u // d.kv_heads
@@ -229,13 +213,11 @@ def tile_attention_stream(t: Tiler, op) -> None:
             writes += [Region(out.name, heads(u))] if slot is None else \
                 [Region(acc.name, ((slot, slot + 1), (0, group), (0, hd))),
                  Region(ml.name, ((slot, slot + 1), (0, group), (0, 2)))]
-        (f0, f1), (g0, g1) = (ranges + [(0, 0)])[:2]
-        keys = f1 - f0 + g1 - g0
-        nbytes = (2 * keys * hd + len(ps) * group * hd) * d.itemsize
+        nbytes = (2 * (f1 - f0) * hd + len(ps) * group * hd) * d.itemsize
         t.add(op, "attn_stream", dict(q=q.name, out=out.name, acc=acc.name if n else None,
-                                      ml=ml.name if n else None, f0=f0, f1=f1, g0=g0, g1=g1,
-                                      layer=layer, slot0=slot0s[i], step=step),
-              reads, writes, nbytes + group * (hd + 2) * 4, 4 * group * keys * hd)
+                                      ml=ml.name if n else None, f0=f0, f1=f1, layer=layer,
+                                      slot0=slot0s[i], step=step),
+              reads, writes, nbytes + group * (hd + 2) * 4, 4 * group * (f1 - f0) * hd)
     most = max(map(len, slots.values()), default=0)
     for u, used in slots.items():
         rows = ((used[0], used[-1] + 1), (0, group))

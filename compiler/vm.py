@@ -217,10 +217,8 @@ class VM:
 
     def attn_stream(self, a):
         s, hkv, slot = self.d.max_seq_len, self.d.kv_heads, a["slot0"]
-        pieces = [(u, max(f0, u * s) - u * s, min(f1, (u + 1) * s) - u * s)
-                  for f0, f1 in ((a["f0"], a["f1"]), (a["g0"], a["g1"])) if f1 > f0
-                  for u in range(f0 // s, (f1 - 1) // s + 1)]
-        for u, lo, hi in pieces:
+        for u in range(a["f0"] // s, (a["f1"] - 1) // s + 1):
+            lo, hi = max(a["f0"], u * s) - u * s, min(a["f1"], (u + 1) * s) - u * s
             acc, ml = self.attend(u // hkv, u % hkv, lo, hi, a["layer"], a["q"])
             if hi - lo == s:                         # the whole unit: its output
                 self.attn_out(a, u // hkv, u % hkv, acc / ml[:, 1:])

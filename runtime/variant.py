@@ -34,8 +34,7 @@ tasks cut from all rows' keys laid end to end, about one cut per worker, ``af`` 
 stream of keys per worker (an equal share of all units' keys), ``ap`` attention tasks over a row's
 pair of kv heads where each unit's keys are one task's (``agN``: groups of N kv heads; ``apr``:
 pairs also over key ranges, merged by combines), ``sp`` the units left over a whole number of rounds
-of the workers cut into cache blocks spread over them (with ``af``: each stream that many whole
-units, then an equal share of those left over), ``arN`` a kv head's query heads padded to at
+of the workers cut into cache blocks spread over them, ``arN`` a kv head's query heads padded to at
 least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps'
 keys and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens
 (default 16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at
@@ -49,7 +48,6 @@ from dataclasses import dataclass, fields, replace
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig, Tiler
-from megakernel.compiler.tile_attention import stream_ranges
 from megakernel.compiler.tile_proj import split_slices
 
 
@@ -243,14 +241,6 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     return memo[v]
 
 
-def streams_alike(ops, v: Variant) -> bool:
-    """Whether a streamed variant's streams stay as they are with ``attn_spill`` off."""
-    d = ops.dims
-    plan = lambda spill: stream_ranges(d.batch * d.kv_heads, d.max_seq_len, v.workers,
-                                       v.tile.kv_step // d.head_dim, spill)
-    return plan(True) == plan(False)
-
-
 def _effective(ops, v: Variant, again) -> Variant:
     """``effective`` of ``v``, ``again`` of a variant it changes."""
     stream_split = stream_kv_split(v.kv_block)
@@ -270,7 +260,7 @@ def _effective(ops, v: Variant, again) -> Variant:
         return again(replace(v, attn_group=TileConfig.attn_group))
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return again(replace(v, attn_pair_ranges=False))
-    if v.attn_spill and (streams_alike(ops, v) if v.attn_stream else cuts_alike("attn_spill")):
+    if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):
         return again(replace(v, attn_spill=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:

@@ -212,8 +212,8 @@ def test_attention_loads_probe_sums_the_keys_and_values(use_table, chunk, bs):
 def test_flat_attention_probe_matches_sdpa():
     """``bench/attention_flat.py``: units' keys laid end to end, each program an equal share in
     one loop (3 programs of 96 keys over 4 units of 64: pieces of two units in one program),
-    pieces merged on the host; rows of shorter sequences too (and 4 query rows, and the spilled
-    plan: a whole unit each, then the fourth in two pieces); the second layer of the cache."""
+    pieces merged on the host; rows of shorter sequences too (and 4 query rows); the second
+    layer of the cache."""
     from megakernel.bench.attention import sdpa
     from megakernel.bench.attention_flat import run_flat
 
@@ -221,12 +221,10 @@ def test_flat_attention_probe_matches_sdpa():
     cache = torch.randn(2, 2, B, HKV, S, D, generator=gen)
     q = torch.randn(B, HQ * D, generator=gen)
     table = torch.arange(B * S // BS, dtype=torch.int32).view(B, S // BS)
-    for lengths, rows, spill in (([S] * B, 16, False), ([S - 5 - 7 * r for r in range(B)], 4,
-                                                         False), ([S - 3, S - 9], 4, True)):
+    for lengths, rows in (([S] * B, 16), ([S - 5 - 7 * r for r in range(B)], 4)):
         positions = torch.tensor(lengths, dtype=torch.int32) - 1
         args = [t.to(DEVICE) for t in (q, cache, positions, table)]
-        launch, outputs = run_flat(*args, HKV, programs=3, step=16, stages=2, layer=1, rows=rows,
-                                   spill=spill)
+        launch, outputs = run_flat(*args, HKV, programs=3, step=16, stages=2, layer=1, rows=rows)
         launch()
         ref = torch.cat([sdpa(q[r:r + 1], cache[1:, :, r:r + 1, :, :lengths[r]], HKV)
                          for r in range(B)])
@@ -238,12 +236,11 @@ def streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
                    nstreams, merge_ptr, nmerge, layer, B: tl.constexpr, HQ: tl.constexpr,
                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                    BS: tl.constexpr, STEP: tl.constexpr):
-    for i in range(nstreams):                  # (f0, f1, g0, g1) of each stream
+    for i in range(nstreams):
         attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
-                                     tl.load(f_ptr + 4 * i), tl.load(f_ptr + 4 * i + 1),
-                                     tl.load(f_ptr + 4 * i + 2), tl.load(f_ptr + 4 * i + 3),
-                                     layer, tl.load(slot0_ptr + i), D ** -0.5, B, HQ, HKV, S, D,
-                                     G, BS, STEP, G, D, 2)
+                                     tl.load(f_ptr + i), tl.load(f_ptr + i + 1), layer,
+                                     tl.load(slot0_ptr + i), D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                     STEP, G, D, 2)
     tl.debug_barrier()
     for j in range(nmerge):                    # (unit, first slot, count) of each cut unit
         u = tl.load(merge_ptr + 3 * j)
@@ -252,32 +249,26 @@ def streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
                                       tl.load(merge_ptr + 3 * j + 2), HQ, D, G, G, 4, D)
 
 
-@pytest.mark.parametrize("workers,spill,cuts", [(16, False, 4), (6, False, 4), (3, False, 1),
-                                                (3, True, 1)])
-def test_streams_across_units_merge_to_attention(workers, spill, cuts):
-    """The units' keys end to end in ``stream_ranges``' streams, 16-key steps: 16 streams (units
-    in four pieces), 6 (streams holding pieces of two units), 3 (a whole unit too), 3 with
-    ``spill`` (a whole unit each, then the unit left over in two pieces); ``cuts`` units cut.
-    Rows of unequal length through a shuffled block table. Pieces go to slots in stream order,
-    a cut unit's slots merged by the combine."""
-    from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_ranges,
-                                                    unit_slots)
+@pytest.mark.parametrize("cut", [16, 48, 80])
+def test_streams_across_units_merge_to_attention(cut):
+    """The units' keys end to end, cut every ``cut`` keys: units in four pieces (16), streams
+    holding pieces of two units (48), whole units too (80); rows of unequal length through a
+    shuffled block table. Pieces go to slots in stream order, a cut unit's slots merged by the
+    combine."""
+    from megakernel.compiler.tile_attention import first_slots, stream_plan, unit_slots
 
     lengths = [50, 64]
-    q, cache, positions, table = paged_inputs(workers, BS, 1, lengths)
-    step, streams = stream_ranges(B * HKV, S, workers, 16, spill)
-    _, slot_of = stream_plan(streams, S)
-    assert step == 16 and len(streams) <= workers and len(unit_slots(slot_of)) == cuts
-    flat = [f for rs in streams for f in (rs + [(0, 0)])[:2]]
+    q, cache, positions, table = paged_inputs(cut, BS, 1, lengths)
+    streams, _, slot_of = stream_plan(B * HKV, S, cut)
+    edges, slot0 = [f0 for f0, _ in streams] + [B * HKV * S], first_slots(streams, slot_of)
     merge = [[u, used[0], len(used)] for u, used in unit_slots(slot_of).items()]
-    n = max(1, len(slot_of))
+    n = len(slot_of)
     acc, ml = torch.full((n, G, D), float("nan")), torch.full((n, G, 2), float("nan"))
     out = torch.full((B, HQ * D), float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out,
-                                   torch.tensor(flat, dtype=torch.int32).flatten(),
-                                   torch.tensor(first_slots(len(streams), slot_of),
-                                                dtype=torch.int32))]
-    streams_kernel[(1,)](*args, len(streams), torch.tensor(merge, dtype=torch.int32).to(DEVICE),
+                                   torch.tensor(edges, dtype=torch.int32),
+                                   torch.tensor(slot0, dtype=torch.int32))]
+    streams_kernel[(1,)](*args, len(edges) - 1, torch.tensor(merge, dtype=torch.int32).to(DEVICE),
                          len(merge), 0, B, HQ, HKV, S, D, G, BS, 16)
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[0], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)

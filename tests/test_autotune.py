@@ -393,12 +393,6 @@ def test_variants_are_rated_as_they_will_be_built():
                   dict(kv_split=32, attn_tasks_per_worker=0)):
         spill = dict(workers=5, kv_split=64, attn_spill=True) | other
         assert not effective(ops, replace(v, **spill)).attn_spill
-    # ... with streams: whole units, then shares of those left over, where that changes them
-    streamed = effective(ops, replace(v, workers=5, attn_stream=True, attn_spill=True))
-    assert streamed.attn_spill and streamed.attn_stream and parse_variant(streamed.label) == streamed
-    for workers in (6, 7):
-        assert not effective(ops, replace(v, workers=workers, attn_stream=True,
-                                          attn_spill=True)).attn_spill
     # norms from their inputs' writers' sums of squares: only with norm first, then no fused
     # reduce and norm
     both = dict(norm_first=True, split_k=2, reduce_norm=True)
