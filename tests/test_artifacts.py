@@ -1,4 +1,5 @@
 """Artifacts, the compile cache, the compile CLI, and building generated kernels for sm_90."""
+import gc
 import json
 import os
 import subprocess
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from megakernel.cli import main, parse_batch_sizes
-from megakernel.compiler.artifact import cache_key, compile_cached
+from megakernel.compiler.artifact import cache_key, compile_cached, gc_paused
 from megakernel.compiler.pipeline import CompileOptions, compile_model, model_ops
 from megakernel.models import PRESETS
 from megakernel.models.weights import empty_model
@@ -210,3 +211,20 @@ def test_top_level_compile_gives_one_kernel_per_batch_size():
     assert sorted(kernels) == [1, 2]
     assert all(k.ops.dims.batch == b and "@triton.jit" in k.kernel.source
                for b, k in kernels.items())
+
+
+def test_gc_paused_leaves_the_collector_as_it_found_it():
+    """Loads and compiles pause the cyclic collector, then restore it: on where it was on (also
+    after an error), off where the caller had turned it off."""
+    assert gc.isenabled()
+    with pytest.raises(KeyError), gc_paused():
+        assert not gc.isenabled()
+        raise KeyError("inside")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
