@@ -145,14 +145,21 @@ def ranked(rows: list) -> list[Variant]:
                                    if row["error"] is None)]
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=16)
 def op_graph(cfg, dtype, batch: int, seq: int):
     """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on
-    and compiled from), kept for the next variants of that batch size, which the autotuner
-    hands out in runs (llama-3.2-1b: about 1 s of a variant's 5 s of compiling)."""
+    and compiled from), kept for the next variants of that batch size (llama-3.2-1b: 1.3-2.5 s
+    to capture and lower, tens of KB to keep), and for the refinement's and the compounds'
+    ratings of each batch size in the autotuner's own process."""
     from megakernel.models.weights import empty_model
 
     return model_ops(empty_model(cfg).to(dtype), batch, seq)
+
+
+@functools.lru_cache(maxsize=16)
+def op_costs(cfg, dtype, batch: int, seq: int) -> dict:
+    """``search.op_us``'s memo for ``op_graph`` of the same arguments."""
+    return {}
 
 
 def refinement(ledger: Ledger, base: dict, batch: int, rows: list, refine: tuple[str, ...],
@@ -184,7 +191,9 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
     flipped = [effective(ops, replace(u, num_warps=w or u.num_warps))
                for k in refine if k not in skip for u in [flip(v, k, seq)] for w in warps(k)
                if not serialised(ops, u)]
-    return [(u, predict(ops, u, target)) for u in dict.fromkeys(flipped) if u.label not in labels]
+    costs = op_costs(cfg, dtype, batch, seq)
+    return [(u, predict(ops, u, target, memo=costs)) for u in dict.fromkeys(flipped)
+            if u.label not in labels]
 
 
 # the gaining flips of a refinement, besides its fastest, combined with it (``compound``):
@@ -221,7 +230,8 @@ def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list,
     key = ledger.key(batch=batch, compound=[u.label for *_, u in gains],
                      runner=runner and runner.label, **base)
     if ledger.plan(key) is None:
-        ops = op_graph(model.config, next(model.parameters()).dtype, batch, max_seq_len)
+        graph = (model.config, next(model.parameters()).dtype, batch, max_seq_len)
+        ops = op_graph(*graph)
         changes = lambda u: {f.name: getattr(u, f.name) for f in fields(Variant)
                              if getattr(u, f.name) != getattr(start, f.name)}
         made = [replace(gains[0][2], **changes(u)) for *_, u in gains[1:]]
@@ -231,7 +241,7 @@ def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list,
         made = [effective(ops, u) for u in made]
         timed = {v.label for v, _ in rows}
         made = [u for u in dict.fromkeys(made) if u.label not in timed and not serialised(ops, u)]
-        ledger.add_plan(key, [(u, predict(ops, u, target)) for u in made])
+        ledger.add_plan(key, [(u, predict(ops, u, target, memo=op_costs(*graph))) for u in made])
     return ledger.plan(key)
 
 

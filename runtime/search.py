@@ -14,11 +14,11 @@ bench/results/session-2026-11-30g/autotune-12.json; the cap's 256 KiB slower tha
 16 and 32 no faster at batch 1; a space given by the caller may hold others). Variants whose
 pipeline stages cannot fit in shared memory, or whose cache block does not divide the context, are
 dropped. The knobs that shape the task graph (``schedule_class``) are rated by the cost model's
-estimate of their tasks (``predict``: tiling only, no code generated); the default's class, the
-``classes`` best and, per attention layout, the class nearest the default, each also with the K
-slices' reduce fused with the norm or not, each crossed with every code-level knob (block_k, stages,
-warps, KV prefetch, prefetch cap) with the largest cache block that fits (``largest_blocks``), make
-the shortlist.
+estimate of their tasks (``predict``: tiling only, no code generated; each op's figure kept with the
+tile knobs its tiler read, ``op_us``); the default's class, the ``classes`` best and, per attention
+layout, the class nearest the default, each also with the K slices' reduce fused with the norm or
+not, each crossed with every code-level knob (block_k, stages, warps, KV prefetch, prefetch cap)
+with the largest cache block that fits (``largest_blocks``), make the shortlist.
 """
 from __future__ import annotations
 
@@ -125,17 +125,45 @@ def alike_ops(ops) -> list[tuple]:
     return list(groups.values())
 
 
-def predict(ops, v: Variant, target: Target, alike: list | None = None) -> float:
+class Reads:
+    """A tile config read through: each field a tiler asks for, and its value, kept in
+    ``seen``."""
+
+    def __init__(self, cfg: TileConfig):
+        self.cfg, self.seen = cfg, {}
+
+    def __getattr__(self, name: str):
+        value = getattr(self.cfg, name)
+        self.seen[name] = value
+        return value
+
+
+def op_us(ops, op, v: Variant, target: Target, memo: dict) -> float:
+    """The cost model's time of ``op``'s tasks under ``v``. A tiler is a function of the op
+    graph, the workers and the tile knobs it reads, so ``memo`` keeps each result with the knobs
+    read for it, {(op, workers, target): [(knobs, us)]}, and answers any variant that agrees on
+    them (the variants of a shortlist differ mostly in knobs of other ops)."""
+    entries = memo.setdefault((op.name, v.workers, target), [])
+    for knobs, us in entries:
+        if all(getattr(v.tile, k) == value for k, value in knobs.items()):
+            return us
+    cfg = Reads(v.tile)
+    tiler = Tiler(ops, cfg, v.workers)
+    TILERS[op.kind](tiler, op)
+    us = op_waves_us(tiler.tasks, replace(target, workers_per_sm=-(-v.workers // target.sms)),
+                     v.workers)
+    entries.append((cfg.seen, us))
+    return us
+
+
+def predict(ops, v: Variant, target: Target, alike: list | None = None,
+            memo: dict | None = None) -> float:
     """Estimated step time (us) of the variant's tasks under the cost model (whose estimate adds
-    up op by op, so each group of ``alike_ops`` is tiled once)."""
-    per_sm = -(-v.workers // target.sms)
-    total = 0.0
-    for op, count in alike if alike is not None else alike_ops(ops):
-        tiler = Tiler(ops, v.tile, v.workers)
-        TILERS[op.kind](tiler, op)
-        total += count * op_waves_us(tiler.tasks, replace(target, workers_per_sm=per_sm),
-                                     v.workers)
-    return total
+    up op by op, so each group of ``alike_ops`` is tiled once; ``memo``: ``op_us``'s, shared by
+    the calls on one op graph and target)."""
+    memo = {} if memo is None else memo
+    return sum(count * op_us(ops, op, v, target, memo)
+               for op, count in (alike if alike is not None else alike_ops(ops)))
 
 
 def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Variant, float]]:
@@ -155,10 +183,10 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
     variants = largest_blocks(list(dict.fromkeys(
         effective(ops, v, memo) for v in candidates(target, space)
         if block_fits(v, v.kv_block, ops.dims.max_seq_len))))
-    rated, alike = {}, alike_ops(ops)
+    rated, alike, costs = {}, alike_ops(ops), {}
     for v in variants:
         if schedule_class(v) not in rated:
-            rated[schedule_class(v)] = predict(ops, v, target, alike)
+            rated[schedule_class(v)] = predict(ops, v, target, alike, costs)
     t = TileConfig()
     default = effective(ops, Variant(t.block_n, t.block_k, CompileOptions.num_warps,
                                      target.max_workers))
@@ -173,7 +201,7 @@ def shortlist(ops, target: Target, space: dict, classes: int) -> list[tuple[Vari
                                schedule_class(v))
     picked = dict.fromkeys([home, *sorted(rated, key=rank)[:classes], *layouts.values()])
     picked |= dict.fromkeys(k for k in map(fused_sibling, list(picked)) if k in rated)
-    picks = [(default, predict(ops, default, target))]
+    picks = [(default, predict(ops, default, target, alike, costs))]
     picks += [(v, rated[k]) for k in picked if k in rated for v in variants
               if schedule_class(v) == k and v != default]
     return picks
