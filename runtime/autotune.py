@@ -42,7 +42,7 @@ from .fanout import fan_out, worker_pool
 from .finals import FINAL_ROUNDS, FINALISTS, final_round
 from .ledger import Ledger
 from .measure import measure, step_inputs
-from .refine import REFINE, compound, op_graph, ranked, refinement
+from .refine import REFINE, compound, hand_over, op_graph, ranked, refinement
 from .search import SPACE, shortlist
 from .variant import Variant
 
@@ -75,10 +75,12 @@ def _prepare(job) -> str | None:
         return f"{type(err).__name__}: {err}"[:300]
 
 
-def _plan(job) -> list[tuple[Variant, float]]:
-    """In a worker process: the shortlist of one batch size."""
+def _plan(job) -> tuple[list[tuple[Variant, float]], object]:
+    """In a worker process: the shortlist of one batch size, and the op graph it was rated on
+    (handed over to this process's refinements, not captured again)."""
     cfg, dtype, batch, seq, target, space, classes = job
-    return shortlist(op_graph(cfg, dtype, batch, seq), TARGETS[target], space, classes)
+    ops = op_graph(cfg, dtype, batch, seq)
+    return shortlist(ops, TARGETS[target], space, classes), ops
 
 
 def rules_hash() -> str:
@@ -106,9 +108,10 @@ def _plans(ledger: Ledger, model, batch_sizes, max_seq_len, target, space, class
     with tqdm(total=len(todo), desc="shortlists", disable=not progress or not todo) as bar:
         rated = fan_out(_plan, [(model.config, dtype, b, max_seq_len, target.name, space,
                                  classes) for b in todo], processes, bar.update)
-    for b, picks in zip(todo, rated):
+    for b, (picks, ops) in zip(todo, rated):
         ledger.add_plan(key[b], picks)
         plans[b] = picks
+        hand_over(model.config, dtype, b, max_seq_len, ops)
     return plans
 
 

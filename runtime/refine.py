@@ -145,14 +145,25 @@ def ranked(rows: list) -> list[Variant]:
                                    if row["error"] is None)]
 
 
+# op graphs made in another process (the shortlists' workers), by ``op_graph``'s arguments
+_handed: dict = {}
+
+
+def hand_over(cfg, dtype, batch: int, seq: int, ops) -> None:
+    """Give ``op_graph`` of these arguments the op graph ``ops``, made elsewhere."""
+    _handed[cfg, dtype, batch, seq] = ops
+
+
 @functools.lru_cache(maxsize=16)
 def op_graph(cfg, dtype, batch: int, seq: int):
     """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on
-    and compiled from), kept for the next variants of that batch size (llama-3.2-1b: 1.3-2.5 s
-    to capture and lower, tens of KB to keep), and for the refinement's and the compounds'
-    ratings of each batch size in the autotuner's own process."""
+    and compiled from; the one handed over, if any), kept for the next variants of that batch
+    size (llama-3.2-1b: 1.3-2.5 s to capture and lower, tens of KB to keep), and for the
+    refinement's and the compounds' ratings of each batch size in the autotuner's process."""
     from megakernel.models.weights import empty_model
 
+    if (ops := _handed.pop((cfg, dtype, batch, seq), None)) is not None:
+        return ops
     return model_ops(empty_model(cfg).to(dtype), batch, seq)
 
 

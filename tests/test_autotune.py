@@ -25,8 +25,13 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     def no_compiling(*args, **kwargs):
         raise AssertionError("variants are compiled in the worker processes, not here")
 
+    def no_capturing(*args, **kwargs):
+        raise AssertionError("the shortlists' workers hand their op graphs over")
+
+    refine.op_graph.cache_clear()
     with monkeypatch.context() as patch:
         patch.setattr("megakernel.compiler.artifact.compile_model", no_compiling)
+        patch.setattr("megakernel.runtime.refine.model_ops", no_capturing)
         winners = run(2)                  # compiled in two worker processes, timed here
     assert [w.batch for w in winners] == [1, 2]
     assert all(w.ms > 0 and w.failed == 0 and w.timed >= 2 for w in winners)
