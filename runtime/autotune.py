@@ -77,7 +77,7 @@ def _prepare(job) -> str | None:
 
 def _plan(job) -> tuple[list[tuple[Variant, float]], object]:
     """In a worker process: the shortlist of one batch size, and the op graph it was rated on
-    (handed over to this process's refinements, not captured again)."""
+    (handed to the refinements in the autotuner's process, which need not capture it again)."""
     cfg, dtype, batch, seq, target, space, classes = job
     ops = op_graph(cfg, dtype, batch, seq)
     return shortlist(ops, TARGETS[target], space, classes), ops
