@@ -339,10 +339,9 @@ def test_rating_tiles_each_repeated_op_once_and_adds_up_to_the_whole_graph():
 def test_a_shared_memo_rates_each_variant_as_tiling_it_again():
     """``predict`` with one memo over a shortlist's variants (each op's cost kept with the tile
     knobs its tiler read) gives every variant the figure a fresh tiling gives, reusing most."""
-    from megakernel.compiler.capture import capture
-    from megakernel.compiler.lower import lower
+    from megakernel.compiler.pipeline import model_ops
 
-    ops = lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
+    ops = model_ops(load_model("tiny-llama", progress=False).model, 3, 64)
     space = dict(SPACE, split_k=(1, 2), attn_stream=(False, True), norm_first=(False, True),
                  workers_per_sm=(1, 2))
     variants = list(dict.fromkeys(effective(ops, v) for v in search.candidates(H200, space)))
