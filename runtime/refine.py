@@ -12,6 +12,7 @@ in the ledger, so that a rerun rates nothing.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import fields, replace
 
 from megakernel.compiler.cost import Target
@@ -145,26 +146,38 @@ def ranked(rows: list) -> list[Variant]:
                                    if row["error"] is None)]
 
 
-# op graphs made in another process (the shortlists' workers), by ``op_graph``'s arguments
-_handed: dict = {}
+GRAPHS = 16     # op graphs kept (llama-3.2-1b: 1.3-2.5 s to capture and lower, tens of KB)
+# op_graph's arguments -> op graph, least recently asked for first
+_graphs: OrderedDict = OrderedDict()
 
 
 def hand_over(cfg, dtype, batch: int, seq: int, ops) -> None:
-    """Give ``op_graph`` of these arguments the op graph ``ops``, made elsewhere."""
-    _handed[cfg, dtype, batch, seq] = ops
+    """Keep the op graph ``ops``, made elsewhere (the shortlists' workers), as ``op_graph`` of
+    these arguments."""
+    _keep((cfg, dtype, batch, seq), ops)
 
 
-@functools.lru_cache(maxsize=16)
 def op_graph(cfg, dtype, batch: int, seq: int):
     """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on
     and compiled from; the one handed over, if any), kept for the next variants of that batch
-    size (llama-3.2-1b: 1.3-2.5 s to capture and lower, tens of KB to keep), and for the
-    refinement's and the compounds' ratings of each batch size in the autotuner's process."""
+    size, and for the refinement's and the compounds' ratings of each batch size in the
+    autotuner's process."""
     from megakernel.models.weights import empty_model
 
-    if (ops := _handed.pop((cfg, dtype, batch, seq), None)) is not None:
-        return ops
-    return model_ops(empty_model(cfg).to(dtype), batch, seq)
+    key = (cfg, dtype, batch, seq)
+    if key in _graphs:
+        _graphs.move_to_end(key)
+        return _graphs[key]
+    return _keep(key, model_ops(empty_model(cfg).to(dtype), batch, seq))
+
+
+def _keep(key: tuple, ops):
+    """``ops`` as the latest of the kept op graphs (the least recent beyond GRAPHS dropped)."""
+    _graphs[key] = ops
+    _graphs.move_to_end(key)
+    while len(_graphs) > GRAPHS:
+        _graphs.popitem(last=False)
+    return ops
 
 
 @functools.lru_cache(maxsize=16)

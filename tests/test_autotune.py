@@ -28,7 +28,7 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     def no_capturing(*args, **kwargs):
         raise AssertionError("the shortlists' workers hand their op graphs over")
 
-    refine.op_graph.cache_clear()
+    refine._graphs.clear()
     with monkeypatch.context() as patch:
         patch.setattr("megakernel.compiler.artifact.compile_model", no_compiling)
         patch.setattr("megakernel.runtime.refine.model_ops", no_capturing)
