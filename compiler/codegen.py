@@ -64,6 +64,13 @@ def body_modules() -> list[str]:
     return sorted({"kernel_loop"} | {b.split(".")[0] for b in bodies})
 
 
+def most_waits(enc: Encoded) -> int:
+    """The most waits a task of the kernel has, up to a power of two (``wait_counters``'s
+    WAITS: above 1, a task with several polls them at once)."""
+    most = int(enc.instructions[:, HEADER.index("num_waits")].max(initial=1))
+    return 1 << (most - 1).bit_length()
+
+
 def call_name(body: str) -> str:
     """The generated module's name for an op body built as a function of its own."""
     return "call_" + body.replace(".", "_")
@@ -85,6 +92,6 @@ def generate(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants,
         calls=[(call_name(b), b) for b in calls], num_words=NUM_WORDS, align=ALIGN,
-        modules=body_modules(),
+        modules=body_modules(), waits=most_waits(enc),
         h={name: f"w{i}" for i, name in enumerate(HEADER)})
     return KernelSource(source, KERNEL_NAME, len(enc.queues), enc)

@@ -9,7 +9,8 @@ import triton.language as tl
 @triton.jit
 def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
                   task, BACKOFF: tl.constexpr = 0, POLL: tl.constexpr = 0, pf_ptr=None,
-                  pf_count=0, PF_WAIT: tl.constexpr = 0, PF_START: tl.constexpr = 0):
+                  pf_count=0, PF_WAIT: tl.constexpr = 0, PF_START: tl.constexpr = 0,
+                  WAITS: tl.constexpr = 1):
     """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
     (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
     elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
@@ -20,7 +21,28 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
     ``pf_ptr`` (the task's weights), so that a task whose inputs are ready starts at once and
     one that waits streams its weights meanwhile; PF_START > 0: only once that percentage of
     the polled counter's producers has signalled, so that the prefetches of tasks that wait long
-    do not queue ahead of the loads of the tasks they wait for)."""
+    do not queue ahead of the loads of the tasks they wait for). WAITS > 1 (the most waits a
+    task of the kernel has, a power of two): a task with several polls all of them at once
+    (``wait_all``), not one after another."""
+    if WAITS > 1:
+        if count > 1:
+            ok = wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
+                          spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START,
+                          WAITS)
+        else:
+            ok = wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
+                           spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START)
+    else:
+        ok = wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
+                       spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START)
+    return ok
+
+
+@triton.jit
+def wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
+              task, BACKOFF: tl.constexpr, POLL: tl.constexpr, pf_ptr, pf_count,
+              PF_WAIT: tl.constexpr, PF_START: tl.constexpr):
+    """``wait_counters``, one wait after another (each polled until reached)."""
     ok = True
     pf_done = 0
     j = 0
@@ -34,31 +56,88 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
         seen = poll(counters_ptr + c, POLL)
         spins = 0
         while (seen < need) & (spins < spin_limit):
-            if PF_WAIT:
-                ask = pf_done < pf_count
-                if PF_START > 0:   # this epoch's signals so far, against the share asked for
-                    ask = ask & ((seen - need + size) * 100 >= size * PF_START)
-                if ask:
-                    prefetch_l2(pf_ptr + pf_done, tl.minimum(pf_count - pf_done, 256 * 64))
-                    pf_done += 256 * 64
-            if BACKOFF > 0:
-                tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
-                                          [spins * 0 + BACKOFF], dtype=tl.int32, is_pure=False,
-                                          pack=1)
+            # this epoch's signals so far, against the share asked for
+            started = (seen - need + size) * 100 >= size * PF_START
+            pf_done = between_polls(pf_ptr, pf_done, pf_count, started, spins, BACKOFF,
+                                    PF_WAIT, PF_START)
             seen = poll(counters_ptr + c, POLL)
-            spins += 1
-            if spins % 1024 == 0:
-                if tl.atomic_add(error_ptr, 0, sem="relaxed") != 0:
-                    spins = spin_limit
+            spins = next_spin(error_ptr, spins, spin_limit)
         if seen < need:
-            if tl.atomic_cas(error_ptr, 0, 1) == 0:
-                tl.store(error_ptr + 1, task)
-                tl.store(error_ptr + 2, c)
-                tl.store(error_ptr + 3, seen)
+            record_error(error_ptr, task, c, seen)
             ok = False
             j = count
         j += 1
     return ok
+
+
+@triton.jit
+def wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
+             task, BACKOFF: tl.constexpr, POLL: tl.constexpr, pf_ptr, pf_count,
+             PF_WAIT: tl.constexpr, PF_START: tl.constexpr, WAITS: tl.constexpr):
+    """``wait_counters`` for a task with 2 to WAITS waits: its wait list read in one load and
+    every counter polled at once each round, one memory latency a round instead of two per
+    wait (the list's entry, then its counter). PF_START counts the least advanced counter."""
+    js = tl.arange(0, WAITS)
+    later = (js > 0) & (js < count)
+    cs = tl.where(later, tl.load(waits_ptr + 2 * (first + js), mask=later, other=0), c0)
+    sizes = tl.where(later, tl.load(waits_ptr + 2 * (first + js) + 1, mask=later, other=0),
+                     size0)
+    need = tl.where(js < count, sizes * epoch, 0)   # lanes past the list: c0 again, met at 0
+    seen = poll(counters_ptr + cs, POLL)                                         # [WAITS]
+    short = tl.sum((seen < need).to(tl.int32), axis=0)
+    pf_done = 0
+    spins = 0
+    while (short > 0) & (spins < spin_limit):
+        started = tl.min((seen - need + sizes) * 100 - sizes * PF_START, axis=0) >= 0
+        pf_done = between_polls(pf_ptr, pf_done, pf_count, started, spins, BACKOFF, PF_WAIT,
+                                PF_START)
+        seen = poll(counters_ptr + cs, POLL)
+        short = tl.sum((seen < need).to(tl.int32), axis=0)
+        spins = next_spin(error_ptr, spins, spin_limit)
+    if short > 0:
+        unmet = tl.argmax((seen < need).to(tl.int32), axis=0)       # the first one short
+        record_error(error_ptr, task, tl.sum(tl.where(js == unmet, cs, 0), axis=0),
+                     tl.sum(tl.where(js == unmet, seen, 0), axis=0))
+    return short == 0
+
+
+@triton.jit
+def between_polls(pf_ptr, pf_done, pf_count, started, spins, BACKOFF: tl.constexpr,
+                  PF_WAIT: tl.constexpr, PF_START: tl.constexpr):
+    """What a waiting task does between two polls (GPU only): ask L2 for the next 256 lines of
+    its weights (PF_WAIT; with PF_START, once ``started``), sleep BACKOFF ns -> the weights asked
+    for so far."""
+    if PF_WAIT:
+        ask = pf_done < pf_count
+        if PF_START > 0:
+            ask = ask & started
+        if ask:
+            prefetch_l2(pf_ptr + pf_done, tl.minimum(pf_count - pf_done, 256 * 64))
+            pf_done += 256 * 64
+    if BACKOFF > 0:
+        tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
+                                  [spins * 0 + BACKOFF], dtype=tl.int32, is_pure=False, pack=1)
+    return pf_done
+
+
+@triton.jit
+def next_spin(error_ptr, spins, spin_limit):
+    """The spin count after one more poll; every 1024 spins, spin_limit where an error has been
+    raised elsewhere (so that every worker stops)."""
+    spins += 1
+    if spins % 1024 == 0:
+        if tl.atomic_add(error_ptr, 0, sem="relaxed") != 0:
+            spins = spin_limit
+    return spins
+
+
+@triton.jit
+def record_error(error_ptr, task, c, seen):
+    """The first error of the launch: error_ptr [flag, task, counter, seen value]."""
+    if tl.atomic_cas(error_ptr, 0, 1) == 0:
+        tl.store(error_ptr + 1, task)
+        tl.store(error_ptr + 2, c)
+        tl.store(error_ptr + 3, seen)
 
 
 @triton.jit

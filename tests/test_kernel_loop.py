@@ -1,0 +1,39 @@
+"""The persistent loop's waits (``kernel_loop.wait_counters``) under the interpreter: a task's
+wait list polled one wait after another (WAITS 1) or all at once (WAITS > 1), met or short."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from megakernel.compiler import kernel_loop
+
+
+@triton.jit
+def _wait(waits_ptr, counters_ptr, error_ptr, out_ptr, count, epoch, task,
+          WAITS: tl.constexpr):
+    c0 = tl.load(waits_ptr)
+    size0 = tl.load(waits_ptr + 1)
+    ok = kernel_loop.wait_counters(waits_ptr, counters_ptr, error_ptr, 0, count, c0, size0,
+                                   epoch, 3, task, WAITS=WAITS)
+    tl.store(out_ptr, ok.to(tl.int32))
+
+
+def wait(counters: list[int], waits: list[tuple[int, int]], epoch: int, waits_block: int):
+    """(met, error words) of one task waiting on ``waits`` [(counter, size)]."""
+    table = torch.tensor(waits, dtype=torch.int32).flatten()
+    error = torch.zeros(4, dtype=torch.int32)
+    out = torch.full((1,), -1, dtype=torch.int32)
+    _wait[(1,)](table, torch.tensor(counters, dtype=torch.int32), error, out, len(waits), epoch,
+                7, WAITS=waits_block)
+    return bool(out.item()), error.tolist()
+
+
+@pytest.mark.parametrize("waits_block", [1, 4])
+def test_waits_met_or_the_first_short_one_recorded(waits_block):
+    waits = [(2, 3), (0, 1), (3, 2)]                  # (counter, producers per epoch)
+    assert wait([2, 9, 6, 4], waits, 2, waits_block) == (True, [0, 0, 0, 0])
+    # epoch 2: counter 0 needs 2 (has 2), counter 3 needs 4 but has 3, counter 2 has 6 of 6
+    assert wait([2, 9, 6, 3], waits, 2, waits_block) == (False, [1, 7, 3, 3])
+    # two short: the first in the list is recorded
+    assert wait([1, 9, 5, 3], waits, 2, waits_block) == (False, [1, 7, 2, 5])
+    assert wait([0, 0, 0, 0], waits[:1], 0, waits_block) == (True, [0, 0, 0, 0])
