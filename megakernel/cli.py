@@ -178,10 +178,10 @@ def print_trace_tables(traces, compiled, per_us: float, measured: str) -> None:
         print(f"{r['kind']:<14}{r['tasks']:>7}{r['predicted_us']:>14.2f}{r['measured_us']:>16.2f}"
               f"{r['waited_us']:>14.2f}")
     print(f"\n{'phase (mean over its ops)':<30}{'ops':>5}{'tasks':>7}{'span ' + measured:>14}"
-          f"{'task ' + measured:>14}")
+          f"{'task ' + measured:>14}{'waits':>7}")
     for r in phase_table(traces, compiled, per_us):
         print(f"{r['phase']:<30}{r['ops']:>5}{r['tasks']:>7}{r['span_us']:>14.2f}"
-              f"{r['task_us']:>14.2f}")
+              f"{r['task_us']:>14.2f}{r['waits']:>7.2f}")
     chain = critical_path(traces, compiled)
     rows = path_table(chain, compiled, per_us)
     hops = sum(link.held_by == "input" for link in chain)

@@ -4,7 +4,8 @@ when it ended (``%globaltimer`` ns on the GPU, a global tick order under the int
 ``trace_step(step)`` reads the stamps of the last launch of a ``MegakernelStep`` built with
 ``trace=True``; ``kind_table`` sets measured times per op kind beside the cost model's prediction;
 ``phase_table`` gives each phase of a layer (an op's tasks of one kind, e.g. the o projection's
-linear tasks) its span from first start to last end, averaged over the layers;
+linear tasks) its span from first start to last end, averaged over the layers, and the counters
+its tasks poll;
 ``critical_path`` walks back from the task that ends last to what held each task up, and
 ``path_table`` splits that chain by phase into the ops' own time, hops (a task waiting on its
 last producer's signal) and dispatch (a task starting after its worker's previous one);
@@ -70,21 +71,26 @@ def phase_name(role: str, kind: str) -> str:
 
 def phase_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[dict]:
     """Per phase, (op role, task kind) in order of first start: ops (layers), tasks per op, mean
-    span from the phase's first start to its last end, and mean task time (us)."""
+    span from the phase's first start to its last end, mean task time (us), and mean counters
+    a task polls (its waits)."""
     ops = {op.name: op for op in compiled.tasks.ops.ops}
-    spans: dict = {}                                  # (op name, kind) -> [first, last, n, busy]
+    spans: dict = {}                         # (op name, kind) -> [first, last, n, busy, waits]
     for tr in traces:
-        s = spans.setdefault((compiled.tasks.tasks[tr.task].op, tr.kind), [tr.start, tr.end, 0, 0])
+        s = spans.setdefault((compiled.tasks.tasks[tr.task].op, tr.kind),
+                             [tr.start, tr.end, 0, 0, 0])
         s[0], s[1] = min(s[0], tr.start), max(s[1], tr.end)
         s[2], s[3] = s[2] + 1, s[3] + tr.end - tr.start
+        s[4] += len(compiled.sync.waits[tr.task])
     rows: dict = {}
-    for (name, kind), (first, last, n, busy) in sorted(spans.items(), key=lambda kv: kv[1][0]):
-        r = rows.setdefault((op_role(ops[name]), kind), [0, 0, 0, 0])
+    for (name, kind), (first, last, n, busy, waits) in sorted(spans.items(),
+                                                              key=lambda kv: kv[1][0]):
+        r = rows.setdefault((op_role(ops[name]), kind), [0, 0, 0, 0, 0])
         r[0], r[1], r[2], r[3] = r[0] + 1, r[1] + n, r[2] + last - first, r[3] + busy
+        r[4] += waits
     return [{"phase": phase_name(role, kind), "ops": n_ops,
              "tasks": tasks // n_ops, "span_us": span / n_ops / unit_per_us,
-             "task_us": busy / tasks / unit_per_us}
-            for (role, kind), (n_ops, tasks, span, busy) in rows.items()]
+             "task_us": busy / tasks / unit_per_us, "waits": waits / tasks}
+            for (role, kind), (n_ops, tasks, span, busy, waits) in rows.items()]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,22 @@ def test_trace_stamps_every_task_in_order():
         chain[-1].trace.end - chain[0].trace.start
 
 
+def test_phase_table_counts_the_counters_each_task_polls():
+    """Two layers' o projections, two tasks each, polling 0 + 1 and 3 + 1 counters: one phase
+    of 2 ops, 2 tasks an op, 5 / 4 waits a task."""
+    from types import SimpleNamespace as NS
+
+    ops = [NS(name=f"o{i}", kind="linear", params={"weight": f"layers.{i}.o_proj.weight"})
+           for i in range(2)]
+    tasks = [NS(op="o0"), NS(op="o0"), NS(op="o1"), NS(op="o1")]
+    compiled = NS(tasks=NS(tasks=tasks, ops=NS(ops=ops)),
+                  sync=NS(waits=((), (0,), (0, 1, 2), (1,))))
+    traces = [TaskTrace(i, "linear", i, 0, 1 + i, 3 + i) for i in range(4)]
+    [row] = phase_table(traces, compiled, 1.0)
+    assert (row["phase"], row["ops"], row["tasks"], row["waits"]) == ("o_proj linear", 2, 2, 1.25)
+    assert (row["span_us"], row["task_us"]) == (3.0, 2.0)   # o0 from 1 to 4, o1 from 3 to 6
+
+
 def test_critical_path_follows_the_later_of_inputs_and_queue():
     """Worker 0 runs a then c, worker 1 runs b; c polls b's counter. Where b ends after a, c was
     held up by its input (a hop of c.start - b.end); where a ends later, by its queue."""
