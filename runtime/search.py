@@ -143,11 +143,12 @@ def op_us(ops, op, v: Variant, target: Target, memo: dict) -> float:
     graph, the workers and the tile knobs it reads, so ``memo`` keeps each result with the knobs
     read for it, {(op, workers, target): [(knobs, us)]}, and answers any variant that agrees on
     them (the variants of a shortlist differ mostly in knobs of other ops)."""
+    tile = v.tile                   # a TileConfig built from the variant's fields: once here
     entries = memo.setdefault((op.name, v.workers, target), [])
     for knobs, us in entries:
-        if all(getattr(v.tile, k) == value for k, value in knobs.items()):
+        if all(getattr(tile, k) == value for k, value in knobs.items()):
             return us
-    cfg = Reads(v.tile)
+    cfg = Reads(tile)
     tiler = Tiler(ops, cfg, v.workers)
     TILERS[op.kind](tiler, op)
     us = op_waves_us(tiler.tasks, replace(target, workers_per_sm=-(-v.workers // target.sms)),
