@@ -24,14 +24,12 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
     do not queue ahead of the loads of the tasks they wait for). WAITS > 1 (the most waits a
     task of the kernel has, a power of two): a task with several polls all of them at once
     (``wait_all``), not one after another."""
+    several = False                 # WAITS 1: a constant, so wait_all is never built
     if WAITS > 1:
-        if count > 1:
-            ok = wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
-                          spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START,
-                          WAITS)
-        else:
-            ok = wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
-                           spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START)
+        several = count > 1
+    if several:
+        ok = wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
+                      spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START, WAITS)
     else:
         ok = wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
                        spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START)
