@@ -195,14 +195,17 @@ def print_trace_tables(traces, compiled, per_us: float, measured: str) -> None:
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    """'1,4,8-10' -> [1, 4, 8, 9, 10]."""
-    sizes = []
+    """'1,4,8-10' -> [1, 4, 8, 9, 10]: sizes and ascending ranges of positive integers, each
+    size once, in the order given."""
+    sizes: dict[int, None] = {}
     for part in str(text).split(","):
-        lo, _, hi = part.partition("-")
-        sizes += list(range(int(lo), int(hi or lo) + 1))
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"batch sizes {text!r} must be positive integers")
-    return sizes
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or int(lo) < 1 \
+                or int(hi or lo) < int(lo):
+            raise ValueError(f"batch sizes {text!r}: {part.strip()!r} is not a positive integer "
+                             "or an ascending range of them (e.g. 1,4,8-10)")
+        sizes.update(dict.fromkeys(range(int(lo), int(hi or lo) + 1)))
+    return list(sizes)
 
 
 def cmd_autotune(args) -> int:

@@ -52,8 +52,10 @@ def test_compile_cli_writes_artifacts(tmp_path, capsys):
 
 def test_batch_size_ranges():
     assert parse_batch_sizes("1,4,8-10") == [1, 4, 8, 9, 10]
-    with pytest.raises(ValueError):
-        parse_batch_sizes("0")
+    assert parse_batch_sizes("3, 1-4,17") == [3, 1, 2, 4, 17]          # each size once
+    for bad in ("0", "1,2-1,3", "x", "1-", "-2", "1,,2", "1.5"):
+        with pytest.raises(ValueError, match="not a positive integer or an ascending range"):
+            parse_batch_sizes(bad)
 
 
 HOPPER_SCRIPT = """
