@@ -200,11 +200,11 @@ def parse_batch_sizes(text: str) -> list[int]:
     sizes: dict[int, None] = {}
     for part in str(text).split(","):
         lo, dash, hi = part.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()) or int(lo) < 1 \
-                or int(hi or lo) < int(lo):
+        hi = hi if dash else lo
+        if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
             raise ValueError(f"batch sizes {text!r}: {part.strip()!r} is not a positive integer "
                              "or an ascending range of them (e.g. 1,4,8-10)")
-        sizes.update(dict.fromkeys(range(int(lo), int(hi or lo) + 1)))
+        sizes.update(dict.fromkeys(range(int(lo), int(hi) + 1)))
     return list(sizes)
 
 
