@@ -55,13 +55,15 @@ class Variant:
     body: str
     args: str
     prefetch: str      # the kind's prefetch body, or ""
+    stage: str         # the kind's staging body, or ""
 
 
 def body_modules() -> list[str]:
     """The modules under megakernel.compiler that the kernel imports: the loop's and every op
     body's (the registry's)."""
-    bodies = [b for spec in REGISTRY.values() for b in (spec.body, spec.prefetch) if b]
-    return sorted({"kernel_loop"} | {b.split(".")[0] for b in bodies})
+    bodies = [b for spec in REGISTRY.values() for b in (spec.body, spec.prefetch, spec.stage)
+              if b]
+    return sorted({"kernel_loop", "staging"} | {b.split(".")[0] for b in bodies})
 
 
 def most_waits(enc: Encoded) -> int:
@@ -86,7 +88,7 @@ def generate(enc: Encoded, model: str, batch: int, num_tasks: int,
     bodies = {kind: REGISTRY[kind].body for _, kind, _, _ in enc.variants}
     calls = sorted(set(bodies.values())) if noinline else []
     variants = [Variant(op, kind, call_name(bodies[kind]) if noinline else bodies[kind],
-                        call_args(kind, cx, units), REGISTRY[kind].prefetch)
+                        call_args(kind, cx, units), REGISTRY[kind].prefetch, REGISTRY[kind].stage)
                 for op, kind, cx, units in enc.variants]
     source = env.get_template("megakernel.py.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,

@@ -10,6 +10,7 @@ is the (p % (S / BS))-th block of row p // (S / BS) of the static cache).
 import triton
 import triton.language as tl
 
+from . import staging
 from .norm_ops import _round, first_rstd, load_normed, row_rstd, rows_after, step_index
 from .rope_ops import _store_halves, cross_rope_store, norm_rope_store, rope_inputs
 
@@ -78,6 +79,27 @@ def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N:
 
 
 @triton.jit
+def staged_product(x_ptr, nw_ptr, rstd, sbase, end, B: tl.constexpr, K: tl.constexpr,
+                   HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DT: tl.constexpr, WT: tl.constexpr, KEND: tl.constexpr, KS: tl.constexpr,
+                   STEP: tl.constexpr):
+    """[norm(x)][:, :KS] @ W[rows, :KS]^T -> [BLOCK_B, BLOCK_N] fp32, where row j < end of W
+    (type WT) has its first KS columns in shared memory from ``sbase + 2 * j * KS``
+    (``staging``; GPU only), STEP columns a step: a multiply-and-sum below 16 batch rows, a
+    dot from 16."""
+    js = tl.arange(0, BLOCK_N)
+    gs = tl.arange(0, STEP // 8)
+    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    for k0 in range(0, KS, STEP):
+        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, STEP, DT, 1, KEND)
+        w = staging.load_rows(sbase + 2 * (js[:, None] * KS + k0 + 8 * gs[None, :]), BLOCK_N,
+                              STEP // 8, WT)
+        w = tl.where((js < end)[:, None], w, 0.0).to(DT)            # [BLOCK_N, STEP]
+        acc = _mac(a, w, acc, 1 if BLOCK_B < 16 else 0, DT)
+    return acc
+
+
+@triton.jit
 def fold_rows(vals, FOLD: tl.constexpr, BLOCK_B: tl.constexpr):
     """[BLOCK_B] -> [FOLD * BLOCK_B], value b at every folded row q * BLOCK_B + b."""
     if FOLD == 1:
@@ -104,7 +126,9 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
                 K: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
-                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0):
+                FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0,
+                sbase=0, STAGE: tl.constexpr = 0, STAGED_K: tl.constexpr = 0,
+                STAGED_STEP: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
     Triton's software pipeliner stages STAGES chunks through shared memory.
@@ -112,15 +136,22 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     so that a narrow task's dot is [FOLD * BLOCK_B, BLOCK_K / FOLD] @ [.., FOLD * BLOCK_N]: the
     same bytes, no batch rows padded to 16 when FOLD * BLOCK_B >= 16, and no warp re-reading
     the whole x step from shared memory for a few columns each. KEND > 0: only the first KEND
-    columns of each row (rows still K apart), for a K slice. WRAP: as ``load_w``'s."""
+    columns of each row (rows still K apart), for a K slice. WRAP: as ``load_w``'s. STAGE > 0
+    (a kernel with staging; plain rows base..base + end only): each row's first STAGED_K columns
+    from shared memory at ``sbase`` (``staged_product``), in steps of STAGED_STEP columns."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
+    SHARED: tl.constexpr = STAGED_K if STAGE > 0 else 0
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
-    for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(SHARED, LIM, BLOCK_K, num_stages=STAGES):
         a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD, KEND)
         w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND, WRAP)
         acc = _mac(a, w.to(DT), acc, FORM, DT)
-    return unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
+    out = unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
+    if SHARED > 0:
+        out += staged_product(x_ptr, nw_ptr, rstd, sbase, end, B, K, HAS_NORM, BLOCK_B,
+                              BLOCK_N, DT, w_ptr.dtype.element_ty, KEND, SHARED, STAGED_STEP)
+    return out
 
 
 @triton.jit
@@ -165,17 +196,20 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, B: tl.c
 
 @triton.jit
 def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, osc_ptr, n0, n1,
-              g, eps: tl.constexpr, B: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+              g, sbase, STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr,
+              K: tl.constexpr, N: tl.constexpr,
               HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
               FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
               FOLD: tl.constexpr, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-              OUT_SUMS: tl.constexpr = False):
+              OUT_SUMS: tl.constexpr = False, STAGED_K: tl.constexpr = 0,
+              STAGED_STEP: tl.constexpr = 0):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N); the
     norm's RMS from x, or (SUMS > 0: x scaled by the norm's weight already) from the sums of
     squares ss [SUMS, B] of x's rows, applied to the product. OUT_SUMS: what the next op's norm
     (weight onw) takes of out's columns too, as column group g (``store_norm_inputs`` into os,
-    osc)."""
+    osc). STAGE > 0: the first STAGED_K columns of W[n0:n1] in shared memory from ``sbase``
+    (``linear_stage``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
     rows = tl.arange(0, BLOCK_B)
@@ -191,7 +225,8 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
                       SUMS_BLOCK)
     y = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, IN_LOOP,
                                       BLOCK_B, BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES,
-                                      FOLD), rstd, SUMS), DT)
+                                      FOLD, 0, 0, sbase, STAGE, STAGED_K, STAGED_STEP), rstd,
+                                      SUMS), DT)
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
@@ -201,23 +236,41 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
 
 
 @triton.jit
-def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.constexpr,
-               B: tl.constexpr, K: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-               FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
-               FOLD: tl.constexpr, HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0,
-               SUMS_BLOCK: tl.constexpr = 1):
+def linear_stage(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, osc_ptr, n0,
+                 n1, g, sbase, STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr,
+                 K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
+                 HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
+                 STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
+                 SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
+                 OUT_SUMS: tl.constexpr = False, STAGED_K: tl.constexpr = 0,
+                 STAGED_STEP: tl.constexpr = 0):
+    """``linear_op``'s weights into shared memory before its waits (GPU, a kernel with STAGE
+    bytes of staging): the first STAGED_K columns of W[n0:n1]; returns 1 if it started copies."""
+    return staging.issue_rows(w_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_K, STAGE)
+
+
+@triton.jit
+def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, sbase,
+               STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr, K: tl.constexpr,
+               N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
+               STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
+               HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
+               STAGED_K: tl.constexpr = 0, STAGED_STEP: tl.constexpr = 0):
     """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
     projections from one pipeline as matmul_tile runs it; the norm's RMS as ``linear_op``
-    takes it."""
+    takes it. STAGE > 0: the first STAGED_K columns of both in shared memory from ``sbase``
+    (``gate_up_stage``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
+    SHARED: tl.constexpr = STAGED_K if STAGE > 0 else 0
     rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
                       SUMS_BLOCK)
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(SHARED, K, BLOCK_K, num_stages=STAGES):
         a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, IN_LOOP, BLOCK_B, BLOCK_K, DT, FOLD)
         # each weight's chunk loaded just before its use (both loads first: batch-32 stack 352
         # bytes instead of 136 on sm_90)
@@ -225,10 +278,34 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, eps: tl.c
         g = _mac(a, wg.to(DT), g, FORM, DT)
         wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
         u = _mac(a, wu.to(DT), u, FORM, DT)
-    g = _round(rows_after(unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N), rstd, SUMS), DT)
+    g = unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N)
+    u = unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N)
+    if SHARED > 0:          # Wg's rows, then Wu's from row BLOCK_N of the area
+        WT: tl.constexpr = wg_ptr.dtype.element_ty
+        g += staged_product(x_ptr, nw_ptr, rstd, sbase, n1 - n0, B, K, IN_LOOP, BLOCK_B,
+                            BLOCK_N, DT, WT, 0, SHARED, STAGED_STEP)
+        u += staged_product(x_ptr, nw_ptr, rstd, sbase + 2 * BLOCK_N * SHARED, n1 - n0, B, K,
+                            IN_LOOP, BLOCK_B, BLOCK_N, DT, WT, 0, SHARED, STAGED_STEP)
+    g = _round(rows_after(g, rstd, SUMS), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
-    u = _round(rows_after(unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N), rstd, SUMS), DT)
+    u = _round(rows_after(u, rstd, SUMS), DT)
     store_rows(out_ptr, (act * u).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def gate_up_stage(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, sbase,
+                  STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr, K: tl.constexpr,
+                  N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
+                  STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
+                  HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0,
+                  SUMS_BLOCK: tl.constexpr = 1, STAGED_K: tl.constexpr = 0,
+                  STAGED_STEP: tl.constexpr = 0):
+    """``gate_up_op``'s weights into shared memory before its waits (as ``linear_stage``): the
+    first STAGED_K columns of Wg[n0:n1], then of Wu[n0:n1] from row BLOCK_N of the area."""
+    staging.issue_rows(wg_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_K, STAGE, 0, 2)
+    return staging.issue_rows(wu_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_K, STAGE,
+                              BLOCK_N, 0)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ from torch import fx
 
 from .capture import capture
 from .codegen import generate
-from .cost import TARGETS
+from .cost import STAGE_HEAD, TARGETS
 from .encode import Encoded, encode
 from .ir import KernelSource, OpGraph, Schedule, SyncPlan, TaskGraph
 from .lower import lower
@@ -57,12 +57,17 @@ class CompileOptions:
         BACKOFF ns of sleep between polls, POLL 1 to poll with acquire loads, PF_START the
         ``prefetch_start`` percentage."""
         if not cuda:
-            return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0)
+            return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0, STAGE=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
                     | 8 * self.prefetch_kv,
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
-                    PF_START=self.prefetch_start)
+                    PF_START=self.prefetch_start, STAGE=self.stage_bytes)
+
+    @property
+    def stage_bytes(self) -> int:
+        """Shared memory a GPU launch adds for ``staging`` (0: none)."""
+        return self.tile.staged_kib and self.tile.staged_kib * 1024 + STAGE_HEAD
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:

@@ -33,6 +33,9 @@ class OpSpec:
     constexprs: Callable[[Task, Dims, TileConfig], dict]
     prefetch: str = ""   # optional GPU-only body with the op body's arguments that asks L2 for
                          # what the task reads but no task writes, before its waits
+    stage: str = ""      # optional GPU-only body with the op body's arguments that starts
+                         # copying the first of the task's weights into shared memory before
+                         # its waits (``staging``); the op body then reads them from ``sbase``
 
     @property
     def words(self) -> tuple[Field, ...]:
@@ -99,7 +102,23 @@ def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=t.args["n"], HAS_NORM=t.args["norm"] is not None,
                 HAS_RES=t.args["residual"] is not None, BLOCK_N=t.args["bn"], **_sums(t),
                 OUT_SUMS=t.args.get("osums") is not None,
-                **_projection(t.args["k"], t.args["bn"], t.args["bk"], d, c))
+                **_projection(t.args["k"], t.args["bn"], t.args["bk"], d, c),
+                **_staged(t.args["k"], t.args["bn"], t.args["bk"], d, c))
+
+
+def _staged(k: int, bn: int, bk: int, d: Dims, c: TileConfig, weights: int = 1) -> dict:
+    """Columns of each of a projection task's ``bn`` rows (of each of its ``weights`` matrices)
+    that a kernel with staging copies into shared memory (whole steps of ``bk`` within
+    ``c.staged_kib`` KiB; ``staging``), and the
+    columns per step of the loop reading them (``ops.staged_product``: halved from ``bk`` while
+    a multiply-and-sum's product exceeds 4096 elements, down to 64)."""
+    cols = min(k, c.staged_kib * 1024 // (weights * bn * d.itemsize) // bk * bk)
+    if not cols:
+        return {}
+    r, step = rows(d, c, fold(bn, bk, d, c)), bk
+    while r < 16 and step > 64 and r * bn * step > 4096:
+        step //= 2
+    return dict(STAGED_K=cols, STAGED_STEP=step)
 
 
 def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -129,7 +148,8 @@ def _rms_norm(t: Task, d: Dims, c: TileConfig) -> dict:
 def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=d.intermediate, BLOCK_N=t.args["bn"],
                 HAS_NORM=t.args["norm"] is not None, **_sums(t),
-                **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c, weights=2))
+                **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c, weights=2),
+                **_staged(d.hidden, t.args["bn"], t.args["bk"], d, c, weights=2))
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -214,8 +234,8 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "n0:int"), _embed),
     OpSpec("linear", "ops.linear_op",
            _fields("x:act weight:weight norm:weight residual:act out:act sums:f32 osums:f32 "
-                   "onorm:weight oscaled:act n0:int n1:int g:int"),
-           _linear),
+                   "onorm:weight oscaled:act n0:int n1:int g:int sbase:kernel STAGE:kernel"),
+           _linear, stage="ops.linear_stage"),
     OpSpec("linear_part", "split_ops.linear_part_op",
            _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),
     OpSpec("linear_reduce", "split_ops.linear_reduce_op",
@@ -227,8 +247,8 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("rms_norm", "norm_ops.rms_norm_op",
            _fields("x:act norm:weight out:act r0:int r1:int"), _rms_norm),
     OpSpec("gate_up", "ops.gate_up_op",
-           _fields("x:act norm:weight gate:weight up:weight out:act sums:f32 n0:int n1:int"),
-           _gate_up),
+           _fields("x:act norm:weight gate:weight up:weight out:act sums:f32 n0:int n1:int "
+                   "sbase:kernel STAGE:kernel"), _gate_up, stage="ops.gate_up_stage"),
     OpSpec("qkv_rope", "ops.qkv_rope_op",
            _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
                    "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "

@@ -114,6 +114,9 @@ class TileConfig:
                                # takes half of each stage (64 rows: 64 x 128 weight steps, 3
                                # stages hold 32 KB of weights in flight, 23 GB/s per SM at
                                # about 1.5 us of latency), deeper ones keep more in flight
+    staged_kib: int = 0        # KiB of shared memory per worker that the first columns of a
+                               # projection task's weights are copied into before its waits (GPU
+                               # kernels, ``staging``; 2-byte weights; 0: none)
     fold: int = 16             # at most this many column slices of a narrow projection step
                                # folded into its dot's rows and columns (1: none)
     fold_rows: int = 16        # ... while the slices' batch rows stay within this many dot rows
@@ -138,6 +141,8 @@ class TileConfig:
             raise ValueError(f"step_weights={self.step_weights}: 1, or 2 (as deep as gate_up)")
         if self.stage_kib < 0:
             raise ValueError(f"stage_kib={self.stage_kib}: shared memory is at least 0 KiB")
+        if not 0 <= self.staged_kib <= 200:
+            raise ValueError(f"staged_kib={self.staged_kib}: 0-200 KiB of shared memory")
         if self.fold < 1 or self.fold & (self.fold - 1):
             raise ValueError(f"fold={self.fold} is not a power of two")
         if self.attn_rows not in (4, 8, 16):

@@ -124,6 +124,20 @@ def programs_per_sm(regs: int, smem: int, num_warps: int, regs_per_sm: int = 655
                threads_per_sm // (32 * num_warps))
 
 
+def reserve_staging(built, extra: int) -> None:
+    """Launch ``built`` with ``extra`` bytes of dynamic shared memory beyond Triton's, aligned to
+    128 bytes: the area ``compiler.staging`` addresses from the end (before the module is loaded,
+    which sets the function's shared-memory limit; once per built kernel)."""
+    if not extra or getattr(built, "staging_reserved", False):
+        return
+    if built.module is not None:
+        raise RuntimeError("the kernel was loaded before its staging area was reserved")
+    shared = -(-built.metadata.shared // 128) * 128 + extra
+    built.metadata = built.metadata._replace(shared=shared)
+    built.packed_metadata = built.packed_metadata[:-1] + (shared,)
+    built.staging_reserved = True
+
+
 def check_residency(built, workers: int, num_warps: int, device) -> None:
     """Every worker must be resident at once (they wait on each other): refuse a grid that the
     compiled kernel's registers and shared memory cannot fit on this GPU."""
@@ -151,6 +165,9 @@ class MegakernelStep:
         self.kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
         i32 = lambda a: torch.as_tensor(a, dtype=torch.int32, device=device).contiguous()
         self.weights, offsets = bind_weights(model, enc.memory.weights, device)
+        if compiled.options.tile.staged_kib and self.weights.element_size() != 2:
+            raise ValueError(f"staged_kib={compiled.options.tile.staged_kib}: staged weights "
+                             f"must be 2-byte (bf16 or fp16), not {self.weights.dtype}")
         self.ins = i32(resolve_weights(enc.instructions, enc.weight_words, offsets))
         self.waits, self.queues = i32(enc.waits), i32(enc.queues)
         self.act = torch.full((max(enc.memory.act_numel, 1),), float("nan"),
@@ -195,6 +212,7 @@ class MegakernelStep:
         args, kwargs = self._args(kv_cache)
         if kv_cache.is_cuda and not self.resident_checked:
             built = self.kernel.warmup(*args, grid=(len(self.queues),), **kwargs)
+            reserve_staging(built, kwargs["STAGE"])
             check_residency(built, len(self.queues), kwargs["num_warps"], kv_cache.device)
             self.resident_checked = True
         self.kernel[(len(self.queues),)](*args, **kwargs)

@@ -39,7 +39,8 @@ least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2
 keys and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens
 (default 16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at
 most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
-not the whole dispatch's).
+not the whole dispatch's), ``tmN`` the first N KiB of each projection task's weights copied into
+the worker's shared memory before its waits (``compiler.staging``).
 """
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ class Variant:
     qkv_cross: bool = TileConfig.qkv_cross
     max_registers: int = CompileOptions.max_registers
     noinline: bool = CompileOptions.noinline
+    staged_kib: int = TileConfig.staged_kib
 
     @property
     def label(self) -> str:
@@ -140,6 +142,7 @@ class Variant:
         flags += [f"ls{self.long_slices}"] * bool(self.long_slices)
         flags += [f"bo{self.backoff_ns}"] * bool(self.backoff_ns)
         flags += [f"rg{self.max_registers}"] * bool(self.max_registers)
+        flags += [f"tm{self.staged_kib}"] * bool(self.staged_kib)
         flags += ["ni" if self.noinline else "ni0"] * (self.noinline != CompileOptions.noinline)
         return "x".join(map(str, [self.block_n, self.block_k, self.num_warps, self.workers, *flags]))
 
@@ -188,7 +191,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "ar": lambda n: {"attn_rows": n}, "ag": lambda n: {"attn_group": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "ls": lambda n: {"long_slices": n},
-           "rg": lambda n: {"max_registers": n},
+           "rg": lambda n: {"max_registers": n}, "tm": lambda n: {"staged_kib": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},

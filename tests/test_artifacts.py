@@ -148,6 +148,17 @@ c = compile_model(model, CompileOptions(1, 1024, target="h200", tile=tile), "lla
 assert most_waits(c.encoded) > 1
 out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
 print("llama-3.2-1b", 1, "several waits sm_90 ok", out.metadata.shared)
+# projection weights staged in shared memory by bulk copies before the waits (GPU switch STAGE)
+model = empty_model(PRESETS["tiny-llama"]).to(torch.bfloat16)
+opts = CompileOptions(1, 64, target="h200", tile=TileConfig(staged_kib=8, split_k=1))
+c = compile_model(model, opts, "tiny-llama")
+kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
+staged = compile_for_hopper(kernel, switches=opts.switches()).asm["ptx"]
+plain = compile_for_hopper(kernel).asm["ptx"]
+for needle in ("cp.async.bulk.shared::cluster.global", "mbarrier.try_wait.parity",
+               "%dynamic_smem_size"):
+    assert needle in staged and needle not in plain, needle
+print("tiny-llama", 1, "staged sm_90 ok", opts.switches()["STAGE"])
 """
 
 
@@ -163,7 +174,7 @@ def run_without_interpreter(script: str, cache) -> str:
 
 
 def test_generated_kernels_compile_for_sm90(tmp_path):
-    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 9
+    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 10
 
 
 MASK_SCRIPT = """

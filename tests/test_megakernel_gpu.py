@@ -150,6 +150,13 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 1, dict(noinline=True, tile=TileConfig(
                                 attn_stream=True, norm_first=True, norm_sums=True, split_k=1,
                                 kv_split=128, kv_block=128)), id="llama-3.2-1b-1-ns-af-ni"),
+                            # o's and down's first weights staged in shared memory
+                            pytest.param("llama-3.2-1b", 1, dict(noinline=True, tile=TileConfig(
+                                attn_stream=True, norm_first=True, norm_sums=True, split_k=1,
+                                kv_split=128, kv_block=128, staged_kib=64)),
+                                id="llama-3.2-1b-1-ns-af-ni-tm64"),
+                            pytest.param("llama-3.2-1b", 2, TileConfig(split_k=1, staged_kib=40),
+                                         id="llama-3.2-1b-2-sk1-tm40"),
                             # units of 3 and 4 streamed pieces: combines with masked lanes
                             pytest.param("llama-3.2-1b", 5, TileConfig(
                                 attn_stream=True, norm_first=True, split_k=4, kv_block=128,

@@ -1,0 +1,125 @@
+"""Weights staged in shared memory before a task's waits (GPU only, sm_90: the TMA engine's bulk
+copies and an mbarrier, through inline PTX).
+
+A kernel built with ``STAGE`` bytes of staging launches with that much dynamic shared memory
+beyond what Triton allocates (``runtime.megakernel.reserve_staging``), so the area is the last
+``STAGE`` bytes of the block's dynamic shared memory: an mbarrier in its first 8 bytes, data from
+byte ``HEAD`` on. A task whose op reads staged weights asks for the first elements of its weight
+range before it waits (``issue``: one thread arms the barrier with the byte count and starts the
+copy); once its inputs are ready, every thread waits for the barrier's phase (``ready``) and the
+op body reads element ``e`` of the range from ``sbase + 2 * e`` (``load``) and the rest from global
+memory. Weights depend on nobody, so the copy runs while the task waits, in the worker's own
+shared memory, not in L2 where other SMs' traffic evicts it. Invariants: one staged task at a
+time per worker (the previous task's signal ends with a barrier of all its threads, so no thread
+still reads the area when the next copy starts); the n-th staged task of a worker waits for
+phase parity n % 2; 2-byte weights only.
+"""
+import triton
+import triton.language as tl
+
+from .cost import STAGE_HEAD
+
+HEAD = tl.constexpr(STAGE_HEAD)
+
+
+@triton.jit
+def area(STAGE: tl.constexpr):
+    """Shared-memory address of the staging area: the block's last STAGE bytes."""
+    size = tl.inline_asm_elementwise("mov.u32 $0, %dynamic_smem_size;", "=r,r", [STAGE],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+    base = tl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r,r", [STAGE],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+    return base + size - STAGE
+
+
+@triton.jit
+def init(STAGE: tl.constexpr):
+    """Once per worker, before its first task: the mbarrier expects one arrival a phase."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n"
+        "@p mbarrier.init.shared::cta.b64 [$1], 1;\n"
+        "@p fence.proxy.async.shared::cta; mov.u32 $0, 0; }",
+        "=r,r", [area(STAGE)], dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _copy(mbar, dst, src, nbytes, expect):
+    """Thread 0: arm the barrier for ``expect`` more bytes (if any), then copy ``nbytes`` from
+    global ``src`` to shared ``dst`` through the TMA engine, counted on the barrier."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p, q; .reg .u32 t; .reg .b64 s; mov.u32 t, %tid.x;\n"
+        "setp.eq.u32 p, t, 0; setp.ne.and.u32 q, $5, 0, p;\n"
+        "@q fence.proxy.async.shared::cta;\n"
+        "@q mbarrier.arrive.expect_tx.shared::cta.b64 s, [$1], $5;\n"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [$2], [$3], $4, [$1];\n"
+        "mov.u32 $0, 0; }",
+        "=r,r,r,l,r,r", [mbar, dst, src, nbytes, expect], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def issue_rows(src, rows, K: tl.constexpr, KS: tl.constexpr, STAGE: tl.constexpr,
+               AT: tl.constexpr = 0, ARM: tl.constexpr = 1):
+    """Start copying the first KS columns of ``rows`` rows K elements apart from ``src``
+    (2-byte elements, 16-byte aligned rows) into the area, row j at element (AT + j) * KS,
+    the barrier armed for ARM such calls' bytes (a task's first call arms for all of them, the
+    others 0); returns 1 (0 where KS is 0: nothing staged)."""
+    started = 0
+    if KS > 0:
+        mbar = area(STAGE)
+        dst = mbar + HEAD + AT * KS * 2
+        if KS == K:      # one range
+            _copy(mbar, dst, src, rows * K * 2, ARM * rows * K * 2)
+        else:
+            j = 0
+            while j < rows:
+                _copy(mbar, dst + j * KS * 2, src + j * K, KS * 2,
+                      tl.where(j == 0, ARM * rows * KS * 2, 0))
+                j += 1
+        started = 1
+    return started
+
+
+@triton.jit
+def ready(staged_before, STAGE: tl.constexpr):
+    """Wait until the worker's copy number ``staged_before`` (from 0) has landed; returns the
+    address of its first element, so that reads of it depend on the wait."""
+    mbar = area(STAGE)
+    done = 0
+    while done == 0:
+        done = tl.inline_asm_elementwise(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n"
+            "selp.u32 $0, 1, 0, p; }",
+            "=r,r,r", [mbar, staged_before % 2], dtype=tl.int32, is_pure=False, pack=1)
+    return mbar + HEAD + done - 1
+
+
+@triton.jit
+def _half(v, HIGH: tl.constexpr, DT: tl.constexpr):
+    """The low (or HIGH) 2-byte element of each 4-byte word ``v``, as DT."""
+    bits = (v >> 16) & 0xFFFF if HIGH else v & 0xFFFF
+    return bits.to(tl.int16).to(DT, bitcast=True)
+
+
+@triton.jit
+def load_rows(addr, R: tl.constexpr, G: tl.constexpr, DT: tl.constexpr):
+    """[R, 8 G] elements of 2-byte type DT: row r's elements 8 g .. 8 g + 7 from the 16 bytes at
+    shared address addr[r, g] (16-byte aligned), one vector load each."""
+    v0, v1, v2, v3 = tl.inline_asm_elementwise(
+        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [addr],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
+    return unpack_words(v0, v1, v2, v3, R, G, DT)
+
+
+@triton.jit
+def unpack_words(v0, v1, v2, v3, R: tl.constexpr, G: tl.constexpr, DT: tl.constexpr):
+    """Four [R, G] tensors of 4-byte words (word i of each 16-byte group) -> the [R, 8 G] 2-byte
+    elements they hold, little-endian: element 8 g + i is word i // 2's low half (even i) or
+    high half (odd i)."""
+    # the joins place element i at index (a, b, c) = (i // 4, i // 2 % 2, i % 2)
+    q0 = tl.join(tl.join(_half(v0, False, DT), _half(v2, False, DT)),
+                 tl.join(_half(v1, False, DT), _half(v3, False, DT)))
+    q1 = tl.join(tl.join(_half(v0, True, DT), _half(v2, True, DT)),
+                 tl.join(_half(v1, True, DT), _half(v3, True, DT)))
+    return tl.reshape(tl.join(q0, q1), [R, 8 * G])
