@@ -2,7 +2,7 @@
 
     compute-sanitizer --tool memcheck python -m megakernel.bench.sanitize_step
         [--attn-stream] [--kv-block 64] [--attn-pairs [--attn-group 4 | --pair-ranges]]
-        [--norm-sums]
+        [--norm-sums] [--staged-kib 8]
 """
 import argparse
 from dataclasses import replace
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="TileConfig.attn_pair_ranges (32 keys per task: two ranges a unit)")
     p.add_argument("--norm-sums", action="store_true",
                    help="TileConfig.norm_sums (with norm first and 2 K slices)")
+    p.add_argument("--staged-kib", type=int, default=0,
+                   help="TileConfig.staged_kib (projections in whole K: each task stages)")
     args = p.parse_args(argv)
     if args.attn_group > 2:
         cfg = replace(PRESETS["tiny-llama"], num_heads=8, num_kv_heads=4)
@@ -45,8 +47,10 @@ def main(argv: list[str] | None = None) -> None:
                                               TileConfig.attn_tasks_per_worker,
                                               kv_split=max(32 if args.pair_ranges else
                                                            TileConfig.kv_split, args.kv_block),
+                                              staged_kib=args.staged_kib,
                                               **(dict(norm_first=True, split_k=2, norm_sums=True)
-                                                 if args.norm_sums else {})))
+                                                 if args.norm_sums else
+                                                 dict(split_k=1) if args.staged_kib else {})))
     tokens = torch.tensor([[1], [2], [3]], device="cuda")
     positions = torch.tensor([[0], [5], [63]], device="cuda")
     logits = step(tokens, positions, cache)

@@ -12,7 +12,8 @@ memory. Weights depend on nobody, so the copy runs while the task waits, in the 
 shared memory, not in L2 where other SMs' traffic evicts it. Invariants: one staged task at a
 time per worker (the previous task's signal ends with a barrier of all its threads, so no thread
 still reads the area when the next copy starts); the n-th staged task of a worker waits for
-phase parity n % 2; 2-byte weights only.
+phase parity n % 2; 2-byte weights only; the kernel has shared memory of Triton's own (its
+``global_smem`` symbol: every megakernel's pipelines).
 """
 import triton
 import triton.language as tl
@@ -84,7 +85,8 @@ def issue_rows(src, rows, K: tl.constexpr, KS: tl.constexpr, STAGE: tl.constexpr
 @triton.jit
 def ready(staged_before, STAGE: tl.constexpr):
     """Wait until the worker's copy number ``staged_before`` (from 0) has landed; returns the
-    address of its first element, so that reads of it depend on the wait."""
+    address of its first element. (The wait and the reads are asm with side effects, which the
+    compiler keeps in program order.)"""
     mbar = area(STAGE)
     done = 0
     while done == 0:
@@ -92,7 +94,7 @@ def ready(staged_before, STAGE: tl.constexpr):
             "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n"
             "selp.u32 $0, 1, 0, p; }",
             "=r,r,r", [mbar, staged_before % 2], dtype=tl.int32, is_pure=False, pack=1)
-    return mbar + HEAD + done - 1
+    return mbar + HEAD
 
 
 @triton.jit
