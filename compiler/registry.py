@@ -109,9 +109,9 @@ def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
 def _staged(k: int, bn: int, bk: int, d: Dims, c: TileConfig, weights: int = 1) -> dict:
     """Columns of each of a projection task's ``bn`` rows (of each of its ``weights`` matrices)
     that a kernel with staging copies into shared memory (whole steps of ``bk`` within
-    ``c.staged_kib`` KiB; ``staging``), and the
-    columns per step of the loop reading them (``ops.staged_product``: halved from ``bk`` while
-    a multiply-and-sum's product exceeds 4096 elements, down to 64)."""
+    ``c.staged_kib`` KiB; ``staging``), and the columns per step of the loop reading them
+    (``ops.staged_product``: halved from ``bk`` while a multiply-and-sum's product exceeds 4096
+    elements, down to 64)."""
     cols = min(k, c.staged_kib * 1024 // (weights * bn * d.itemsize) // bk * bk)
     if not cols:
         return {}

@@ -4,16 +4,17 @@ copies and an mbarrier, through inline PTX).
 A kernel built with ``STAGE`` bytes of staging launches with that much dynamic shared memory
 beyond what Triton allocates (``runtime.megakernel.reserve_staging``), so the area is the last
 ``STAGE`` bytes of the block's dynamic shared memory: an mbarrier in its first 8 bytes, data from
-byte ``HEAD`` on. A task whose op reads staged weights asks for the first elements of its weight
-range before it waits (``issue``: one thread arms the barrier with the byte count and starts the
-copy); once its inputs are ready, every thread waits for the barrier's phase (``ready``) and the
-op body reads element ``e`` of the range from ``sbase + 2 * e`` (``load``) and the rest from global
-memory. Weights depend on nobody, so the copy runs while the task waits, in the worker's own
-shared memory, not in L2 where other SMs' traffic evicts it. Invariants: one staged task at a
-time per worker (the previous task's signal ends with a barrier of all its threads, so no thread
-still reads the area when the next copy starts); the n-th staged task of a worker waits for
-phase parity n % 2; 2-byte weights only; the kernel has shared memory of Triton's own (its
-``global_smem`` symbol: every megakernel's pipelines).
+byte ``HEAD`` on. A task whose op stages (its registry entry's ``stage`` body) starts copying
+the first KS columns of each of its weight rows before it waits (``issue_rows``: thread 0 arms
+the barrier with the byte count and starts the copies), and asks L2 for nothing; once its inputs
+are ready, every thread waits for the barrier's phase (``ready``) and the op body reads row j's
+staged columns from ``sbase + 2 * j * KS`` (``load_rows``, 16 bytes a load), the rest from
+global memory. Weights depend on nobody, so the copy runs while the task waits, into the
+worker's own shared memory. Invariants: one staged task at a time per worker (the previous
+task's signal ends with a barrier of all its threads, so no thread still reads the area when
+the next copy starts); the n-th staged task of a worker waits for phase parity n % 2; 2-byte
+weights only; the kernel has shared memory of Triton's own (its ``global_smem`` symbol: every
+megakernel's pipelines).
 """
 import triton
 import triton.language as tl
