@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from megakernel.compiler import staging
+from megakernel.compiler.cost import STAGE_HEAD
 from megakernel.runtime.megakernel import reserve_staging
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +32,7 @@ def _round_trip(src_ptr, out_ptr, info_ptr, ROWS: tl.constexpr, K: tl.constexpr,
 
 @pytest.mark.parametrize("k,ks", [(256, 256), (512, 128)])
 def test_staged_rows_read_back_as_copied(k, ks):
-    rows, rounds, stage = 16, 3, 16 * 1024 + 128
+    rows, rounds, stage = 16, 3, 16 * 1024 + STAGE_HEAD
     src = torch.randn(rounds, rows, k, device="cuda").to(torch.bfloat16)
     out = torch.full((rounds, rows, ks), float("nan"), device="cuda", dtype=torch.bfloat16)
     info = torch.zeros(2 + rounds, dtype=torch.int32, device="cuda")
@@ -41,5 +42,5 @@ def test_staged_rows_read_back_as_copied(k, ks):
     _round_trip[(1,)](*args)
     torch.cuda.synchronize()
     area, *bases = info.tolist()[:-1]
-    assert area % 16 == 0 and all(b == area + 128 for b in bases), info.tolist()
+    assert area % 16 == 0 and all(b == area + STAGE_HEAD for b in bases), info.tolist()
     assert torch.equal(out, src[:, :, :ks])
