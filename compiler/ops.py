@@ -82,21 +82,20 @@ def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N:
 def staged_product(x_ptr, nw_ptr, rstd, sbase, end, B: tl.constexpr, K: tl.constexpr,
                    HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                    DT: tl.constexpr, WT: tl.constexpr, KEND: tl.constexpr, KS: tl.constexpr,
-                   STEP: tl.constexpr):
+                   STEP: tl.constexpr, STAGES: tl.constexpr):
     """[norm(x)][:, :KS] @ W[rows, :KS]^T -> [BLOCK_B, BLOCK_N] fp32, where row j < end of W
     (type WT) has its first KS columns in shared memory from ``sbase + 2 * j * KS``
-    (``staging``; GPU only), STEP columns a step: a multiply-and-sum below 16 batch rows, a
-    dot from 16."""
-    js = tl.arange(0, BLOCK_N)
-    gs = tl.arange(0, STEP // 8)
-    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    for k0 in range(0, KS, STEP):
-        a = load_normed(x_ptr, nw_ptr, rstd, k0, B, K, HAS_NORM, BLOCK_B, STEP, DT, 1, KEND)
-        w = staging.load_rows(sbase + 2 * (js[:, None] * KS + k0 + 8 * gs[None, :]), BLOCK_N,
-                              STEP // 8, WT)
-        w = tl.where((js < end)[:, None], w, 0.0).to(DT)            # [BLOCK_N, STEP]
-        acc = _mac(a, w, acc, 1 if BLOCK_B < 16 else 0, DT)
-    return acc
+    (``staging``; GPU only): ``staging.staged_row`` for each batch row, STEP columns a step."""
+    LIM: tl.constexpr = KEND if KEND > 0 else K
+    rows = tl.arange(0, BLOCK_B)
+    out = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    for b in tl.static_range(BLOCK_B):
+        if b < B:
+            rs = tl.sum(tl.where(rows == b, rstd, 0.0), axis=0)
+            r = staging.staged_row(x_ptr + b * K, nw_ptr, rs, sbase, end, LIM, HAS_NORM,
+                                   BLOCK_N, DT, WT, KS, STEP, STAGES)
+            out = tl.where(rows[:, None] == b, r[None, :], out)
+    return out
 
 
 @triton.jit
@@ -127,7 +126,7 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
                 FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0,
-                sbase=0, STAGE: tl.constexpr = 0, STAGED_K: tl.constexpr = 0,
+                copy=0, STAGE: tl.constexpr = 0, STAGED_K: tl.constexpr = 0,
                 STAGED_STEP: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
@@ -138,7 +137,8 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     the whole x step from shared memory for a few columns each. KEND > 0: only the first KEND
     columns of each row (rows still K apart), for a K slice. WRAP: as ``load_w``'s. STAGE > 0
     (a kernel with staging; plain rows base..base + end only): each row's first STAGED_K columns
-    from shared memory at ``sbase`` (``staged_product``), in steps of STAGED_STEP columns."""
+    from the worker's staged copy number ``copy`` (``staged_product``, after the columns that
+    stream, so that the copy lands meanwhile), in steps of STAGED_STEP columns."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     SHARED: tl.constexpr = STAGED_K if STAGE > 0 else 0
     rs = fold_rows(rstd, FOLD, BLOCK_B)
@@ -149,8 +149,10 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
         acc = _mac(a, w.to(DT), acc, FORM, DT)
     out = unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
     if SHARED > 0:
+        sbase = staging.ready(copy, STAGE)
         out += staged_product(x_ptr, nw_ptr, rstd, sbase, end, B, K, HAS_NORM, BLOCK_B,
-                              BLOCK_N, DT, w_ptr.dtype.element_ty, KEND, SHARED, STAGED_STEP)
+                              BLOCK_N, DT, w_ptr.dtype.element_ty, KEND, SHARED, STAGED_STEP,
+                              STAGES)
     return out
 
 
@@ -196,7 +198,7 @@ def embed_op(tokens_ptr, table_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, B: tl.c
 
 @triton.jit
 def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, osc_ptr, n0, n1,
-              g, sbase, STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr,
+              g, copy, STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr,
               K: tl.constexpr, N: tl.constexpr,
               HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -208,8 +210,8 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
     norm's RMS from x, or (SUMS > 0: x scaled by the norm's weight already) from the sums of
     squares ss [SUMS, B] of x's rows, applied to the product. OUT_SUMS: what the next op's norm
     (weight onw) takes of out's columns too, as column group g (``store_norm_inputs`` into os,
-    osc). STAGE > 0: the first STAGED_K columns of W[n0:n1] in shared memory from ``sbase``
-    (``linear_stage``)."""
+    osc). STAGE > 0: the first STAGED_K columns of W[n0:n1] in shared memory, the worker's
+    staged copy number ``copy`` (``linear_stage``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
     rows = tl.arange(0, BLOCK_B)
@@ -225,7 +227,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
                       SUMS_BLOCK)
     y = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, IN_LOOP,
                                       BLOCK_B, BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES,
-                                      FOLD, 0, 0, sbase, STAGE, STAGED_K, STAGED_STEP), rstd,
+                                      FOLD, 0, 0, copy, STAGE, STAGED_K, STAGED_STEP), rstd,
                                       SUMS), DT)
     if HAS_RES:
         y = r + y
@@ -237,7 +239,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
 
 @triton.jit
 def linear_stage(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, osc_ptr, n0,
-                 n1, g, sbase, STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr,
+                 n1, g, copy, STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr,
                  K: tl.constexpr, N: tl.constexpr, HAS_NORM: tl.constexpr,
                  HAS_RES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
@@ -251,7 +253,7 @@ def linear_stage(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr
 
 
 @triton.jit
-def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, sbase,
+def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr, K: tl.constexpr,
                N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
@@ -260,8 +262,8 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, sbase,
                STAGED_K: tl.constexpr = 0, STAGED_STEP: tl.constexpr = 0):
     """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
     projections from one pipeline as matmul_tile runs it; the norm's RMS as ``linear_op``
-    takes it. STAGE > 0: the first STAGED_K columns of both in shared memory from ``sbase``
-    (``gate_up_stage``)."""
+    takes it. STAGE > 0: the first STAGED_K columns of both in shared memory, the worker's
+    staged copy number ``copy`` (``gate_up_stage``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
     SHARED: tl.constexpr = STAGED_K if STAGE > 0 else 0
@@ -282,10 +284,11 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, sbase,
     u = unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N)
     if SHARED > 0:          # Wg's rows, then Wu's from row BLOCK_N of the area
         WT: tl.constexpr = wg_ptr.dtype.element_ty
+        sbase = staging.ready(copy, STAGE)
         g += staged_product(x_ptr, nw_ptr, rstd, sbase, n1 - n0, B, K, IN_LOOP, BLOCK_B,
-                            BLOCK_N, DT, WT, 0, SHARED, STAGED_STEP)
+                            BLOCK_N, DT, WT, 0, SHARED, STAGED_STEP, STAGES)
         u += staged_product(x_ptr, nw_ptr, rstd, sbase + 2 * BLOCK_N * SHARED, n1 - n0, B, K,
-                            IN_LOOP, BLOCK_B, BLOCK_N, DT, WT, 0, SHARED, STAGED_STEP)
+                            IN_LOOP, BLOCK_B, BLOCK_N, DT, WT, 0, SHARED, STAGED_STEP, STAGES)
     g = _round(rows_after(g, rstd, SUMS), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
     u = _round(rows_after(u, rstd, SUMS), DT)
@@ -293,7 +296,7 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, sbase,
 
 
 @triton.jit
-def gate_up_stage(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, sbase,
+def gate_up_stage(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                   STAGE: tl.constexpr, eps: tl.constexpr, B: tl.constexpr, K: tl.constexpr,
                   N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,

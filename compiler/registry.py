@@ -35,7 +35,8 @@ class OpSpec:
                          # what the task reads but no task writes, before its waits
     stage: str = ""      # optional GPU-only body with the op body's arguments that starts
                          # copying the first of the task's weights into shared memory before
-                         # its waits (``staging``); the op body then reads them from ``sbase``
+                         # its waits (``staging``); the op body then waits for the worker's
+                         # copy number ``copy`` to land and reads it
 
     @property
     def words(self) -> tuple[Field, ...]:
@@ -110,13 +111,13 @@ def _staged(k: int, bn: int, bk: int, d: Dims, c: TileConfig, weights: int = 1) 
     """Columns of each of a projection task's ``bn`` rows (of each of its ``weights`` matrices)
     that a kernel with staging copies into shared memory (whole steps of ``bk`` within
     ``c.staged_kib`` KiB; ``staging``), and the columns per step of the loop reading them
-    (``ops.staged_product``: halved from ``bk`` while a multiply-and-sum's product exceeds 4096
-    elements, down to 64)."""
+    (``ops.staged_product``: halved from ``bk`` while its per-row sums, ``bn`` x step / 8 in
+    fp32, exceed 1024, down to 64)."""
     cols = min(k, c.staged_kib * 1024 // (weights * bn * d.itemsize) // bk * bk)
     if not cols:
         return {}
-    r, step = rows(d, c, fold(bn, bk, d, c)), bk
-    while r < 16 and step > 64 and r * bn * step > 4096:
+    step = bk
+    while step > 64 and bn * step > 8192:
         step //= 2
     return dict(STAGED_K=cols, STAGED_STEP=step)
 
@@ -234,7 +235,7 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "n0:int"), _embed),
     OpSpec("linear", "ops.linear_op",
            _fields("x:act weight:weight norm:weight residual:act out:act sums:f32 osums:f32 "
-                   "onorm:weight oscaled:act n0:int n1:int g:int sbase:kernel STAGE:kernel"),
+                   "onorm:weight oscaled:act n0:int n1:int g:int copy:kernel STAGE:kernel"),
            _linear, stage="ops.linear_stage"),
     OpSpec("linear_part", "split_ops.linear_part_op",
            _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),
@@ -248,7 +249,7 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("x:act norm:weight out:act r0:int r1:int"), _rms_norm),
     OpSpec("gate_up", "ops.gate_up_op",
            _fields("x:act norm:weight gate:weight up:weight out:act sums:f32 n0:int n1:int "
-                   "sbase:kernel STAGE:kernel"), _gate_up, stage="ops.gate_up_stage"),
+                   "copy:kernel STAGE:kernel"), _gate_up, stage="ops.gate_up_stage"),
     OpSpec("qkv_rope", "ops.qkv_rope_op",
            _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
                    "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "

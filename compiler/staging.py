@@ -6,11 +6,11 @@ beyond what Triton allocates (``runtime.megakernel.reserve_staging``), so the ar
 ``STAGE`` bytes of the block's dynamic shared memory: an mbarrier in its first 8 bytes, data from
 byte ``HEAD`` on. A task whose op stages (its registry entry's ``stage`` body) starts copying
 the first KS columns of each of its weight rows before it waits (``issue_rows``: thread 0 arms
-the barrier with the byte count and starts the copies), and asks L2 for nothing; once its inputs
-are ready, every thread waits for the barrier's phase (``ready``) and the op body reads row j's
-staged columns from ``sbase + 2 * j * KS`` (``load_rows``, 16 bytes a load), the rest from
-global memory. Weights depend on nobody, so the copy runs while the task waits, into the
-worker's own shared memory. Invariants: one staged task at a time per worker (the previous
+the barrier with the byte count and starts the copies); once its inputs are ready, the op body
+streams the other columns from global memory, then every thread waits for the barrier's phase
+(``ready``) and reads row j's staged columns from ``sbase + 2 * j * KS`` (``staged_row``: 16
+bytes a load, multiplied word by word). Weights depend on nobody, so the copy runs while the
+task waits and streams, into the worker's own shared memory. Invariants: one staged task at a time per worker (the previous
 task's signal ends with a barrier of all its threads, so no thread still reads the area when
 the next copy starts); the n-th staged task of a worker waits for phase parity n % 2; 2-byte
 weights only; the kernel has shared memory of Triton's own (its ``global_smem`` symbol: every
@@ -106,12 +106,19 @@ def _half(v, HIGH: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _load_words(addr):
+    """The four 4-byte words at each 16-byte aligned shared address of ``addr``: one vector
+    load each (asm with side effects: kept after ``ready``'s wait)."""
+    return tl.inline_asm_elementwise(
+        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [addr],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
+
+
+@triton.jit
 def load_rows(addr, R: tl.constexpr, G: tl.constexpr, DT: tl.constexpr):
     """[R, 8 G] elements of 2-byte type DT: row r's elements 8 g .. 8 g + 7 from the 16 bytes at
     shared address addr[r, g] (16-byte aligned), one vector load each."""
-    v0, v1, v2, v3 = tl.inline_asm_elementwise(
-        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [addr],
-        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
+    v0, v1, v2, v3 = _load_words(addr)
     return unpack_words(v0, v1, v2, v3, R, G, DT)
 
 
@@ -126,3 +133,57 @@ def unpack_words(v0, v1, v2, v3, R: tl.constexpr, G: tl.constexpr, DT: tl.conste
     q1 = tl.join(tl.join(_half(v0, True, DT), _half(v2, True, DT)),
                  tl.join(_half(v1, True, DT), _half(v3, True, DT)))
     return tl.reshape(tl.join(q0, q1), [R, 8 * G])
+
+
+@triton.jit
+def _as_f32(v, HIGH: tl.constexpr, DT: tl.constexpr):
+    """The low (or HIGH) 2-byte element of each 4-byte word ``v`` (of type DT) in fp32."""
+    if DT == tl.bfloat16:       # a bf16 is an fp32's upper half
+        bits = v & -65536 if HIGH else v << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return _half(v, HIGH, DT).to(tl.float32)
+
+
+@triton.jit
+def _word_mac(acc, w, xw, nw, rstd, HAS_NORM: tl.constexpr, DT: tl.constexpr,
+              WT: tl.constexpr):
+    """acc + the products of the two weights (type WT) in each word of ``w`` with the two x
+    elements (type DT) in the words ``xw`` ([norm](x), rounded as ``norm_ops.load_normed``
+    rounds; fp32 sums)."""
+    for high in tl.static_range(2):
+        x = _as_f32(xw, high == 1, DT)
+        if HAS_NORM:
+            x = (_as_f32(nw, high == 1, DT) * (x * rstd).to(DT).to(tl.float32)).to(DT)
+            x = x.to(tl.float32)
+        acc += _as_f32(w, high == 1, WT) * x
+    return acc
+
+
+@triton.jit
+def staged_row(x_ptr, nw_ptr, rstd, sbase, end, LIM, HAS_NORM: tl.constexpr,
+               BLOCK_N: tl.constexpr, DT: tl.constexpr, WT: tl.constexpr, KS: tl.constexpr,
+               STEP: tl.constexpr, STAGES: tl.constexpr):
+    """[norm](x)[:KS] . W[j, :KS] for one row x (``x_ptr`` at its first element, 2-byte type
+    DT, ``rstd`` its RMS factor) and the rows j < BLOCK_N (type WT) staged from
+    ``sbase + 2 * j * KS`` -> [BLOCK_N] fp32 (0 for rows j >= end; x's columns from LIM on read as 0). Word-wise: the
+    16 bytes at (row j, column 8 g) are four words of two weights each, multiplied by the same
+    words of x (4-byte loads, which the pipeliner can start STAGES - 1 steps ahead), summed
+    per (j, g) in fp32 and across g once at the end: no layout changes inside the loop."""
+    G: tl.constexpr = STEP // 8
+    js = tl.arange(0, BLOCK_N)[:, None]                                   # [BLOCK_N, 1]
+    gs = tl.arange(0, G)[None, :]                                         # [1, G]
+    xw_ptr = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    nw_words = nw_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    acc = tl.zeros([BLOCK_N, G], tl.float32)
+    for k0 in tl.range(0, KS, STEP, num_stages=STAGES):
+        v0, v1, v2, v3 = _load_words(sbase + 2 * (js * KS + k0 + 8 * gs))  # [BLOCK_N, G]
+        cols = k0 + 8 * gs                                                # [1, G]
+        for i in tl.static_range(4):
+            xw = tl.load(xw_ptr + cols // 2 + i, mask=cols + 2 * i < LIM, other=0)
+            nw = 0
+            if HAS_NORM:
+                nw = tl.load(nw_words + cols // 2 + i, mask=cols + 2 * i < LIM, other=0)
+            w = v0 if i == 0 else (v1 if i == 1 else (v2 if i == 2 else v3))
+            acc = _word_mac(acc, w, xw, nw, rstd, HAS_NORM, DT, WT)
+    return tl.where(tl.arange(0, BLOCK_N) < end, tl.sum(acc, axis=1), 0.0)

@@ -1,6 +1,7 @@
 """The persistent loop's waits (``kernel_loop.wait_counters``) under the interpreter: a task's
 wait list polled one wait after another (WAITS 1) or all at once (WAITS > 1), met or short;
-staged weights' vector loads unpacked in memory order (``staging.unpack_words``)."""
+staged weights' vector loads unpacked in memory order (``staging.unpack_words``) and multiplied
+word by word (``staging._word_mac``)."""
 import pytest
 import torch
 import triton
@@ -56,3 +57,34 @@ def test_staged_words_unpack_in_memory_order():
     out = torch.full_like(rows, float("nan"))
     _unpack[(1,)](rows.view(torch.int32).contiguous(), out, 4, 8)
     assert torch.equal(out, rows)
+
+
+@triton.jit
+def _words_dot(w_ptr, x_ptr, nw_ptr, out_ptr, rstd, R: tl.constexpr, G: tl.constexpr,
+               HAS_NORM: tl.constexpr):
+    rs = tl.arange(0, R)[:, None]
+    gs = tl.arange(0, G)[None, :]
+    acc = tl.zeros([R, G], tl.float32)
+    for i in tl.static_range(4):
+        w = tl.load(w_ptr + rs * 4 * G + 4 * gs + i)                          # [R, G] words
+        nw = tl.load(nw_ptr + 4 * gs + i) if HAS_NORM else 0
+        acc = staging._word_mac(acc, w, tl.load(x_ptr + 4 * gs + i), nw, rstd, HAS_NORM,
+                                tl.bfloat16, tl.bfloat16)
+    tl.store(out_ptr + tl.arange(0, R), tl.sum(acc, axis=1))
+
+
+@pytest.mark.parametrize("has_norm", [False, True])
+def test_staged_words_multiply_as_the_rows_they_hold(has_norm):
+    """A staged read's word-wise products (two weights a word times the same words of x, normed
+    as ``load_normed`` norms) sum to W @ [norm](x)."""
+    w = torch.randn(4, 64).to(torch.bfloat16)                     # [R, 8 G]
+    x, nw, rstd = torch.randn(64).to(torch.bfloat16), torch.rand(64).to(torch.bfloat16), 0.7
+    xn = x.float()
+    if has_norm:
+        xn = (nw.float() * (xn * rstd).to(torch.bfloat16).float()).to(torch.bfloat16).float()
+    out = torch.full((4,), float("nan"))
+    words = [t.view(torch.int32).contiguous() for t in (w, x, nw)]
+    _words_dot[(1,)](*words, out, rstd, 4, 8, has_norm)
+    ref = w.float() @ xn
+    # the interpreter truncates fp32 -> bf16 where torch rounds: a swapped half is off by ~1
+    assert ((out - ref).norm() / ref.norm()).item() < (2e-2 if has_norm else 1e-6)
