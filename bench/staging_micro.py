@@ -1,15 +1,15 @@
 """Where a staged projection task's time goes, apart from the megakernel (GPU, sm_90).
 
-    python -m megakernel.bench.staging_micro [--k 2048 --rows 16 --tasks 4096 --ks 2048]
+    python -m megakernel.bench.staging_micro [--k 2048 --rows 16 --tasks 4096 --staged-rows 16]
 
 One program per SM walks tasks t = pid, pid + SMS, ...; task t computes out[t] = W[t] @ x for
 W [tasks, rows, k] bf16 (rows x k weights a task, the batch-1 o projection's shape by default),
 in one of these modes, each timed alone (median of CUDA-event timings, GB/s of weights):
-  global   every column streamed from global memory as the op bodies' projection loop does
+  global   every row streamed from global memory as the op bodies' projection loop does
            (``load_normed``, ``load_w``, ``_mac``: Triton's pipelined loads)
-  staged   a bulk copy of the first ks columns of the task's rows (``staging.issue_rows``), the
-           other columns streamed as ``global``, then the copy's wait (``staging.ready``) and
-           its read (``ops.staged_product``)
+  staged   a bulk copy of the task's first staged-rows rows (``staging.issue_rows``), the
+           other rows streamed as ``global``, then the copy's wait (``staging.ready``) and its
+           read (``ops.staged_product``)
   copy     ``staged`` without the read
   read     ``staged`` without the copy and its wait (reads whatever the area holds)
   ahead    ``staged`` with the next task's copy started as soon as this task's read is done
@@ -33,49 +33,50 @@ MODES = {"global": 0, "staged": 1, "copy": 2, "read": 3, "ahead": 4}
 
 
 @triton.jit
-def _stream(x_ptr, src, k_lo, K: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[1, ROWS] fp32: columns k_lo.. of the task's rows from global memory, as the op bodies'
-    projection loop reads them (Triton's pipelined loads, a multiply-and-sum)."""
+def _stream(x_ptr, src, K: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+            SKIP: tl.constexpr):
+    """[1, ROWS] fp32: the task's rows from SKIP on from global memory (the others 0), as the
+    op bodies' projection loop reads them (Triton's pipelined loads, a multiply-and-sum)."""
     acc = tl.zeros([1, ROWS], tl.float32)
     rstd = tl.zeros([1], tl.float32)
-    for k0 in tl.range(k_lo, K, BLOCK_K, num_stages=3):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=3):
         a = load_normed(x_ptr, x_ptr, rstd, k0, 1, K, False, 1, BLOCK_K, tl.bfloat16)
-        w = ops.load_w(src, 0, ROWS, 0, k0, K, ROWS, ROWS, BLOCK_K)
+        w = ops.load_w(src, 0, ROWS, 0, k0, K, ROWS, ROWS, BLOCK_K, SKIP=SKIP)
         acc = ops._mac(a, w.to(tl.bfloat16), acc, 1, tl.bfloat16)
     return acc
 
 
 @triton.jit
 def _tasks(w_ptr, x_ptr, out_ptr, sink_ptr, TASKS: tl.constexpr, ROWS: tl.constexpr,
-           K: tl.constexpr, KS: tl.constexpr, STEP: tl.constexpr, BLOCK_K: tl.constexpr,
+           K: tl.constexpr, SR: tl.constexpr, STEP: tl.constexpr, BLOCK_K: tl.constexpr,
            MODE: tl.constexpr, SMS: tl.constexpr, STAGE: tl.constexpr):
     pid = tl.program_id(0)
     staging.init(STAGE)
     rstd = tl.zeros([1], tl.float32)
-    START: tl.constexpr = 0 if MODE == 0 else KS
+    SKIP: tl.constexpr = 0 if MODE == 0 else SR
     COPY: tl.constexpr = MODE == 1 or MODE == 2
     READ: tl.constexpr = MODE == 1 or MODE == 3 or MODE == 4
     if MODE == 4:
-        staging.issue_rows(w_ptr + pid * ROWS * K, ROWS, K, KS, STAGE)
+        staging.issue_rows(w_ptr + pid * ROWS * K, ROWS, K, SR, STAGE)
     acc = tl.zeros([1, ROWS], tl.float32)
     n = 0
     t = pid
     while t < TASKS:
         src = w_ptr + t.to(tl.int64) * ROWS * K
         if COPY:
-            staging.issue_rows(src, ROWS, K, KS, STAGE)
-        acc = _stream(x_ptr, src, START, K, ROWS, BLOCK_K)
+            staging.issue_rows(src, ROWS, K, SR, STAGE)
+        acc = _stream(x_ptr, src, K, ROWS, BLOCK_K, SKIP)
         if MODE != 0:
             sbase = staging.area(STAGE) + staging.HEAD
             if MODE != 3:
                 sbase = staging.ready(n, STAGE)
             if READ:
                 acc += ops.staged_product(x_ptr, x_ptr, rstd, sbase, ROWS, 1, K, False, 1,
-                                          ROWS, tl.bfloat16, tl.bfloat16, 0, KS, STEP, 3)
+                                          ROWS, tl.bfloat16, tl.bfloat16, SR, STEP, 3)
             n += 1
         tl.debug_barrier()          # every read of the area done before the next copy
         if MODE == 4 and t + SMS < TASKS:
-            staging.issue_rows(src + SMS * ROWS * K, ROWS, K, KS, STAGE)
+            staging.issue_rows(src + SMS * ROWS * K, ROWS, K, SR, STAGE)
         tl.store(out_ptr + t * ROWS + tl.arange(0, ROWS)[None, :], acc)
         t += SMS
     # a sum across warps keeps shared memory of Triton's own in every mode (the area's symbol)
@@ -83,14 +84,14 @@ def _tasks(w_ptr, x_ptr, out_ptr, sink_ptr, TASKS: tl.constexpr, ROWS: tl.conste
     tl.store(sink_ptr + pid, tl.sum(spread, axis=0))
 
 
-def run(mode: str, w, x, ks: int, step: int, block_k: int, iters: int) -> tuple[float, float]:
+def run(mode: str, w, x, sr: int, step: int, block_k: int, iters: int) -> tuple[float, float]:
     """(GB/s of weights, relative error against torch or nan) of one mode."""
     tasks, rows, k = w.shape
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.full((tasks, rows), float("nan"), device="cuda")
     sink = torch.zeros(sms, device="cuda")
-    stage = rows * ks * 2 + STAGE_HEAD
-    args = (w, x, out, sink, tasks, rows, k, ks, step, block_k, MODES[mode], sms, stage)
+    stage = sr * k * 2 + STAGE_HEAD
+    args = (w, x, out, sink, tasks, rows, k, sr, step, block_k, MODES[mode], sms, stage)
     built = _tasks.warmup(*args, grid=(sms,))
     reserve_staging(built, stage)
     times = []
@@ -114,8 +115,8 @@ def main() -> None:
     p.add_argument("--k", type=int, default=2048)
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--tasks", type=int, default=4096)
-    p.add_argument("--ks", type=int, default=2048, help="columns staged a row")
-    p.add_argument("--step", type=int, default=256, help="columns a step of the read back")
+    p.add_argument("--staged-rows", type=int, default=16, help="rows staged a task (2^n)")
+    p.add_argument("--step", type=int, default=512, help="columns a step of the read back")
     p.add_argument("--block-k", type=int, default=1024)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--modes", default=",".join(MODES))
@@ -123,8 +124,9 @@ def main() -> None:
     w = torch.randn(args.tasks, args.rows, args.k, device="cuda").to(torch.bfloat16)
     x = torch.randn(1, args.k, device="cuda").to(torch.bfloat16)
     for mode in args.modes.split(","):
-        gbs, err = run(mode, w, x, args.ks, args.step, args.block_k, args.iters)
-        print(f"{mode:7s} k {args.k} rows {args.rows} ks {args.ks} step {args.step}: "
+        gbs, err = run(mode, w, x, args.staged_rows, args.step, args.block_k, args.iters)
+        print(f"{mode:7s} k {args.k} rows {args.rows} staged {args.staged_rows} "
+              f"step {args.step}: "
               f"{gbs:7.1f} GB/s  rel err {err:.1e}", flush=True)
 
 

@@ -58,17 +58,18 @@ def _result(acc, FORM: tl.constexpr):
 @triton.jit
 def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N: tl.constexpr,
            HALF: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1,
-           KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0):
+           KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0, SKIP: tl.constexpr = 0):
     """Weight rows base + j % HALF + (j // HALF) * STRIDE for j < BLOCK_N (rows with
     j % HALF >= end read as 0), columns [k0, k0 + BLOCK_K) of W [N, K] -> [BLOCK_N, BLOCK_K];
     from KEND (0: K) on nothing is read. FOLD > 1: [FOLD * BLOCK_N, BLOCK_K / FOLD], row
     q * BLOCK_N + j holding row j's q-th slice of the columns. WRAP > 0: base + j % HALF counts
     pairs of rows laid end to end over heads of WRAP rows (pair p: row (p // STRIDE) * WRAP +
-    p % STRIDE, its partner STRIDE rows further)."""
+    p % STRIDE, its partner STRIDE rows further). SKIP (plain rows): rows j < SKIP read as 0
+    (staged in shared memory instead)."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     j, ks = step_index(k0, BLOCK_N, BLOCK_K, FOLD)
     if HALF == BLOCK_N:
-        ns, nmask = base + j, j < end
+        ns, nmask = base + j, (j < end) & (j >= SKIP)
     elif WRAP > 0:
         pair = base + j % HALF
         ns = (pair // STRIDE) * WRAP + pair % STRIDE + (j // HALF) * STRIDE
@@ -81,19 +82,20 @@ def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N:
 @triton.jit
 def staged_product(x_ptr, nw_ptr, rstd, sbase, end, B: tl.constexpr, K: tl.constexpr,
                    HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DT: tl.constexpr, WT: tl.constexpr, KEND: tl.constexpr, KS: tl.constexpr,
-                   STEP: tl.constexpr, STAGES: tl.constexpr):
-    """[norm(x)][:, :KS] @ W[rows, :KS]^T -> [BLOCK_B, BLOCK_N] fp32, where row j < end of W
-    (type WT) has its first KS columns in shared memory from ``sbase + 2 * j * KS``
-    (``staging``; GPU only): ``staging.staged_row`` for each batch row, STEP columns a step."""
-    LIM: tl.constexpr = KEND if KEND > 0 else K
+                   DT: tl.constexpr, WT: tl.constexpr, SR: tl.constexpr, STEP: tl.constexpr,
+                   STAGES: tl.constexpr):
+    """[norm(x)] @ W[rows]^T -> [BLOCK_B, BLOCK_N] fp32 for the first SR rows (of type WT, j <
+    end), staged whole in shared memory from ``sbase + 2 * j * K`` (``staging``; GPU only), the
+    other columns 0: ``staging.staged_row`` for each batch row, STEP columns a step."""
     rows = tl.arange(0, BLOCK_B)
+    place = tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, SR)[None, :]  # [BLOCK_N, SR]
     out = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     for b in tl.static_range(BLOCK_B):
         if b < B:
             rs = tl.sum(tl.where(rows == b, rstd, 0.0), axis=0)
-            r = staging.staged_row(x_ptr + b * K, nw_ptr, rs, sbase, end, LIM, HAS_NORM,
-                                   BLOCK_N, DT, WT, KS, STEP, STAGES)
+            r = staging.staged_row(x_ptr + b * K, nw_ptr, rs, sbase, end, HAS_NORM, SR, DT, WT,
+                                   K, STEP, STAGES)                                 # [SR]
+            r = tl.sum(tl.where(place, r[None, :], 0.0), axis=1)                    # [BLOCK_N]
             out = tl.where(rows[:, None] == b, r[None, :], out)
     return out
 
@@ -126,7 +128,7 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
                 FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0,
-                copy=0, STAGE: tl.constexpr = 0, STAGED_K: tl.constexpr = 0,
+                copy=0, STAGE: tl.constexpr = 0, STAGED_ROWS: tl.constexpr = 0,
                 STAGED_STEP: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
@@ -136,23 +138,23 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     same bytes, no batch rows padded to 16 when FOLD * BLOCK_B >= 16, and no warp re-reading
     the whole x step from shared memory for a few columns each. KEND > 0: only the first KEND
     columns of each row (rows still K apart), for a K slice. WRAP: as ``load_w``'s. STAGE > 0
-    (a kernel with staging; plain rows base..base + end only): each row's first STAGED_K columns
-    from the worker's staged copy number ``copy`` (``staged_product``, after the columns that
-    stream, so that the copy lands meanwhile), in steps of STAGED_STEP columns."""
+    (a kernel with staging; plain rows base..base + end, whole K, only): the first STAGED_ROWS
+    rows from the worker's staged copy number ``copy`` (``staged_product``, after the rows
+    that stream, so that the copy lands meanwhile), in steps of STAGED_STEP columns."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
-    SHARED: tl.constexpr = STAGED_K if STAGE > 0 else 0
+    SR: tl.constexpr = STAGED_ROWS if STAGE > 0 else 0
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
-    for k0 in tl.range(SHARED, LIM, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
         a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD, KEND)
-        w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND, WRAP)
+        w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND, WRAP,
+                   SR)
         acc = _mac(a, w.to(DT), acc, FORM, DT)
     out = unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
-    if SHARED > 0:
-        sbase = staging.ready(copy, STAGE)
-        out += staged_product(x_ptr, nw_ptr, rstd, sbase, end, B, K, HAS_NORM, BLOCK_B,
-                              BLOCK_N, DT, w_ptr.dtype.element_ty, KEND, SHARED, STAGED_STEP,
-                              STAGES)
+    if SR > 0:
+        out += staged_product(x_ptr, nw_ptr, rstd, staging.ready(copy, STAGE), end, B, K,
+                              HAS_NORM, BLOCK_B, BLOCK_N, DT, w_ptr.dtype.element_ty, SR,
+                              STAGED_STEP, STAGES)
     return out
 
 
@@ -204,13 +206,13 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
               FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
               FOLD: tl.constexpr, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-              OUT_SUMS: tl.constexpr = False, STAGED_K: tl.constexpr = 0,
+              OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0,
               STAGED_STEP: tl.constexpr = 0):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N); the
     norm's RMS from x, or (SUMS > 0: x scaled by the norm's weight already) from the sums of
     squares ss [SUMS, B] of x's rows, applied to the product. OUT_SUMS: what the next op's norm
     (weight onw) takes of out's columns too, as column group g (``store_norm_inputs`` into os,
-    osc). STAGE > 0: the first STAGED_K columns of W[n0:n1] in shared memory, the worker's
+    osc). STAGE > 0: rows n0 .. n0 + STAGED_ROWS of W whole in shared memory, the worker's
     staged copy number ``copy`` (``linear_stage``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
@@ -227,7 +229,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
                       SUMS_BLOCK)
     y = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, IN_LOOP,
                                       BLOCK_B, BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES,
-                                      FOLD, 0, 0, copy, STAGE, STAGED_K, STAGED_STEP), rstd,
+                                      FOLD, 0, 0, copy, STAGE, STAGED_ROWS, STAGED_STEP), rstd,
                                       SUMS), DT)
     if HAS_RES:
         y = r + y
@@ -245,11 +247,11 @@ def linear_stage(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr
                  BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                  STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                  SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-                 OUT_SUMS: tl.constexpr = False, STAGED_K: tl.constexpr = 0,
+                 OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0,
                  STAGED_STEP: tl.constexpr = 0):
     """``linear_op``'s weights into shared memory before its waits (GPU, a kernel with STAGE
-    bytes of staging): the first STAGED_K columns of W[n0:n1]; returns 1 if it started copies."""
-    return staging.issue_rows(w_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_K, STAGE)
+    bytes of staging): rows n0 .. n0 + STAGED_ROWS of W; returns 1 if it started a copy."""
+    return staging.issue_rows(w_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_ROWS, STAGE)
 
 
 @triton.jit
@@ -259,36 +261,36 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-               STAGED_K: tl.constexpr = 0, STAGED_STEP: tl.constexpr = 0):
+               STAGED_ROWS: tl.constexpr = 0, STAGED_STEP: tl.constexpr = 0):
     """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
     projections from one pipeline as matmul_tile runs it; the norm's RMS as ``linear_op``
-    takes it. STAGE > 0: the first STAGED_K columns of both in shared memory, the worker's
-    staged copy number ``copy`` (``gate_up_stage``)."""
+    takes it. STAGE > 0: rows n0 .. n0 + STAGED_ROWS of both whole in shared memory, the
+    worker's staged copy number ``copy`` (``gate_up_stage``)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
-    SHARED: tl.constexpr = STAGED_K if STAGE > 0 else 0
+    SR: tl.constexpr = STAGED_ROWS if STAGE > 0 else 0
     rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
                       SUMS_BLOCK)
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
-    for k0 in tl.range(SHARED, K, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, IN_LOOP, BLOCK_B, BLOCK_K, DT, FOLD)
         # each weight's chunk loaded just before its use (both loads first: batch-32 stack 352
         # bytes instead of 136 on sm_90)
-        wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
+        wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD, SKIP=SR)
         g = _mac(a, wg.to(DT), g, FORM, DT)
-        wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD)
+        wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD, SKIP=SR)
         u = _mac(a, wu.to(DT), u, FORM, DT)
     g = unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N)
     u = unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N)
-    if SHARED > 0:          # Wg's rows, then Wu's from row BLOCK_N of the area
+    if SR > 0:          # Wg's rows, then Wu's from row SR of the area
         WT: tl.constexpr = wg_ptr.dtype.element_ty
         sbase = staging.ready(copy, STAGE)
         g += staged_product(x_ptr, nw_ptr, rstd, sbase, n1 - n0, B, K, IN_LOOP, BLOCK_B,
-                            BLOCK_N, DT, WT, 0, SHARED, STAGED_STEP, STAGES)
-        u += staged_product(x_ptr, nw_ptr, rstd, sbase + 2 * BLOCK_N * SHARED, n1 - n0, B, K,
-                            IN_LOOP, BLOCK_B, BLOCK_N, DT, WT, 0, SHARED, STAGED_STEP, STAGES)
+                            BLOCK_N, DT, WT, SR, STAGED_STEP, STAGES)
+        u += staged_product(x_ptr, nw_ptr, rstd, sbase + 2 * SR * K, n1 - n0, B, K, IN_LOOP,
+                            BLOCK_B, BLOCK_N, DT, WT, SR, STAGED_STEP, STAGES)
     g = _round(rows_after(g, rstd, SUMS), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
     u = _round(rows_after(u, rstd, SUMS), DT)
@@ -302,13 +304,13 @@ def gate_up_stage(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                   BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                   STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                   HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0,
-                  SUMS_BLOCK: tl.constexpr = 1, STAGED_K: tl.constexpr = 0,
+                  SUMS_BLOCK: tl.constexpr = 1, STAGED_ROWS: tl.constexpr = 0,
                   STAGED_STEP: tl.constexpr = 0):
-    """``gate_up_op``'s weights into shared memory before its waits (as ``linear_stage``): the
-    first STAGED_K columns of Wg[n0:n1], then of Wu[n0:n1] from row BLOCK_N of the area."""
-    staging.issue_rows(wg_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_K, STAGE, 0, 2)
-    return staging.issue_rows(wu_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_K, STAGE,
-                              BLOCK_N, 0)
+    """``gate_up_op``'s weights into shared memory before its waits (as ``linear_stage``): rows
+    n0 .. n0 + STAGED_ROWS of Wg, then of Wu from row STAGED_ROWS of the area."""
+    staging.issue_rows(wg_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_ROWS, STAGE, 0, 2)
+    return staging.issue_rows(wu_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_ROWS, STAGE,
+                              STAGED_ROWS, 0)
 
 
 @triton.jit

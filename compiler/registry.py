@@ -104,22 +104,21 @@ def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
                 HAS_RES=t.args["residual"] is not None, BLOCK_N=t.args["bn"], **_sums(t),
                 OUT_SUMS=t.args.get("osums") is not None,
                 **_projection(t.args["k"], t.args["bn"], t.args["bk"], d, c),
-                **_staged(t.args["k"], t.args["bn"], t.args["bk"], d, c))
+                **_staged(t.args["k"], t.args["bn"], d, c))
 
 
-def _staged(k: int, bn: int, bk: int, d: Dims, c: TileConfig, weights: int = 1) -> dict:
-    """Columns of each of a projection task's ``bn`` rows (of each of its ``weights`` matrices)
-    that a kernel with staging copies into shared memory (whole steps of ``bk`` within
-    ``c.staged_kib`` KiB; ``staging``), and the columns per step of the loop reading them
-    (``ops.staged_product``: halved from ``bk`` while its per-row sums, ``bn`` x step / 8 in
-    fp32, exceed 1024, down to 64)."""
-    cols = min(k, c.staged_kib * 1024 // (weights * bn * d.itemsize) // bk * bk)
-    if not cols:
+def _staged(k: int, bn: int, d: Dims, c: TileConfig, weights: int = 1) -> dict:
+    """Rows of a projection task (of each of its ``weights`` matrices) that a kernel with
+    staging copies whole into shared memory (``staging``): as many of its ``bn`` as fit
+    ``c.staged_kib`` KiB, a power of two; and the columns per step of the loop reading them
+    (``ops.staged_product``): a divisor of k up to 512 that keeps its per-row sums, rows x
+    step / 8 in fp32, within 512 (longer steps spilled registers in the sm_90 build)."""
+    fit = min(bn, c.staged_kib * 1024 // (weights * k * d.itemsize))
+    if not fit:
         return {}
-    step = bk
-    while step > 64 and bn * step > 8192:
-        step //= 2
-    return dict(STAGED_K=cols, STAGED_STEP=step)
+    sr = 1 << (fit.bit_length() - 1)
+    step = min(512, 4096 // sr, k & -k)
+    return dict(STAGED_ROWS=sr, STAGED_STEP=step)
 
 
 def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -150,7 +149,7 @@ def _gate_up(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(eps=t.args["eps"], N=d.intermediate, BLOCK_N=t.args["bn"],
                 HAS_NORM=t.args["norm"] is not None, **_sums(t),
                 **_projection(d.hidden, t.args["bn"], t.args["bk"], d, c, weights=2),
-                **_staged(d.hidden, t.args["bn"], t.args["bk"], d, c, weights=2))
+                **_staged(d.hidden, t.args["bn"], d, c, weights=2))
 
 
 def _embed(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -5,16 +5,16 @@ A kernel built with ``STAGE`` bytes of staging launches with that much dynamic s
 beyond what Triton allocates (``runtime.megakernel.reserve_staging``), so the area is the last
 ``STAGE`` bytes of the block's dynamic shared memory: an mbarrier in its first 8 bytes, data from
 byte ``HEAD`` on. A task whose op stages (its registry entry's ``stage`` body) starts copying
-the first KS columns of each of its weight rows before it waits (``issue_rows``: thread 0 arms
-the barrier with the byte count and starts the copies); once its inputs are ready, the op body
-streams the other columns from global memory, then every thread waits for the barrier's phase
-(``ready``) and reads row j's staged columns from ``sbase + 2 * j * KS`` (``staged_row``: 16
-bytes a load, multiplied word by word). Weights depend on nobody, so the copy runs while the
-task waits and streams, into the worker's own shared memory. Invariants: one staged task at a time per worker (the previous
-task's signal ends with a barrier of all its threads, so no thread still reads the area when
-the next copy starts); the n-th staged task of a worker waits for phase parity n % 2; 2-byte
-weights only; the kernel has shared memory of Triton's own (its ``global_smem`` symbol: every
-megakernel's pipelines).
+its first SR weight rows whole before it waits (``issue_rows``: thread 0 arms the barrier with
+the byte count and starts one bulk copy a weight matrix); once its inputs are ready, the op
+body streams its other rows from global memory, then every thread waits for the barrier's
+phase (``ready``) and reads staged row j from ``sbase + 2 * j * K`` (``staged_row``: 16 bytes
+a load, multiplied word by word). Weights depend on nobody, so the copy runs while the task
+waits and streams, into the worker's own shared memory. Invariants: one staged task at a time
+per worker (the previous task's signal ends with a barrier of all its threads, so no thread
+still reads the area when the next copy starts); the n-th staged task of a worker waits for
+phase parity n % 2; 2-byte weights only; the kernel has shared memory of Triton's own (its
+``global_smem`` symbol: every megakernel's pipelines).
 """
 import triton
 import triton.language as tl
@@ -61,24 +61,17 @@ def _copy(mbar, dst, src, nbytes, expect):
 
 
 @triton.jit
-def issue_rows(src, rows, K: tl.constexpr, KS: tl.constexpr, STAGE: tl.constexpr,
+def issue_rows(src, rows, K: tl.constexpr, SR: tl.constexpr, STAGE: tl.constexpr,
                AT: tl.constexpr = 0, ARM: tl.constexpr = 1):
-    """Start copying the first KS columns of ``rows`` rows K elements apart from ``src``
-    (2-byte elements, 16-byte aligned rows) into the area, row j at element (AT + j) * KS,
-    the barrier armed for ARM such calls' bytes (a task's first call arms for all of them, the
-    others 0); returns 1 (0 where KS is 0: nothing staged)."""
+    """Start copying the first min(rows, SR) of ``rows`` rows of K 2-byte elements from ``src``
+    (16-byte aligned) whole into the area, from its row AT (rows K elements apart): one range,
+    one bulk copy; the barrier armed for ARM such calls' bytes (a task's first call arms for
+    all of them, the others 0); returns 1 (0 where SR is 0: nothing staged)."""
     started = 0
-    if KS > 0:
+    if SR > 0:
         mbar = area(STAGE)
-        dst = mbar + HEAD + AT * KS * 2
-        if KS == K:      # one range
-            _copy(mbar, dst, src, rows * K * 2, ARM * rows * K * 2)
-        else:
-            j = 0
-            while j < rows:
-                _copy(mbar, dst + j * KS * 2, src + j * K, KS * 2,
-                      tl.where(j == 0, ARM * rows * KS * 2, 0))
-                j += 1
+        nbytes = tl.minimum(rows, SR) * K * 2
+        _copy(mbar, mbar + HEAD + AT * K * 2, src, nbytes, ARM * nbytes)
         started = 1
     return started
 
@@ -161,29 +154,26 @@ def _word_mac(acc, w, xw, nw, rstd, HAS_NORM: tl.constexpr, DT: tl.constexpr,
 
 
 @triton.jit
-def staged_row(x_ptr, nw_ptr, rstd, sbase, end, LIM, HAS_NORM: tl.constexpr,
-               BLOCK_N: tl.constexpr, DT: tl.constexpr, WT: tl.constexpr, KS: tl.constexpr,
-               STEP: tl.constexpr, STAGES: tl.constexpr):
-    """[norm](x)[:KS] . W[j, :KS] for one row x (``x_ptr`` at its first element, 2-byte type
-    DT, ``rstd`` its RMS factor) and the rows j < BLOCK_N (type WT) staged from
-    ``sbase + 2 * j * KS`` -> [BLOCK_N] fp32 (0 for rows j >= end; x's columns from LIM on read as 0). Word-wise: the
+def staged_row(x_ptr, nw_ptr, rstd, sbase, end, HAS_NORM: tl.constexpr, SR: tl.constexpr,
+               DT: tl.constexpr, WT: tl.constexpr, K: tl.constexpr, STEP: tl.constexpr,
+               STAGES: tl.constexpr):
+    """[norm](x) . W[j] for one row x of K elements (``x_ptr`` at its first, 2-byte type DT,
+    ``rstd`` its RMS factor) and the SR rows j (type WT) staged whole from ``sbase + 2 * j * K``
+    -> [SR] fp32 (0 for rows j >= end), STEP (a divisor of K) columns a step. Word-wise: the
     16 bytes at (row j, column 8 g) are four words of two weights each, multiplied by the same
     words of x (4-byte loads, which the pipeliner can start STAGES - 1 steps ahead), summed
     per (j, g) in fp32 and across g once at the end: no layout changes inside the loop."""
     G: tl.constexpr = STEP // 8
-    js = tl.arange(0, BLOCK_N)[:, None]                                   # [BLOCK_N, 1]
+    js = tl.arange(0, SR)[:, None]                                        # [SR, 1]
     gs = tl.arange(0, G)[None, :]                                         # [1, G]
     xw_ptr = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     nw_words = nw_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    acc = tl.zeros([BLOCK_N, G], tl.float32)
-    for k0 in tl.range(0, KS, STEP, num_stages=STAGES):
-        v0, v1, v2, v3 = _load_words(sbase + 2 * (js * KS + k0 + 8 * gs))  # [BLOCK_N, G]
-        cols = k0 + 8 * gs                                                # [1, G]
+    acc = tl.zeros([SR, G], tl.float32)
+    for k0 in tl.range(0, K, STEP, num_stages=STAGES):
+        v0, v1, v2, v3 = _load_words(sbase + 2 * (js * K + k0 + 8 * gs))  # [SR, G] each
+        words = (k0 + 8 * gs) // 2                                        # [1, G]
         for i in tl.static_range(4):
-            xw = tl.load(xw_ptr + cols // 2 + i, mask=cols + 2 * i < LIM, other=0)
-            nw = 0
-            if HAS_NORM:
-                nw = tl.load(nw_words + cols // 2 + i, mask=cols + 2 * i < LIM, other=0)
+            nw = tl.load(nw_words + words + i) if HAS_NORM else 0
             w = v0 if i == 0 else (v1 if i == 1 else (v2 if i == 2 else v3))
-            acc = _word_mac(acc, w, xw, nw, rstd, HAS_NORM, DT, WT)
-    return tl.where(tl.arange(0, BLOCK_N) < end, tl.sum(acc, axis=1), 0.0)
+            acc = _word_mac(acc, w, tl.load(xw_ptr + words + i), nw, rstd, HAS_NORM, DT, WT)
+    return tl.where(tl.arange(0, SR) < end, tl.sum(acc, axis=1), 0.0)

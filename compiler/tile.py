@@ -114,8 +114,8 @@ class TileConfig:
                                # takes half of each stage (64 rows: 64 x 128 weight steps, 3
                                # stages hold 32 KB of weights in flight, 23 GB/s per SM at
                                # about 1.5 us of latency), deeper ones keep more in flight
-    staged_kib: int = 0        # KiB of shared memory per worker that the first columns of a
-                               # projection task's weights are copied into before its waits (GPU
+    staged_kib: int = 0        # KiB of shared memory per worker that a projection task's
+                               # first weight rows are copied into whole before its waits (GPU
                                # kernels, ``staging``; 2-byte weights; 0: none)
     fold: int = 16             # at most this many column slices of a narrow projection step
                                # folded into its dot's rows and columns (1: none)
