@@ -84,9 +84,9 @@ def staged_product(x_ptr, nw_ptr, rstd, sbase, end, B: tl.constexpr, K: tl.const
                    HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                    DT: tl.constexpr, WT: tl.constexpr, SR: tl.constexpr, STEP: tl.constexpr,
                    STAGES: tl.constexpr):
-    """[norm(x)] @ W[rows]^T -> [BLOCK_B, BLOCK_N] fp32 for the first SR rows (of type WT, j <
-    end), staged whole in shared memory from ``sbase + 2 * j * K`` (``staging``; GPU only), the
-    other columns 0: ``staging.staged_row`` for each batch row, STEP columns a step."""
+    """[norm(x)] @ W[rows]^T -> [BLOCK_B, BLOCK_N] fp32 from a task's first SR rows j (of type WT;
+    j < end), staged whole in shared memory from ``sbase + 2 * j * K`` (``staging``; GPU only),
+    0 in the other columns: ``staging.staged_row`` for each batch row, STEP columns a step."""
     rows = tl.arange(0, BLOCK_B)
     place = tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, SR)[None, :]  # [BLOCK_N, SR]
     out = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
