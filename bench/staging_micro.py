@@ -67,12 +67,12 @@ def _tasks(w_ptr, x_ptr, out_ptr, sink_ptr, TASKS: tl.constexpr, ROWS: tl.conste
             staging.issue_rows(src, ROWS, K, SR, STAGE)
         acc = _stream(x_ptr, src, K, ROWS, BLOCK_K, SKIP)
         if MODE != 0:
-            sbase = staging.area(STAGE) + staging.HEAD
             if MODE != 3:
-                sbase = staging.ready(n, STAGE)
+                staging.ready(n, STAGE)
             if READ:
-                acc += ops.staged_product(x_ptr, x_ptr, rstd, sbase, ROWS, 1, K, False, 1,
-                                          ROWS, tl.bfloat16, tl.bfloat16, SR, STEP, 3)
+                acc += ops.staged_product(x_ptr, x_ptr, rstd, staging.rows_at(src, 0, K, STAGE),
+                                          ROWS, 1, K, False, 1, ROWS, tl.bfloat16, tl.bfloat16,
+                                          SR, STEP, 3, STAGE)
             n += 1
         tl.debug_barrier()          # every read of the area done before the next copy
         if MODE == 4 and t + SMS < TASKS:

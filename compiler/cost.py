@@ -56,6 +56,8 @@ TARGETS = {"h200": H200, "cpu": CPU_INTERPRETER}
 # bytes of a weight staging area (``staging``) before its data: the mbarrier, and the data
 # 128-byte aligned
 STAGE_HEAD = 128
+# the STAGE switch of an interpreter run with staging: no area, staged rows read in place
+STAGE_IN_PLACE = 1
 ATTENTION = ("attn_partial", "attn_pair", "attn_pair_part", "attn_group", "attn_stream")
 
 

@@ -83,10 +83,10 @@ def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N:
 def staged_product(x_ptr, nw_ptr, rstd, sbase, end, B: tl.constexpr, K: tl.constexpr,
                    HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                    DT: tl.constexpr, WT: tl.constexpr, SR: tl.constexpr, STEP: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   STAGES: tl.constexpr, STAGE: tl.constexpr):
     """[norm(x)] @ W[rows]^T -> [BLOCK_B, BLOCK_N] fp32 from a task's first SR rows j (of type WT;
-    j < end), staged whole in shared memory from ``sbase + 2 * j * K`` (``staging``; GPU only),
-    0 in the other columns: ``staging.staged_row`` for each batch row, STEP columns a step."""
+    j < end), staged whole at ``sbase`` (``staging.rows_at``), 0 in the other columns:
+    ``staging.staged_row`` for each batch row, STEP columns a step."""
     rows = tl.arange(0, BLOCK_B)
     place = tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, SR)[None, :]  # [BLOCK_N, SR]
     out = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
@@ -94,7 +94,7 @@ def staged_product(x_ptr, nw_ptr, rstd, sbase, end, B: tl.constexpr, K: tl.const
         if b < B:
             rs = tl.sum(tl.where(rows == b, rstd, 0.0), axis=0)
             r = staging.staged_row(x_ptr + b * K, nw_ptr, rs, sbase, end, HAS_NORM, SR, DT, WT,
-                                   K, STEP, STAGES)                                 # [SR]
+                                   K, STEP, STAGES, STAGE)                          # [SR]
             r = tl.sum(tl.where(place, r[None, :], 0.0), axis=1)                    # [BLOCK_N]
             out = tl.where(rows[:, None] == b, r[None, :], out)
     return out
@@ -152,9 +152,10 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
         acc = _mac(a, w.to(DT), acc, FORM, DT)
     out = unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
     if SR > 0:
-        out += staged_product(x_ptr, nw_ptr, rstd, staging.ready(copy, STAGE), end, B, K,
-                              HAS_NORM, BLOCK_B, BLOCK_N, DT, w_ptr.dtype.element_ty, SR,
-                              STAGED_STEP, STAGES)
+        staging.ready(copy, STAGE)
+        sbase = staging.rows_at(w_ptr + base.to(tl.int64) * K, 0, K, STAGE)
+        out += staged_product(x_ptr, nw_ptr, rstd, sbase, end, B, K, HAS_NORM, BLOCK_B, BLOCK_N,
+                              DT, w_ptr.dtype.element_ty, SR, STAGED_STEP, STAGES, STAGE)
     return out
 
 
@@ -286,11 +287,13 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
     u = unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N)
     if SR > 0:          # Wg's rows, then Wu's from row SR of the area
         WT: tl.constexpr = wg_ptr.dtype.element_ty
-        sbase = staging.ready(copy, STAGE)
-        g += staged_product(x_ptr, nw_ptr, rstd, sbase, n1 - n0, B, K, IN_LOOP, BLOCK_B,
-                            BLOCK_N, DT, WT, SR, STAGED_STEP, STAGES)
-        u += staged_product(x_ptr, nw_ptr, rstd, sbase + 2 * SR * K, n1 - n0, B, K, IN_LOOP,
-                            BLOCK_B, BLOCK_N, DT, WT, SR, STAGED_STEP, STAGES)
+        staging.ready(copy, STAGE)
+        sg = staging.rows_at(wg_ptr + n0.to(tl.int64) * K, 0, K, STAGE)
+        su = staging.rows_at(wu_ptr + n0.to(tl.int64) * K, SR, K, STAGE)
+        g += staged_product(x_ptr, nw_ptr, rstd, sg, n1 - n0, B, K, IN_LOOP, BLOCK_B, BLOCK_N,
+                            DT, WT, SR, STAGED_STEP, STAGES, STAGE)
+        u += staged_product(x_ptr, nw_ptr, rstd, su, n1 - n0, B, K, IN_LOOP, BLOCK_B, BLOCK_N,
+                            DT, WT, SR, STAGED_STEP, STAGES, STAGE)
     g = _round(rows_after(g, rstd, SUMS), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
     u = _round(rows_after(u, rstd, SUMS), DT)

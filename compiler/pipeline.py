@@ -8,7 +8,7 @@ from torch import fx
 
 from .capture import capture
 from .codegen import generate
-from .cost import STAGE_HEAD, TARGETS
+from .cost import STAGE_HEAD, STAGE_IN_PLACE, TARGETS
 from .encode import Encoded, encode
 from .ir import KernelSource, OpGraph, Schedule, SyncPlan, TaskGraph
 from .lower import lower
@@ -51,13 +51,15 @@ class CompileOptions:
                                          # registers, not the whole dispatch's (GPU builds)
 
     def switches(self, cuda: bool = True) -> dict:
-        """The kernel's GPU-only constexprs (all 0 under the interpreter): PREFETCH bits (1 each
-        task's weights before its waits, 2 the next instruction's words, 4 the weights between
-        polls of its waits instead, 8 what ops with a prefetch body read of earlier steps),
-        BACKOFF ns of sleep between polls, POLL 1 to poll with acquire loads, PF_START the
-        ``prefetch_start`` percentage."""
-        if not cuda:
-            return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0, STAGE=0)
+        """The kernel's switches (0 under the interpreter but STAGE): PREFETCH bits (1 each task's
+        weights before its waits, 2 the next instruction's words, 4 the weights between polls of
+        its waits instead, 8 what ops with a prefetch body read of earlier steps), BACKOFF ns of
+        sleep between polls, POLL 1 to poll with acquire loads, PF_START the
+        ``prefetch_start`` percentage, STAGE the staging area's bytes (``staging``; in place
+        under the interpreter)."""
+        if not cuda:        # staging in place (``staging``): the same rows, read where they are
+            return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0,
+                        STAGE=STAGE_IN_PLACE if self.tile.staged_kib else 0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
                     | 8 * self.prefetch_kv,

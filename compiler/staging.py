@@ -1,5 +1,5 @@
-"""Weights staged in shared memory before a task's waits (GPU only, sm_90: the TMA engine's bulk
-copies and an mbarrier, through inline PTX).
+"""Weights staged in shared memory before a task's waits (sm_90: the TMA engine's bulk copies
+and an mbarrier, through inline PTX; in place under the interpreter).
 
 A kernel built with ``STAGE`` bytes of staging launches with that much dynamic shared memory
 beyond what Triton allocates (``runtime.megakernel.reserve_staging``), so the area is the last
@@ -8,20 +8,23 @@ byte ``HEAD`` on. A task whose op stages (its registry entry's ``stage`` body) s
 its first SR weight rows whole before it waits (``issue_rows``: thread 0 arms the barrier with
 the byte count and starts one bulk copy a weight matrix); once its inputs are ready, the op
 body streams its other rows from global memory, then every thread waits for the barrier's
-phase (``ready``) and reads staged row j from ``sbase + 2 * j * K`` (``staged_row``: 16 bytes
-a load, multiplied word by word). Weights depend on nobody, so the copy runs while the task
-waits and streams, into the worker's own shared memory. Invariants: one staged task at a time
-per worker (the previous task's signal ends with a barrier of all its threads, so no thread
-still reads the area when the next copy starts); the n-th staged task of a worker waits for
-phase parity n % 2; 2-byte weights only; the kernel has shared memory of Triton's own (its
+phase (``ready``) and reads the staged rows where ``rows_at`` says (``staged_row``: 16 bytes a
+load, multiplied word by word). Weights depend on nobody, so the copy runs while the task
+waits and streams, into the worker's own shared memory. Under the interpreter (STAGE ==
+IN_PLACE) nothing is copied or waited for and the same rows are read in place, 4 bytes a
+load, so that the CPU runs every other part of a staging kernel. Invariants: one staged task
+at a time per worker (the previous task's signal ends with a barrier of all its threads, so no
+thread still reads the area when the next copy starts); the n-th staged task of a worker waits
+for phase parity n % 2; 2-byte weights only; the kernel has shared memory of Triton's own (its
 ``global_smem`` symbol: every megakernel's pipelines).
 """
 import triton
 import triton.language as tl
 
-from .cost import STAGE_HEAD
+from .cost import STAGE_HEAD, STAGE_IN_PLACE
 
 HEAD = tl.constexpr(STAGE_HEAD)
+IN_PLACE = tl.constexpr(STAGE_IN_PLACE)
 
 
 @triton.jit
@@ -37,12 +40,13 @@ def area(STAGE: tl.constexpr):
 @triton.jit
 def init(STAGE: tl.constexpr):
     """Once per worker, before its first task: the mbarrier expects one arrival a phase."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n"
-        "@p mbarrier.init.shared::cta.b64 [$1], 1;\n"
-        "@p fence.proxy.async.shared::cta; mov.u32 $0, 0; }",
-        "=r,r", [area(STAGE)], dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
+    if STAGE > IN_PLACE:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n"
+            "@p mbarrier.init.shared::cta.b64 [$1], 1;\n"
+            "@p fence.proxy.async.shared::cta; mov.u32 $0, 0; }",
+            "=r,r", [area(STAGE)], dtype=tl.int32, is_pure=False, pack=1)
+        tl.debug_barrier()
 
 
 @triton.jit
@@ -69,26 +73,35 @@ def issue_rows(src, rows, K: tl.constexpr, SR: tl.constexpr, STAGE: tl.constexpr
     all of them, the others 0); returns 1 (0 where SR is 0: nothing staged)."""
     started = 0
     if SR > 0:
-        mbar = area(STAGE)
-        nbytes = tl.minimum(rows, SR) * K * 2
-        _copy(mbar, mbar + HEAD + AT * K * 2, src, nbytes, ARM * nbytes)
+        if STAGE > IN_PLACE:
+            mbar = area(STAGE)
+            nbytes = tl.minimum(rows, SR) * K * 2
+            _copy(mbar, mbar + HEAD + AT * K * 2, src, nbytes, ARM * nbytes)
         started = 1
     return started
 
 
 @triton.jit
-def ready(staged_before, STAGE: tl.constexpr):
-    """Wait until the worker's copy number ``staged_before`` (from 0) has landed; returns the
-    address of its first element. (The wait and the reads are asm with side effects, which the
-    compiler keeps in program order.)"""
-    mbar = area(STAGE)
-    done = 0
-    while done == 0:
-        done = tl.inline_asm_elementwise(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n"
-            "selp.u32 $0, 1, 0, p; }",
-            "=r,r,r", [mbar, staged_before % 2], dtype=tl.int32, is_pure=False, pack=1)
-    return mbar + HEAD
+def ready(copy, STAGE: tl.constexpr):
+    """Wait until the worker's copy number ``copy`` (from 0) has landed. (The wait and the
+    reads are asm with side effects, which the compiler keeps in program order.)"""
+    if STAGE > IN_PLACE:
+        done = 0
+        while done == 0:
+            done = tl.inline_asm_elementwise(
+                "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n"
+                "selp.u32 $0, 1, 0, p; }",
+                "=r,r,r", [area(STAGE), copy % 2], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def rows_at(src, AT: tl.constexpr, K: tl.constexpr, STAGE: tl.constexpr):
+    """Where the rows that a task's ``issue_rows`` copied from ``src`` (to area row AT) are
+    read: their shared address, or (STAGE == IN_PLACE, the interpreter's staging) ``src``."""
+    if STAGE > IN_PLACE:
+        return area(STAGE) + HEAD + AT * K * 2
+    else:
+        return src
 
 
 @triton.jit
@@ -99,7 +112,7 @@ def _half(v, HIGH: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _load_words(addr):
+def _ld_shared_v4(addr):
     """The four 4-byte words at each 16-byte aligned shared address of ``addr``: one vector
     load each (asm with side effects: kept after ``ready``'s wait)."""
     return tl.inline_asm_elementwise(
@@ -108,10 +121,21 @@ def _load_words(addr):
 
 
 @triton.jit
+def _load_words(base, words, STAGE: tl.constexpr):
+    """Words ``words`` .. ``words`` + 3 (4-byte, ``words`` a multiple of 4) of the rows at
+    ``base`` (``rows_at``): one vector load from shared memory, or four loads in place."""
+    if STAGE > IN_PLACE:
+        return _ld_shared_v4(base + 4 * words)
+    else:
+        p = base.to(tl.pointer_type(tl.int32), bitcast=True) + words
+        return tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3)
+
+
+@triton.jit
 def load_rows(addr, R: tl.constexpr, G: tl.constexpr, DT: tl.constexpr):
     """[R, 8 G] elements of 2-byte type DT: row r's elements 8 g .. 8 g + 7 from the 16 bytes at
     shared address addr[r, g] (16-byte aligned), one vector load each."""
-    v0, v1, v2, v3 = _load_words(addr)
+    v0, v1, v2, v3 = _ld_shared_v4(addr)
     return unpack_words(v0, v1, v2, v3, R, G, DT)
 
 
@@ -156,9 +180,9 @@ def _word_mac(acc, w, xw, nw, rstd, HAS_NORM: tl.constexpr, DT: tl.constexpr,
 @triton.jit
 def staged_row(x_ptr, nw_ptr, rstd, sbase, end, HAS_NORM: tl.constexpr, SR: tl.constexpr,
                DT: tl.constexpr, WT: tl.constexpr, K: tl.constexpr, STEP: tl.constexpr,
-               STAGES: tl.constexpr):
+               STAGES: tl.constexpr, STAGE: tl.constexpr):
     """[norm](x) . W[j] for one row x of K elements (``x_ptr`` at its first, 2-byte type DT,
-    ``rstd`` its RMS factor) and the SR rows j (type WT) staged whole from ``sbase + 2 * j * K``
+    ``rstd`` its RMS factor) and the SR rows j (type WT) staged whole at ``sbase`` (``rows_at``)
     -> [SR] fp32 (0 for rows j >= end), STEP (a divisor of K) columns a step. Word-wise: the
     16 bytes at (row j, column 8 g) are four words of two weights each, multiplied by the same
     words of x (4-byte loads, which the pipeliner can start STAGES - 1 steps ahead), summed
@@ -170,7 +194,7 @@ def staged_row(x_ptr, nw_ptr, rstd, sbase, end, HAS_NORM: tl.constexpr, SR: tl.c
     nw_words = nw_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     acc = tl.zeros([SR, G], tl.float32)
     for k0 in tl.range(0, K, STEP, num_stages=STAGES):
-        v0, v1, v2, v3 = _load_words(sbase + 2 * (js * K + k0 + 8 * gs))  # [SR, G] each
+        v0, v1, v2, v3 = _load_words(sbase, (js * K + k0 + 8 * gs) // 2, STAGE)  # [SR, G]
         words = (k0 + 8 * gs) // 2                                        # [1, G]
         for i in tl.static_range(4):
             nw = tl.load(nw_words + words + i) if HAS_NORM else 0

@@ -165,6 +165,9 @@ class MegakernelStep:
         self.kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
         i32 = lambda a: torch.as_tensor(a, dtype=torch.int32, device=device).contiguous()
         self.weights, offsets = bind_weights(model, enc.memory.weights, device)
+        if device.type == "cpu" and self.weights.dtype == torch.bfloat16:
+            raise ValueError("a bfloat16 megakernel on the CPU: the Triton interpreter's bf16 "
+                             "dots are wrong; run it in float32 or float16")
         if compiled.options.tile.staged_kib and self.weights.element_size() != 2:
             raise ValueError(f"staged_kib={compiled.options.tile.staged_kib}: staged weights "
                              f"must be 2-byte (bf16 or fp16), not {self.weights.dtype}")

@@ -59,3 +59,43 @@ def test_precompiled_kernels_pad_to_the_next_batch_size(tmp_path, capsys):
     other = ["generate", "--model", "tiny-qwen3", *base[3:], "--prompt", "a"]
     assert main(other) == 1
     assert "another model" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_staging_kernel_is_the_plain_kernel_with_its_rows_read_in_place(batch):
+    """A kernel with weight staging (``tmN``, 2-byte weights) under the interpreter (staged rows
+    read in place, ``staging``): every projection's first rows from the staged read, the rest
+    streamed; its logits are the plain kernel's to fp32 rounding and near eager's (fp16: the
+    interpreter's bf16 dots are wrong), over a few steps on fresh caches."""
+    from megakernel.bench.decode import decode_state
+    from megakernel.compiler.tile import TileConfig
+    from megakernel.runtime.megakernel import megakernel_backend
+
+    torch.manual_seed(batch)
+    model = load_model("tiny-llama", progress=False, seed=3).model.to(torch.float16)
+    tokens, positions, cache = decode_state(model, batch, 64)
+    caches = {"staged": cache, "plain": cache.clone(), "eager": cache.clone()}
+    steps = {"staged": megakernel_backend(model, caches["staged"], tile=TileConfig(staged_kib=1)),
+             "plain": megakernel_backend(model, caches["plain"]), "eager": model}
+    assert "STAGED_ROWS" in steps["staged"].compiled.kernel.source
+    assert "STAGED_ROWS" not in steps["plain"].compiled.kernel.source
+    for i in range(3):
+        out = {k: steps[k](tokens, positions - 2 + i, caches[k]).float() for k in steps}
+        assert torch.isfinite(out["staged"]).all(), f"step {i}"
+        torch.testing.assert_close(out["staged"], out["plain"], atol=2e-3, rtol=2e-3)
+        ref = out["eager"]
+        assert ((out["staged"] - ref).norm() / ref.norm()).item() < 1e-2, f"step {i}"
+        assert torch.equal(caches["staged"], caches["plain"]), f"step {i}: the caches differ"
+
+
+def test_a_bf16_kernel_on_the_cpu_is_refused():
+    """The interpreter's bf16 dots are wrong: a bf16 megakernel on the CPU is an error naming
+    the dtypes that work, not garbage logits."""
+    from megakernel.bench.decode import decode_state
+    from megakernel.runtime.megakernel import megakernel_backend
+
+    model = load_model("tiny-llama", progress=False).model.to(torch.bfloat16)
+    _, _, cache = decode_state(model, 1, 64)
+    with pytest.raises(ValueError, match="float32 or float16"):
+        megakernel_backend(model, cache)

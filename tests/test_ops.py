@@ -1,12 +1,15 @@
 """The projection op body on its own: ``ops.matmul_tile`` against PyTorch in fp32, for every fold
 of a step's columns, with and without the RMSNorm prologue, and with the two-halves row map of
-a q/k/v piece. On the CPU through the Triton interpreter (on a GPU, on the GPU)."""
+a q/k/v piece; with a task's first rows staged (``staging``, read in place under the
+interpreter) against the same tile streamed. On the CPU through the Triton interpreter (on a
+GPU, on the GPU)."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
 from megakernel.compiler import ops
+from megakernel.compiler.cost import STAGE_IN_PLACE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -53,3 +56,43 @@ def test_matmul_tile_every_fold_equals_torch(fold, norm, halves):
     ref = reference(x, nw, w, [r if v else 0 for r, v in zip(rows, valid)], norm)
     ref[:, [not v for v in valid]] = 0.0                                     # rows past end
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@triton.jit
+def staged_tile_kernel(x_ptr, nw_ptr, w_ptr, y_ptr, base, end, B: tl.constexpr, K: tl.constexpr,
+                       NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, STAGE: tl.constexpr, SR: tl.constexpr,
+                       STEP: tl.constexpr):
+    rstd = tl.zeros([BLOCK_B], tl.float32)
+    if NORM:
+        rstd = ops.row_rstd(x_ptr, 1e-5, B, K, BLOCK_B, BLOCK_K)
+    acc = ops.matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, 0, B, K, NORM, BLOCK_B,
+                          BLOCK_N, BLOCK_N, BLOCK_K, tl.bfloat16, 1, 1, copy=0, STAGE=STAGE,
+                          STAGED_ROWS=SR, STAGED_STEP=STEP)                  # [BB, BN]
+    rows, cols = tl.arange(0, BLOCK_B), tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + rows[:, None] * BLOCK_N + cols[None, :], acc, mask=rows[:, None] < B)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="rows read in place: the interpreter's staging")
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("end,sr,step", [(13, 4, 64), (3, 8, 32), (16, 16, 64)])
+def test_staged_rows_give_the_streamed_tile(norm, end, sr, step):
+    """The first ``sr`` rows of a bf16 tile from the staged read (word by word), the others from
+    the streamed loop that skips them: the tile the loop alone gives, to fp32 rounding, rows
+    past ``end`` 0; both near torch's (the interpreter truncates where torch rounds)."""
+    gen = torch.Generator().manual_seed(end + sr + norm)
+    batch, n, k, bk, bn = 3, 40, 192, 64, 16
+    x, nw, w = (torch.randn(*s, generator=gen).to(torch.bfloat16)
+                for s in ((batch, k), (k,), (n, k)))
+    outs = []
+    for stage, rows in ((0, 0), (STAGE_IN_PLACE, sr)):
+        y = torch.full((4, bn), float("nan"))
+        staged_tile_kernel[(1,)](x, nw, w, y, 20, end, batch, k, norm, 4, bn, bk, stage, rows,
+                                 step)
+        outs.append(y[:batch])
+    streamed, staged = outs
+    assert torch.isfinite(staged).all() and (staged[:, end:] == 0).all()
+    torch.testing.assert_close(staged, streamed, atol=1e-5, rtol=1e-5)
+    ref = reference(x.float(), nw.float(), w.float(), range(20, 20 + bn), norm)
+    ref[:, end:] = 0.0
+    assert ((staged - ref).norm() / ref.norm()).item() < 2e-2

@@ -19,7 +19,8 @@ def _round_trip(src_ptr, out_ptr, info_ptr, ROWS: tl.constexpr, K: tl.constexpr,
     js = tl.arange(0, SR)[:, None]
     for r in range(ROUNDS):             # one copy a round: the barrier's phases in turn
         staging.issue_rows(src_ptr + r * ROWS * K, ROWS, K, SR, STAGE)
-        sbase = staging.ready(r, STAGE)
+        staging.ready(r, STAGE)
+        sbase = staging.rows_at(src_ptr + r * ROWS * K, 0, K, STAGE)
         gs = tl.arange(0, K // 8)[None, :]
         w = staging.load_rows(sbase + 2 * (js * K + 8 * gs), SR, K // 8, tl.bfloat16)
         tl.store(out_ptr + r * SR * K + js * K + tl.arange(0, K)[None, :], w)
