@@ -18,12 +18,16 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def tile_kernel(x_ptr, nw_ptr, w_ptr, y_ptr, base, end, STRIDE: tl.constexpr, B: tl.constexpr,
                 K: tl.constexpr, NORM: tl.constexpr, BLOCK_B: tl.constexpr,
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
-                FOLD: tl.constexpr):
+                FOLD: tl.constexpr, BF16: tl.constexpr = False, STAGE: tl.constexpr = 0,
+                SR: tl.constexpr = 0, STEP: tl.constexpr = 0):
+    """fp32 tensor-core form, or (BF16) the bf16 multiply-and-sum with SR rows staged."""
     rstd = tl.zeros([BLOCK_B], tl.float32)
     if NORM:
         rstd = ops.row_rstd(x_ptr, 1e-5, B, K, BLOCK_B, BLOCK_K)
     acc = ops.matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE, B, K, NORM, BLOCK_B,
-                          BLOCK_N, HALF, BLOCK_K, tl.float32, 0, 1, FOLD)    # [BB, BN]
+                          BLOCK_N, HALF, BLOCK_K, tl.bfloat16 if BF16 else tl.float32,
+                          1 if BF16 else 0, 1, FOLD, copy=0, STAGE=STAGE, STAGED_ROWS=SR,
+                          STAGED_STEP=STEP)                                  # [BB, BN]
     rows, cols = tl.arange(0, BLOCK_B), tl.arange(0, BLOCK_N)
     tl.store(y_ptr + rows[:, None] * BLOCK_N + cols[None, :], acc, mask=rows[:, None] < B)
 
@@ -58,21 +62,6 @@ def test_matmul_tile_every_fold_equals_torch(fold, norm, halves):
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
-@triton.jit
-def staged_tile_kernel(x_ptr, nw_ptr, w_ptr, y_ptr, base, end, B: tl.constexpr, K: tl.constexpr,
-                       NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, STAGE: tl.constexpr, SR: tl.constexpr,
-                       STEP: tl.constexpr):
-    rstd = tl.zeros([BLOCK_B], tl.float32)
-    if NORM:
-        rstd = ops.row_rstd(x_ptr, 1e-5, B, K, BLOCK_B, BLOCK_K)
-    acc = ops.matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, 0, B, K, NORM, BLOCK_B,
-                          BLOCK_N, BLOCK_N, BLOCK_K, tl.bfloat16, 1, 1, copy=0, STAGE=STAGE,
-                          STAGED_ROWS=SR, STAGED_STEP=STEP)                  # [BB, BN]
-    rows, cols = tl.arange(0, BLOCK_B), tl.arange(0, BLOCK_N)
-    tl.store(y_ptr + rows[:, None] * BLOCK_N + cols[None, :], acc, mask=rows[:, None] < B)
-
-
 @pytest.mark.skipif(DEVICE == "cuda", reason="rows read in place: the interpreter's staging")
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("end,sr,step", [(13, 4, 64), (3, 8, 32), (16, 16, 64)])
@@ -87,8 +76,8 @@ def test_staged_rows_give_the_streamed_tile(norm, end, sr, step):
     outs = []
     for stage, rows in ((0, 0), (STAGE_IN_PLACE, sr)):
         y = torch.full((4, bn), float("nan"))
-        staged_tile_kernel[(1,)](x, nw, w, y, 20, end, batch, k, norm, 4, bn, bk, stage, rows,
-                                 step)
+        tile_kernel[(1,)](x, nw, w, y, 20, end, 0, batch, k, norm, 4, bn, bn, bk, 1, True,
+                          stage, rows, step)
         outs.append(y[:batch])
     streamed, staged = outs
     assert torch.isfinite(staged).all() and (staged[:, end:] == 0).all()
