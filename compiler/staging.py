@@ -112,44 +112,17 @@ def _half(v, HIGH: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _ld_shared_v4(addr):
-    """The four 4-byte words at each 16-byte aligned shared address of ``addr``: one vector
-    load each (asm with side effects: kept after ``ready``'s wait)."""
-    return tl.inline_asm_elementwise(
-        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [addr],
-        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
-
-
-@triton.jit
 def _load_words(base, words, STAGE: tl.constexpr):
     """Words ``words`` .. ``words`` + 3 (4-byte, ``words`` a multiple of 4) of the rows at
-    ``base`` (``rows_at``): one vector load from shared memory, or four loads in place."""
+    ``base`` (``rows_at``): one vector load from shared memory (asm with side effects: kept
+    after ``ready``'s wait), or four loads in place."""
     if STAGE > IN_PLACE:
-        return _ld_shared_v4(base + 4 * words)
+        return tl.inline_asm_elementwise(
+            "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", [base + 4 * words],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
     else:
         p = base.to(tl.pointer_type(tl.int32), bitcast=True) + words
         return tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3)
-
-
-@triton.jit
-def load_rows(addr, R: tl.constexpr, G: tl.constexpr, DT: tl.constexpr):
-    """[R, 8 G] elements of 2-byte type DT: row r's elements 8 g .. 8 g + 7 from the 16 bytes at
-    shared address addr[r, g] (16-byte aligned), one vector load each."""
-    v0, v1, v2, v3 = _ld_shared_v4(addr)
-    return unpack_words(v0, v1, v2, v3, R, G, DT)
-
-
-@triton.jit
-def unpack_words(v0, v1, v2, v3, R: tl.constexpr, G: tl.constexpr, DT: tl.constexpr):
-    """Four [R, G] tensors of 4-byte words (word i of each 16-byte group) -> the [R, 8 G] 2-byte
-    elements they hold, little-endian: element 8 g + i is word i // 2's low half (even i) or
-    high half (odd i)."""
-    # the joins place element i at index (a, b, c) = (i // 4, i // 2 % 2, i % 2)
-    q0 = tl.join(tl.join(_half(v0, False, DT), _half(v2, False, DT)),
-                 tl.join(_half(v1, False, DT), _half(v3, False, DT)))
-    q1 = tl.join(tl.join(_half(v0, True, DT), _half(v2, True, DT)),
-                 tl.join(_half(v1, True, DT), _half(v3, True, DT)))
-    return tl.reshape(tl.join(q0, q1), [R, 8 * G])
 
 
 @triton.jit

@@ -39,8 +39,8 @@ least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2
 keys and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens
 (default 16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at
 most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
-not the whole dispatch's), ``tmN`` the first N KiB of each projection task's weights copied into
-the worker's shared memory before its waits (``compiler.staging``).
+not the whole dispatch's), ``tmN`` each projection task's first weight rows, up to N KiB, copied
+into the worker's shared memory before its waits (``compiler.staging``).
 """
 from __future__ import annotations
 

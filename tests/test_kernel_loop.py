@@ -1,7 +1,6 @@
 """The persistent loop's waits (``kernel_loop.wait_counters``) under the interpreter: a task's
 wait list polled one wait after another (WAITS 1) or all at once (WAITS > 1), met or short;
-staged weights' vector loads unpacked in memory order (``staging.unpack_words``) and multiplied
-word by word (``staging._word_mac``)."""
+staged weights' words multiplied word by word (``staging._word_mac``)."""
 import pytest
 import torch
 import triton
@@ -39,24 +38,6 @@ def test_waits_met_or_the_first_short_one_recorded(waits_block):
     # two short: the first in the list is recorded
     assert wait([1, 9, 5, 3], waits, 2, waits_block) == (False, [1, 7, 2, 5])
     assert wait([0, 0, 0, 0], waits[:1], 0, waits_block) == (True, [0, 0, 0, 0])
-
-
-@triton.jit
-def _unpack(words_ptr, out_ptr, R: tl.constexpr, G: tl.constexpr):
-    rs = tl.arange(0, R)[:, None]
-    gs = tl.arange(0, G)[None, :]
-    v = [tl.load(words_ptr + rs * 4 * G + 4 * gs + i) for i in tl.static_range(4)]
-    vals = staging.unpack_words(v[0], v[1], v[2], v[3], R, G, tl.bfloat16)
-    tl.store(out_ptr + rs * 8 * G + tl.arange(0, 8 * G)[None, :], vals)
-
-
-def test_staged_words_unpack_in_memory_order():
-    """What a staged weight row's 16-byte vector loads return (``staging.load_rows``: four
-    4-byte words a group) comes back as the row's elements in order."""
-    rows = torch.randn(4, 64).to(torch.bfloat16)                  # [R, 8 G]
-    out = torch.full_like(rows, float("nan"))
-    _unpack[(1,)](rows.view(torch.int32).contiguous(), out, 4, 8)
-    assert torch.equal(out, rows)
 
 
 @triton.jit
