@@ -8,7 +8,7 @@ in one of these modes, each timed alone (median of CUDA-event timings, GB/s of w
   global   every row streamed from global memory as the op bodies' projection loop does
            (``load_normed``, ``load_w``, ``_mac``: Triton's pipelined loads)
   staged   a bulk copy of the task's first staged-rows rows (``staging.issue_rows``), the
-           other rows streamed as ``global``, then the copy's wait (``staging.ready``) and its
+           other rows streamed as ``global`` (none where all are staged), then the copy's wait (``staging.ready``) and its
            read (``ops.staged_product``)
   copy     ``staged`` without the read
   read     ``staged`` without the copy and its wait (reads whatever the area holds)
@@ -48,7 +48,7 @@ def _stream(x_ptr, src, K: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constex
 
 @triton.jit
 def _tasks(w_ptr, x_ptr, out_ptr, sink_ptr, TASKS: tl.constexpr, ROWS: tl.constexpr,
-           K: tl.constexpr, SR: tl.constexpr, STEP: tl.constexpr, BLOCK_K: tl.constexpr,
+           K: tl.constexpr, SR: tl.constexpr, BLOCK_K: tl.constexpr,
            MODE: tl.constexpr, SMS: tl.constexpr, STAGE: tl.constexpr):
     pid = tl.program_id(0)
     staging.init(STAGE)
@@ -65,14 +65,17 @@ def _tasks(w_ptr, x_ptr, out_ptr, sink_ptr, TASKS: tl.constexpr, ROWS: tl.conste
         src = w_ptr + t.to(tl.int64) * ROWS * K
         if COPY:
             staging.issue_rows(src, ROWS, K, SR, STAGE)
-        acc = _stream(x_ptr, src, K, ROWS, BLOCK_K, SKIP)
+        if SKIP < ROWS:
+            acc = _stream(x_ptr, src, K, ROWS, BLOCK_K, SKIP)
+        else:
+            acc = tl.zeros([1, ROWS], tl.float32)
         if MODE != 0:
             if MODE != 3:
                 staging.ready(n, STAGE)
             if READ:
                 acc += ops.staged_product(x_ptr, x_ptr, rstd, staging.rows_at(src, 0, K, STAGE),
                                           ROWS, 1, K, False, 1, ROWS, tl.bfloat16, tl.bfloat16,
-                                          SR, STEP, 3, STAGE)
+                                          SR, STAGE)
             n += 1
         tl.debug_barrier()          # every read of the area done before the next copy
         if MODE == 4 and t + SMS < TASKS:
@@ -84,14 +87,14 @@ def _tasks(w_ptr, x_ptr, out_ptr, sink_ptr, TASKS: tl.constexpr, ROWS: tl.conste
     tl.store(sink_ptr + pid, tl.sum(spread, axis=0))
 
 
-def run(mode: str, w, x, sr: int, step: int, block_k: int, iters: int) -> tuple[float, float]:
+def run(mode: str, w, x, sr: int, block_k: int, iters: int) -> tuple[float, float]:
     """(GB/s of weights, relative error against torch or nan) of one mode."""
     tasks, rows, k = w.shape
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.full((tasks, rows), float("nan"), device="cuda")
     sink = torch.zeros(sms, device="cuda")
     stage = sr * k * 2 + STAGE_HEAD
-    args = (w, x, out, sink, tasks, rows, k, sr, step, block_k, MODES[mode], sms, stage)
+    args = (w, x, out, sink, tasks, rows, k, sr, block_k, MODES[mode], sms, stage)
     built = _tasks.warmup(*args, grid=(sms,))
     reserve_staging(built, stage)
     times = []
@@ -116,7 +119,6 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--tasks", type=int, default=4096)
     p.add_argument("--staged-rows", type=int, default=16, help="rows staged a task (2^n)")
-    p.add_argument("--step", type=int, default=512, help="columns a step of the read back")
     p.add_argument("--block-k", type=int, default=1024)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--modes", default=",".join(MODES))
@@ -124,9 +126,8 @@ def main() -> None:
     w = torch.randn(args.tasks, args.rows, args.k, device="cuda").to(torch.bfloat16)
     x = torch.randn(1, args.k, device="cuda").to(torch.bfloat16)
     for mode in args.modes.split(","):
-        gbs, err = run(mode, w, x, args.staged_rows, args.step, args.block_k, args.iters)
-        print(f"{mode:7s} k {args.k} rows {args.rows} staged {args.staged_rows} "
-              f"step {args.step}: "
+        gbs, err = run(mode, w, x, args.staged_rows, args.block_k, args.iters)
+        print(f"{mode:7s} k {args.k} rows {args.rows} staged {args.staged_rows}: "
               f"{gbs:7.1f} GB/s  rel err {err:.1e}", flush=True)
 
 

@@ -82,20 +82,17 @@ def load_w(w_ptr, base, end, STRIDE: tl.constexpr, k0, K: tl.constexpr, BLOCK_N:
 @triton.jit
 def staged_product(x_ptr, nw_ptr, rstd, sbase, end, B: tl.constexpr, K: tl.constexpr,
                    HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DT: tl.constexpr, WT: tl.constexpr, SR: tl.constexpr, STEP: tl.constexpr,
-                   STAGES: tl.constexpr, STAGE: tl.constexpr):
+                   DT: tl.constexpr, WT: tl.constexpr, SR: tl.constexpr, STAGE: tl.constexpr):
     """[norm(x)] @ W[rows]^T -> [BLOCK_B, BLOCK_N] fp32 from a task's first SR rows j (of type WT;
     j < end), staged whole at ``sbase`` (``staging.rows_at``), 0 in the other columns:
-    ``staging.staged_row`` for each batch row, STEP columns a step."""
+    ``staging.staged_row`` for each batch row."""
     rows = tl.arange(0, BLOCK_B)
-    place = tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, SR)[None, :]  # [BLOCK_N, SR]
     out = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
     for b in tl.static_range(BLOCK_B):
         if b < B:
             rs = tl.sum(tl.where(rows == b, rstd, 0.0), axis=0)
-            r = staging.staged_row(x_ptr + b * K, nw_ptr, rs, sbase, end, HAS_NORM, SR, DT, WT,
-                                   K, STEP, STAGES, STAGE)                          # [SR]
-            r = tl.sum(tl.where(place, r[None, :], 0.0), axis=1)                    # [BLOCK_N]
+            r = staging.staged_row(x_ptr + b * K, nw_ptr, rs, sbase, end, HAS_NORM, SR,
+                                   BLOCK_N, DT, WT, K, STAGE)                       # [BLOCK_N]
             out = tl.where(rows[:, None] == b, r[None, :], out)
     return out
 
@@ -128,8 +125,7 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
                 FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0,
-                copy=0, STAGE: tl.constexpr = 0, STAGED_ROWS: tl.constexpr = 0,
-                STAGED_STEP: tl.constexpr = 0):
+                copy=0, STAGE: tl.constexpr = 0, STAGED_ROWS: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
     Triton's software pipeliner stages STAGES chunks through shared memory.
@@ -140,22 +136,24 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     columns of each row (rows still K apart), for a K slice. WRAP: as ``load_w``'s. STAGE > 0
     (a kernel with staging; plain rows base..base + end, whole K, only): the first STAGED_ROWS
     rows from the worker's staged copy number ``copy`` (``staged_product``, after the rows
-    that stream, so that the copy lands meanwhile), in steps of STAGED_STEP columns."""
+    that stream (none where all BLOCK_N are staged), so that the copy lands meanwhile)."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     SR: tl.constexpr = STAGED_ROWS if STAGE > 0 else 0
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
-    for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
-        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD, KEND)
-        w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND, WRAP,
-                   SR)
-        acc = _mac(a, w.to(DT), acc, FORM, DT)
+    if SR < BLOCK_N:
+        for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
+            a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
+                            KEND)
+            w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND,
+                       WRAP, SR)
+            acc = _mac(a, w.to(DT), acc, FORM, DT)
     out = unfold(acc, FORM, FOLD, BLOCK_B, BLOCK_N)
     if SR > 0:
         staging.ready(copy, STAGE)
         sbase = staging.rows_at(w_ptr + base.to(tl.int64) * K, 0, K, STAGE)
         out += staged_product(x_ptr, nw_ptr, rstd, sbase, end, B, K, HAS_NORM, BLOCK_B, BLOCK_N,
-                              DT, w_ptr.dtype.element_ty, SR, STAGED_STEP, STAGES, STAGE)
+                              DT, w_ptr.dtype.element_ty, SR, STAGE)
     return out
 
 
@@ -207,8 +205,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
               FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
               FOLD: tl.constexpr, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-              OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0,
-              STAGED_STEP: tl.constexpr = 0):
+              OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N); the
     norm's RMS from x, or (SUMS > 0: x scaled by the norm's weight already) from the sums of
     squares ss [SUMS, B] of x's rows, applied to the product. OUT_SUMS: what the next op's norm
@@ -230,7 +227,7 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
                       SUMS_BLOCK)
     y = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, IN_LOOP,
                                       BLOCK_B, BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES,
-                                      FOLD, 0, 0, copy, STAGE, STAGED_ROWS, STAGED_STEP), rstd,
+                                      FOLD, 0, 0, copy, STAGE, STAGED_ROWS), rstd,
                                       SUMS), DT)
     if HAS_RES:
         y = r + y
@@ -248,8 +245,7 @@ def linear_stage(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr
                  BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                  STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                  SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-                 OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0,
-                 STAGED_STEP: tl.constexpr = 0):
+                 OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0):
     """``linear_op``'s weights into shared memory before its waits (GPU, a kernel with STAGE
     bytes of staging): rows n0 .. n0 + STAGED_ROWS of W; returns 1 if it started a copy."""
     return staging.issue_rows(w_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_ROWS, STAGE)
@@ -262,7 +258,7 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-               STAGED_ROWS: tl.constexpr = 0, STAGED_STEP: tl.constexpr = 0):
+               STAGED_ROWS: tl.constexpr = 0):
     """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
     projections from one pipeline as matmul_tile runs it; the norm's RMS as ``linear_op``
     takes it. STAGE > 0: rows n0 .. n0 + STAGED_ROWS of both whole in shared memory, the
@@ -275,14 +271,15 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, IN_LOOP, BLOCK_B, BLOCK_K, DT, FOLD)
-        # each weight's chunk loaded just before its use (both loads first: batch-32 stack 352
-        # bytes instead of 136 on sm_90)
-        wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD, SKIP=SR)
-        g = _mac(a, wg.to(DT), g, FORM, DT)
-        wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD, SKIP=SR)
-        u = _mac(a, wu.to(DT), u, FORM, DT)
+    if SR < BLOCK_N:
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, IN_LOOP, BLOCK_B, BLOCK_K, DT, FOLD)
+            # each weight's chunk loaded just before its use (both loads first: batch-32 stack
+            # 352 bytes instead of 136 on sm_90)
+            wg = load_w(wg_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD, SKIP=SR)
+            g = _mac(a, wg.to(DT), g, FORM, DT)
+            wu = load_w(wu_ptr, n0, n1 - n0, 0, k0, K, BLOCK_N, BLOCK_N, BLOCK_K, FOLD, SKIP=SR)
+            u = _mac(a, wu.to(DT), u, FORM, DT)
     g = unfold(g, FORM, FOLD, BLOCK_B, BLOCK_N)
     u = unfold(u, FORM, FOLD, BLOCK_B, BLOCK_N)
     if SR > 0:          # Wg's rows, then Wu's from row SR of the area
@@ -291,9 +288,9 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
         sg = staging.rows_at(wg_ptr + n0.to(tl.int64) * K, 0, K, STAGE)
         su = staging.rows_at(wu_ptr + n0.to(tl.int64) * K, SR, K, STAGE)
         g += staged_product(x_ptr, nw_ptr, rstd, sg, n1 - n0, B, K, IN_LOOP, BLOCK_B, BLOCK_N,
-                            DT, WT, SR, STAGED_STEP, STAGES, STAGE)
+                            DT, WT, SR, STAGE)
         u += staged_product(x_ptr, nw_ptr, rstd, su, n1 - n0, B, K, IN_LOOP, BLOCK_B, BLOCK_N,
-                            DT, WT, SR, STAGED_STEP, STAGES, STAGE)
+                            DT, WT, SR, STAGE)
     g = _round(rows_after(g, rstd, SUMS), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
     u = _round(rows_after(u, rstd, SUMS), DT)
@@ -307,8 +304,7 @@ def gate_up_stage(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                   BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                   STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                   HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0,
-                  SUMS_BLOCK: tl.constexpr = 1, STAGED_ROWS: tl.constexpr = 0,
-                  STAGED_STEP: tl.constexpr = 0):
+                  SUMS_BLOCK: tl.constexpr = 1, STAGED_ROWS: tl.constexpr = 0):
     """``gate_up_op``'s weights into shared memory before its waits (as ``linear_stage``): rows
     n0 .. n0 + STAGED_ROWS of Wg, then of Wu from row STAGED_ROWS of the area."""
     staging.issue_rows(wg_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_ROWS, STAGE, 0, 2)

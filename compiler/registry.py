@@ -110,15 +110,12 @@ def _linear(t: Task, d: Dims, c: TileConfig) -> dict:
 def _staged(k: int, bn: int, d: Dims, c: TileConfig, weights: int = 1) -> dict:
     """Rows of a projection task (of each of its ``weights`` matrices) that a kernel with
     staging copies whole into shared memory (``staging``): as many of its ``bn`` as fit
-    ``c.staged_kib`` KiB, a power of two; and the columns per step of the loop reading them
-    (``ops.staged_product``): a divisor of k up to 512 that keeps its per-row sums, rows x
-    step / 8 in fp32, within 512 (longer steps spilled registers in the sm_90 build)."""
+    ``c.staged_kib`` KiB, a power of two; none where k is not a multiple of 8 (the staged
+    read's 16-byte groups)."""
     fit = min(bn, c.staged_kib * 1024 // (weights * k * d.itemsize))
-    if not fit:
+    if not fit or k % 8:
         return {}
-    sr = 1 << (fit.bit_length() - 1)
-    step = min(512, 4096 // sr, k & -k)
-    return dict(STAGED_ROWS=sr, STAGED_STEP=step)
+    return dict(STAGED_ROWS=1 << (fit.bit_length() - 1))
 
 
 def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -136,41 +136,54 @@ def _as_f32(v, HIGH: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _word_mac(acc, w, xw, nw, rstd, HAS_NORM: tl.constexpr, DT: tl.constexpr,
-              WT: tl.constexpr):
-    """acc + the products of the two weights (type WT) in each word of ``w`` with the two x
-    elements (type DT) in the words ``xw`` ([norm](x), rounded as ``norm_ops.load_normed``
-    rounds; fp32 sums)."""
-    for high in tl.static_range(2):
-        x = _as_f32(xw, high == 1, DT)
-        if HAS_NORM:
-            x = (_as_f32(nw, high == 1, DT) * (x * rstd).to(DT).to(tl.float32)).to(DT)
-            x = x.to(tl.float32)
-        acc += _as_f32(w, high == 1, WT) * x
-    return acc
+def _x_half(xw, nw, rstd, HIGH: tl.constexpr, HAS_NORM: tl.constexpr, DT: tl.constexpr):
+    """The low (or HIGH) x element (type DT) of each 4-byte word ``xw``, [norm](x) rounded as
+    ``norm_ops.load_normed`` rounds (``nw`` the norm weight's words), in fp32."""
+    x = _as_f32(xw, HIGH, DT)
+    if HAS_NORM:
+        x = (_as_f32(nw, HIGH, DT) * (x * rstd).to(DT).to(tl.float32)).to(DT).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _x_words(xw_ptr, nw_words, words, mask, rstd, HAS_NORM: tl.constexpr, DT: tl.constexpr):
+    """(low, high): ``_x_half`` of x's 4-byte words ``words`` (0 where not ``mask``)."""
+    xw = tl.load(xw_ptr + words, mask=mask, other=0)
+    nw = tl.load(nw_words + words, mask=mask, other=0) if HAS_NORM else 0
+    return (_x_half(xw, nw, rstd, False, HAS_NORM, DT),
+            _x_half(xw, nw, rstd, True, HAS_NORM, DT))
 
 
 @triton.jit
 def staged_row(x_ptr, nw_ptr, rstd, sbase, end, HAS_NORM: tl.constexpr, SR: tl.constexpr,
-               DT: tl.constexpr, WT: tl.constexpr, K: tl.constexpr, STEP: tl.constexpr,
-               STAGES: tl.constexpr, STAGE: tl.constexpr):
+               N: tl.constexpr, DT: tl.constexpr, WT: tl.constexpr, K: tl.constexpr,
+               STAGE: tl.constexpr):
     """[norm](x) . W[j] for one row x of K elements (``x_ptr`` at its first, 2-byte type DT,
     ``rstd`` its RMS factor) and the SR rows j (type WT) staged whole at ``sbase`` (``rows_at``)
-    -> [SR] fp32 (0 for rows j >= end), STEP (a divisor of K) columns a step. Word-wise: the
-    16 bytes at (row j, column 8 g) are four words of two weights each, multiplied by the same
-    words of x (4-byte loads, which the pipeliner can start STAGES - 1 steps ahead), summed
-    per (j, g) in fp32 and across g once at the end: no layout changes inside the loop."""
-    G: tl.constexpr = STEP // 8
+    -> [N] fp32 (N >= SR; 0 for rows j >= SR or j >= end); K a multiple of 8. Word-wise, a
+    warp's lanes across 32 consecutive 16-byte groups g of a row, rows across warps: each 16
+    bytes at (row j, group g) are four words of two weights, multiplied by the same words of x
+    (normed as ``norm_ops.load_normed`` norms; groups past the row read group 0 times x 0),
+    summed per (j, lane) in fp32 and across a warp's lanes once at the end."""
+    G: tl.constexpr = K // 8
+    L: tl.constexpr = min(32, triton.next_power_of_2(G))
     js = tl.arange(0, SR)[:, None]                                        # [SR, 1]
-    gs = tl.arange(0, G)[None, :]                                         # [1, G]
     xw_ptr = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     nw_words = nw_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    acc = tl.zeros([SR, G], tl.float32)
-    for k0 in tl.range(0, K, STEP, num_stages=STAGES):
-        v0, v1, v2, v3 = _load_words(sbase, (js * K + k0 + 8 * gs) // 2, STAGE)  # [SR, G]
-        words = (k0 + 8 * gs) // 2                                        # [1, G]
-        for i in tl.static_range(4):
-            nw = tl.load(nw_words + words + i) if HAS_NORM else 0
-            w = v0 if i == 0 else (v1 if i == 1 else (v2 if i == 2 else v3))
-            acc = _word_mac(acc, w, tl.load(xw_ptr + words + i), nw, rstd, HAS_NORM, DT, WT)
-    return tl.where(tl.arange(0, SR) < end, tl.sum(acc, axis=1), 0.0)
+    acc = tl.zeros([SR, L], tl.float32)
+    for g0 in tl.range(0, G, L):
+        gs = g0 + tl.arange(0, L)[None, :]                                # [1, L]
+        ok = gs < G
+        v0, v1, v2, v3 = _load_words(sbase, js * (K // 2) + 4 * tl.where(ok, gs, 0), STAGE)
+        x0, x1 = _x_words(xw_ptr, nw_words, 4 * gs, ok, rstd, HAS_NORM, DT)
+        x2, x3 = _x_words(xw_ptr, nw_words, 4 * gs + 1, ok, rstd, HAS_NORM, DT)
+        x4, x5 = _x_words(xw_ptr, nw_words, 4 * gs + 2, ok, rstd, HAS_NORM, DT)
+        x6, x7 = _x_words(xw_ptr, nw_words, 4 * gs + 3, ok, rstd, HAS_NORM, DT)
+        acc += _as_f32(v0, False, WT) * x0 + _as_f32(v0, True, WT) * x1  # [SR, L]
+        acc += _as_f32(v1, False, WT) * x2 + _as_f32(v1, True, WT) * x3
+        acc += _as_f32(v2, False, WT) * x4 + _as_f32(v2, True, WT) * x5
+        acc += _as_f32(v3, False, WT) * x6 + _as_f32(v3, True, WT) * x7
+    sums = tl.sum(acc, axis=1)                                            # [SR]
+    rows = tl.arange(0, N)
+    out = tl.sum(tl.where(rows[:, None] == tl.arange(0, SR)[None, :], sums[None, :], 0.0), 1)
+    return tl.where(rows < end, out, 0.0)                                 # [N]

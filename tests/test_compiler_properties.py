@@ -191,24 +191,23 @@ def test_deeper_projection_pipelines_fill_the_shared_memory_asked_and_never_shor
         TileConfig(stage_kib=-1)
 
 
-@given(k=st.sampled_from([64, 192, 2048, 3072, 8192]), bn=st.integers(1, 256),
+@given(k=st.sampled_from([64, 100, 192, 2048, 3072, 8192]), bn=st.integers(1, 256),
        kib=st.integers(0, 200), weights=st.sampled_from([1, 2]))
-def test_staged_rows_fit_the_area_and_their_read_steps_divide_k(k, bn, kib, weights):
-    """``staged_kib``: a staging task's rows, a power of two of at most its own, fit the area
-    for every matrix; its read steps divide K, hold whole 16-byte groups and keep at most 512
-    sums a row; nothing staged where one row does not fit."""
+def test_staged_rows_fit_the_area(k, bn, kib, weights):
+    """``staged_kib``: a staging task's rows, a power of two of at most its own, the most that
+    fit the area for every matrix; nothing staged where one row does not fit or rows are not
+    whole 16-byte groups."""
     from megakernel.compiler.registry import _staged
 
     d = Dims(batch=1, max_seq_len=64, hidden=k, intermediate=k, heads=1, kv_heads=1,
              head_dim=64, vocab=k, layers=1, itemsize=2)
     got = _staged(k, bn, d, TileConfig(staged_kib=kib), weights)
-    if weights * k * 2 > kib * 1024:
+    if weights * k * 2 > kib * 1024 or k % 8:
         assert got == {}
         return
-    sr, step = got["STAGED_ROWS"], got["STAGED_STEP"]
+    sr = got["STAGED_ROWS"]
     assert sr & (sr - 1) == 0 and sr <= bn and weights * sr * k * 2 <= kib * 1024
     assert 2 * sr > min(bn, kib * 1024 // (weights * k * 2))       # the largest that fits
-    assert k % step == 0 and step % 8 == 0 and sr * step // 8 <= 512
 
 
 @pytest.mark.parametrize("batch", [1, 16, 64])

@@ -1,12 +1,13 @@
 """The persistent loop's waits (``kernel_loop.wait_counters``) under the interpreter: a task's
 wait list polled one wait after another (WAITS 1) or all at once (WAITS > 1), met or short;
-staged weights' words multiplied word by word (``staging._word_mac``)."""
+the staged weights' read (``staging.staged_row``)."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
 from megakernel.compiler import kernel_loop, staging
+from megakernel.compiler.cost import STAGE_IN_PLACE
 
 
 @triton.jit
@@ -41,31 +42,28 @@ def test_waits_met_or_the_first_short_one_recorded(waits_block):
 
 
 @triton.jit
-def _words_dot(w_ptr, x_ptr, nw_ptr, out_ptr, rstd, R: tl.constexpr, G: tl.constexpr,
-               HAS_NORM: tl.constexpr):
-    rs = tl.arange(0, R)[:, None]
-    gs = tl.arange(0, G)[None, :]
-    acc = tl.zeros([R, G], tl.float32)
-    for i in tl.static_range(4):
-        w = tl.load(w_ptr + rs * 4 * G + 4 * gs + i)                          # [R, G] words
-        nw = tl.load(nw_ptr + 4 * gs + i) if HAS_NORM else 0
-        acc = staging._word_mac(acc, w, tl.load(x_ptr + 4 * gs + i), nw, rstd, HAS_NORM,
-                                tl.bfloat16, tl.bfloat16)
-    tl.store(out_ptr + tl.arange(0, R), tl.sum(acc, axis=1))
+def _staged_rows(w_ptr, x_ptr, nw_ptr, out_ptr, rstd, end, R: tl.constexpr, K: tl.constexpr,
+                 HAS_NORM: tl.constexpr):
+    out = staging.staged_row(x_ptr, nw_ptr, rstd, w_ptr, end, HAS_NORM, R, R, tl.bfloat16,
+                             tl.bfloat16, K, STAGE_IN_PLACE)
+    tl.store(out_ptr + tl.arange(0, R), out)
 
 
-@pytest.mark.parametrize("has_norm", [False, True])
-def test_staged_words_multiply_as_the_rows_they_hold(has_norm):
-    """A staged read's word-wise products (two weights a word times the same words of x, normed
-    as ``load_normed`` norms) sum to W @ [norm](x)."""
-    w = torch.randn(4, 64).to(torch.bfloat16)                     # [R, 8 G]
-    x, nw, rstd = torch.randn(64).to(torch.bfloat16), torch.rand(64).to(torch.bfloat16), 0.7
+@pytest.mark.parametrize("has_norm,k", [(False, 80), (True, 80), (False, 512)])
+def test_staged_words_multiply_as_the_rows_they_hold(has_norm, k):
+    """The staged read (``staging.staged_row``, rows read in place): its word-wise products
+    (two weights a word times the same words of x, normed as ``load_normed`` norms) sum to
+    W @ [norm](x), rows from ``end`` on 0; k 80: 10 groups of 8 a row in 16 lanes, 6 masked;
+    k 512: two steps of 32 lanes."""
+    w = torch.randn(8, k).to(torch.bfloat16)                      # [R, K]
+    x, nw, rstd = torch.randn(k).to(torch.bfloat16), torch.rand(k).to(torch.bfloat16), 0.7
     xn = x.float()
     if has_norm:
         xn = (nw.float() * (xn * rstd).to(torch.bfloat16).float()).to(torch.bfloat16).float()
-    out = torch.full((4,), float("nan"))
-    words = [t.view(torch.int32).contiguous() for t in (w, x, nw)]
-    _words_dot[(1,)](*words, out, rstd, 4, 8, has_norm)
+    out = torch.full((8,), float("nan"))
+    _staged_rows[(1,)](w, x, nw, out, rstd, 6, 8, k, has_norm)
     ref = w.float() @ xn
+    ref[6:] = 0.0
+    assert (out[6:] == 0).all()
     # the interpreter truncates fp32 -> bf16 where torch rounds: a swapped half is off by ~1
     assert ((out - ref).norm() / ref.norm()).item() < (2e-2 if has_norm else 1e-6)
