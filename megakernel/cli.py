@@ -244,12 +244,8 @@ def cmd_bench_decode(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from megakernel.runtime.finals import FINALISTS
-
-    parser = argparse.ArgumentParser(prog="megakernel", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_generate(sub) -> None:
+    """``megakernel generate``."""
     gen = sub.add_parser("generate", help="generate text from one or more prompts")
     _add_model_args(gen)
     gen.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
@@ -265,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--verify", action="store_true",
                      help="run the eager engine alongside; exit non-zero on divergence")
     gen.set_defaults(func=cmd_generate)
+
+
+def _add_autotune(sub) -> None:
+    """``megakernel autotune``."""
+    from megakernel.runtime.finals import FINALISTS
 
     tune = sub.add_parser("autotune", help="search, time and keep the fastest kernel per batch size")
     tune.add_argument("model", help="preset name or local Hugging Face folder")
@@ -291,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("-o", "--output", help="default: $MEGAKERNEL_CACHE/autotune/MODEL")
     tune.set_defaults(func=cmd_autotune)
 
+
+def _add_compile(sub) -> None:
+    """``megakernel compile``."""
     comp = sub.add_parser("compile", help="compile a megakernel per batch size into a folder")
     comp.add_argument("model", help="preset name or local Hugging Face folder")
     comp.add_argument("--batch-sizes", default="1")
@@ -302,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--output", required=True)
     comp.set_defaults(func=cmd_compile)
 
+
+def _add_trace(sub) -> None:
+    """``megakernel trace``."""
     tr = sub.add_parser("trace", help="per-task stamps from inside the kernel, drawn as a timeline")
     _add_model_args(tr, positional=True)
     tr.add_argument("--batch-size", type=int, default=1)
@@ -312,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--variant", help="variant label (runtime/variant.py), e.g. 64x256x4x132xs3")
     tr.set_defaults(func=cmd_trace)
 
+
+def _add_bench(sub) -> None:
+    """``megakernel bench`` and its subcommands."""
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     dec = bench_sub.add_parser("decode", help="per-token decode latency of each backend")
@@ -327,6 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="time the megakernel of each batch size in this folder (from "
                           "`megakernel compile` or `megakernel autotune`)")
     dec.set_defaults(func=cmd_bench_decode)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megakernel", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_generate, _add_autotune, _add_compile, _add_trace, _add_bench):
+        add(sub)
     return parser
 
 
