@@ -8,8 +8,8 @@ in one of these modes, each timed alone (median of CUDA-event timings, GB/s of w
   global   every row streamed from global memory as the op bodies' projection loop does
            (``load_normed``, ``load_w``, ``_mac``: Triton's pipelined loads)
   staged   a bulk copy of the task's first staged-rows rows (``staging.issue_rows``), the
-           other rows streamed as ``global`` (none where all are staged), then the copy's wait (``staging.ready``) and its
-           read (``ops.staged_product``)
+           other rows streamed as ``global`` (none where all are staged), then the copy's
+           wait (``staging.ready``) and its read (``ops.staged_product``)
   copy     ``staged`` without the read
   read     ``staged`` without the copy and its wait (reads whatever the area holds)
   ahead    ``staged`` with the next task's copy started as soon as this task's read is done

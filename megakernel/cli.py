@@ -267,7 +267,8 @@ def _add_autotune(sub) -> None:
     """``megakernel autotune``."""
     from megakernel.runtime.finals import FINALISTS
 
-    tune = sub.add_parser("autotune", help="search, time and keep the fastest kernel per batch size")
+    tune = sub.add_parser("autotune",
+                          help="search, time and keep the fastest kernel per batch size")
     tune.add_argument("model", help="preset name or local Hugging Face folder")
     tune.add_argument("--batch-sizes", default="1", help="e.g. 1-64 or 1,2,3,5,8")
     tune.add_argument("--max-seq-len", type=int, default=1024, help="also the timed context")
