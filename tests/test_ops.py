@@ -26,7 +26,8 @@ def tile_kernel(x_ptr, nw_ptr, w_ptr, y_ptr, base, end, STRIDE: tl.constexpr, B:
         rstd = ops.row_rstd(x_ptr, 1e-5, B, K, BLOCK_B, BLOCK_K)
     acc = ops.matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE, B, K, NORM, BLOCK_B,
                           BLOCK_N, HALF, BLOCK_K, tl.bfloat16 if BF16 else tl.float32,
-                          1 if BF16 else 0, 1, FOLD, copy=0, STAGE=STAGE, STAGED_ROWS=SR)  # [BB, BN]
+                          1 if BF16 else 0, 1, FOLD, copy=0, STAGE=STAGE,
+                          STAGED_ROWS=SR)                                    # [BB, BN]
     rows, cols = tl.arange(0, BLOCK_B), tl.arange(0, BLOCK_N)
     tl.store(y_ptr + rows[:, None] * BLOCK_N + cols[None, :], acc, mask=rows[:, None] < B)
 
