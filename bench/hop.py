@@ -5,11 +5,8 @@ shape: each q/k/v task reads all of h, each gate_up task all of the o projection
 ways for a reader to know that the slices are there:
 
     counter  each program stores its slice, then adds 1 to a round counter with release
-             semantics (``kernel_loop.signal_counter``); readers wait for the counter as a
-             task waits (``kernel_loop.wait_counters``, atomic reads), then load the vector:
-             the megakernel's protocol.
-    acquire  the same, the counter read with acquire loads (``pl``)
-    window   the same, read with relaxed loads, three in flight ``--space`` ns apart (``ppN``)
+             semantics (``kernel_loop.signal_counter``); readers poll the counter with acquire
+             semantics (``kernel_loop.poll``), then load the vector: the megakernel's protocol.
     flagged  each 4-byte value travels with its round number in one 8-byte store (single-copy
              atomic); readers load the vector until every word carries this round's number: no
              fence and no counter, one memory round trip fewer on each side.
@@ -17,7 +14,7 @@ ways for a reader to know that the slices are there:
 Rounds alternate between two halves of the buffer: a program writes a half again only after
 every program has written the round in between, so after everyone has read that half.
 
-    python -m megakernel.bench.hop --slices 1,16,64 --rounds 2000 [--space 64]
+    python -m megakernel.bench.hop --slices 1,16,64 --rounds 2000
 
 Prints microseconds per round for each protocol and slice length; both must agree on the
 values (a reference computed in PyTorch).
@@ -35,10 +32,8 @@ from megakernel.compiler import kernel_loop
 
 @triton.jit
 def counter_rounds(buf_ptr, counter_ptr, out_ptr, error_ptr, rounds, spin_limit,
-                   P: tl.constexpr, SLICE: tl.constexpr, BLOCK: tl.constexpr,
-                   POLL: tl.constexpr, SPACE: tl.constexpr):
-    """buf fp32 [2, P * SLICE]; counter_ptr[0] counts the slices written, over all rounds;
-    error_ptr as ``wait_counters`` records a wait that spun too long."""
+                   P: tl.constexpr, SLICE: tl.constexpr, BLOCK: tl.constexpr):
+    """buf fp32 [2, P * SLICE]; counter_ptr[0] counts the slices written, over all rounds."""
     pid = tl.program_id(0)
     idx = tl.arange(0, BLOCK)
     mine = tl.arange(0, SLICE)
@@ -48,8 +43,13 @@ def counter_rounds(buf_ptr, counter_ptr, out_ptr, error_ptr, rounds, spin_limit,
         half = buf_ptr + (r % 2) * (P * SLICE)
         tl.store(half + pid * SLICE + mine, acc)
         kernel_loop.signal_counter(counter_ptr, 0)
-        if not kernel_loop.wait_counters(counter_ptr, counter_ptr, error_ptr, 0, 1, 0, P, r + 1,
-                                         spin_limit, pid, SPACE, POLL):
+        seen = kernel_loop.poll(counter_ptr, 0)
+        spins = 0
+        while (seen < (r + 1) * P) & (spins < spin_limit):
+            seen = kernel_loop.poll(counter_ptr, 0)
+            spins += 1
+        if spins >= spin_limit:
+            tl.atomic_add(error_ptr, 1)
             r = rounds
         v = tl.load(half + idx, mask=idx < P * SLICE, other=0.0)
         acc = acc * 0.5 + tl.sum(v) / (P * SLICE)
@@ -96,37 +96,32 @@ def reference(programs: int, slice_len: int, rounds: int) -> torch.Tensor:
     return acc
 
 
-POLLS = {"counter": 0, "acquire": 1, "window": 2}      # kernel_loop.poll's POLL
-
-
 def run(protocol: str, programs: int, slice_len: int, rounds: int, device,
-        spin_limit: int = 1 << 20, space: int = 64) -> torch.Tensor:
+        spin_limit: int = 1 << 20) -> torch.Tensor:
     """One launch of ``protocol``'s kernel; its programs' final slices [P * SLICE]."""
     n, block = programs * slice_len, triton.next_power_of_2(programs * slice_len)
     out = torch.full((n,), float("nan"), device=device)
-    error = torch.zeros(4, dtype=torch.int32, device=device)
-    if protocol in POLLS:
+    error = torch.zeros(1, dtype=torch.int32, device=device)
+    if protocol == "counter":
         buf = torch.zeros(2 * n, device=device)
         counter = torch.zeros(1, dtype=torch.int32, device=device)
         counter_rounds[(programs,)](buf, counter, out, error, rounds, spin_limit, programs,
-                                    slice_len, block, POLLS[protocol],
-                                    space if protocol == "window" else 0)
+                                    slice_len, block)
     else:
         buf = torch.zeros(2 * n, dtype=torch.int64, device=device)
         flagged_rounds[(programs,)](buf, out, error, rounds, spin_limit, programs, slice_len,
                                     block)
-    if int(error[0].item()):
+    if int(error.item()):
         raise RuntimeError(f"{protocol}: a program spun past {spin_limit} polls")
     return out
 
 
-def time_round_us(protocol: str, programs: int, slice_len: int, rounds: int,
-                  space: int) -> float:
-    run(protocol, programs, slice_len, rounds, "cuda", space=space)  # build and warm: the same
-    # round count, since Triton specialises integers (divisible by 16 or not) and would rebuild
+def time_round_us(protocol: str, programs: int, slice_len: int, rounds: int) -> float:
+    run(protocol, programs, slice_len, rounds, "cuda")  # build and warm: the same round count,
+    # since Triton specialises integer arguments (divisible by 16 or not) and would build again
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    out = run(protocol, programs, slice_len, rounds, "cuda", space=space)
+    out = run(protocol, programs, slice_len, rounds, "cuda")
     end.record()
     torch.cuda.synchronize()
     ref = reference(programs, slice_len, rounds).to(out.device)
@@ -140,13 +135,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--programs", type=int, default=0, help="default: one per SM")
     p.add_argument("--slices", default="1,16,64", help="values each program writes per round")
     p.add_argument("--rounds", type=int, default=2000)
-    p.add_argument("--protocols", default="counter,flagged,acquire,window")
-    p.add_argument("--space", type=int, default=64, help="ns between window's polls")
     args = p.parse_args(argv)
     programs = args.programs or torch.cuda.get_device_properties(0).multi_processor_count
     for s in (int(v) for v in args.slices.split(",")):
-        times = {proto: time_round_us(proto, programs, s, args.rounds, args.space)
-                 for proto in args.protocols.split(",")}
+        times = {proto: time_round_us(proto, programs, s, args.rounds)
+                 for proto in ("counter", "flagged")}
         print(f"{programs} programs x {s:4d} values: " + "  ".join(
             f"{proto} {us:6.2f} us/round" for proto, us in times.items()))
 

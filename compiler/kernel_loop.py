@@ -16,8 +16,7 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
     elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
     returns False. BACKOFF > 0 (GPU only): sleep that many ns between polls, so that the
     producers' increments do not queue behind every consumer's atomic reads of one counter;
-    POLL 1 (GPU only): read the counter with acquire loads instead (see ``poll``); POLL 2 (GPU
-    only): with relaxed loads, three in flight BACKOFF ns apart (``poll_window``); PF_WAIT 1
+    POLL 1 (GPU only): read the counter with acquire loads instead (see ``poll``); PF_WAIT 1
     (GPU only): between polls, ask L2 for the next 256 lines of the ``pf_count`` elements at
     ``pf_ptr`` (the task's weights), so that a task whose inputs are ready starts at once and
     one that waits streams its weights meanwhile; PF_START > 0: only once that percentage of
@@ -54,15 +53,6 @@ def wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch
         need = size * epoch
         seen = poll(counters_ptr + c, POLL)
         spins = 0
-        if POLL == 2:
-            if PF_WAIT:
-                if seen < need:     # the weights asked of L2 at once: no polls between
-                    prefetch_l2(pf_ptr, pf_count)
-            while (seen < need) & (spins < spin_limit):
-                seen = tl.where(poll_window(counters_ptr + c, need, BACKOFF) != 0, need, seen)
-                spins = next_spin(error_ptr, spins + WINDOW_POLLS - 1, spin_limit)
-            if seen < need:
-                seen = poll(counters_ptr + c, POLL)
         while (seen < need) & (spins < spin_limit):
             # this epoch's signals so far, against the share asked for
             started = (seen - need + size) * 100 >= size * PF_START
@@ -70,8 +60,6 @@ def wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch
                                     PF_WAIT, PF_START)
             seen = poll(counters_ptr + c, POLL)
             spins = next_spin(error_ptr, spins, spin_limit)
-        if POLL == 2:
-            acquire_fence(seen)
         if seen < need:
             record_error(error_ptr, task, c, seen)
             ok = False
@@ -104,8 +92,6 @@ def wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
         seen = poll(counters_ptr + cs, POLL)
         short = tl.sum((seen < need).to(tl.int32), axis=0)
         spins = next_spin(error_ptr, spins, spin_limit)
-    if POLL == 2:
-        acquire_fence(short)
     if short > 0:
         unmet = tl.argmax((seen < need).to(tl.int32), axis=0)       # the first one short
         record_error(error_ptr, task, tl.sum(tl.where(js == unmet, cs, 0), axis=0),
@@ -156,54 +142,12 @@ def record_error(error_ptr, task, c, seen):
 def poll(ptr, POLL: tl.constexpr):
     """A counter's value with acquire semantics: an atomic read (POLL 0), or (POLL 1, GPU only)
     an ``ld.acquire.gpu`` by every thread, which does not take a turn in L2's atomic unit, where
-    the producers' increments of that counter wait behind the consumers' atomic reads; (POLL 2,
-    GPU only) a relaxed load, its acquire an ``acquire_fence`` after the wait."""
+    the producers' increments of that counter wait behind the consumers' atomic reads."""
     if POLL == 1:
         return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
                                          dtype=tl.int32, is_pure=False, pack=1)
-    elif POLL == 2:     # relaxed: ``acquire_fence`` once it is seen
-        return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
-                                         dtype=tl.int32, is_pure=False, pack=1)
     else:
         return tl.atomic_add(ptr, 0, sem="acquire")
-
-
-# relaxed loads of a counter one ``poll_window`` makes at most (its spins)
-WINDOW_POLLS = tl.constexpr(1024)
-
-
-@triton.jit
-def poll_window(ptr, need, SPACE: tl.constexpr):
-    """POLL 2 (GPU only): up to WINDOW_POLLS relaxed loads of the counter at ``ptr`` by every
-    thread, three in flight, issued SPACE ns apart, each compared with ``need`` as it lands (an
-    acquire poll waits a whole round trip between two reads; these read every SPACE ns once
-    the first lands) -> 1 if one reached it, else 0. Registers rotate by position in the PTX
-    loop (a move would wait for the load in flight); ``acquire_fence`` must follow."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 a, b, c, n;\n"
-        "ld.relaxed.gpu.global.b32 a, [$1]; nanosleep.u32 $3;\n"
-        "ld.relaxed.gpu.global.b32 b, [$1]; nanosleep.u32 $3;\n"
-        "ld.relaxed.gpu.global.b32 c, [$1]; mov.b32 n, 0; mov.b32 $0, 1;\n"
-        "POLL${:uid}:\n"
-        "setp.ge.s32 p, a, $2; @p bra DONE${:uid};\n"
-        "nanosleep.u32 $3; ld.relaxed.gpu.global.b32 a, [$1];\n"
-        "setp.ge.s32 p, b, $2; @p bra DONE${:uid};\n"
-        "nanosleep.u32 $3; ld.relaxed.gpu.global.b32 b, [$1];\n"
-        "setp.ge.s32 p, c, $2; @p bra DONE${:uid};\n"
-        "nanosleep.u32 $3; ld.relaxed.gpu.global.b32 c, [$1];\n"
-        "add.s32 n, n, 3; setp.lt.s32 p, n, $4; @p bra POLL${:uid};\n"
-        "mov.b32 $0, 0;\n"
-        "DONE${:uid}: mov.b32 n, 0; }",
-        "=r,l,r,r,r", [ptr, need, need * 0 + SPACE, need * 0 + WINDOW_POLLS], dtype=tl.int32,
-        is_pure=False, pack=1)
-
-
-@triton.jit
-def acquire_fence(x):
-    """After relaxed polls (POLL 2) saw what a task waits for: its later loads see what the
-    producers stored before their release (every thread, for its own loads)."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [x],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

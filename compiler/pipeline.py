@@ -40,8 +40,6 @@ class CompileOptions:
     prefetch_kv: bool = False            # attention asks L2 for earlier steps' keys before waiting
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
-    poll_window_ns: int = 0              # poll counters with relaxed loads, three in flight this
-                                         # many ns apart (GPU; 0: off)
     prefetch_start: int = 0              # with prefetch_wait: a waiting task asks for its weights
                                          # only once this percentage of the producers it polls
                                          # has signalled (0: from its first poll)
@@ -56,8 +54,7 @@ class CompileOptions:
         """The kernel's switches (0 under the interpreter but STAGE): PREFETCH bits (1 each task's
         weights before its waits, 2 the next instruction's words, 4 the weights between polls of
         its waits instead, 8 what ops with a prefetch body read of earlier steps), BACKOFF ns of
-        sleep between polls, POLL 1 to poll with acquire loads (2 with relaxed loads in flight
-        BACKOFF ns apart: ``poll_window_ns``), PF_START the
+        sleep between polls, POLL 1 to poll with acquire loads, PF_START the
         ``prefetch_start`` percentage, STAGE the staging area's bytes (``staging``; in place
         under the interpreter)."""
         if not cuda:        # staging in place (``staging``): the same rows, read where they are
@@ -66,8 +63,7 @@ class CompileOptions:
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
                     | 8 * self.prefetch_kv,
-                    BACKOFF=self.poll_window_ns or self.spin_backoff_ns,
-                    POLL=2 if self.poll_window_ns else int(self.poll_load),
+                    BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
                     PF_START=self.prefetch_start, STAGE=self.stage_bytes)
 
     @property
@@ -80,12 +76,6 @@ class CompileOptions:
             raise ValueError(f"target {self.target!r} unknown; choose one of {', '.join(TARGETS)}")
         if self.max_registers and not 24 <= self.max_registers <= 255:
             raise ValueError(f"max_registers={self.max_registers}: ptxas takes 24 to 255 (or 0)")
-        if self.poll_window_ns and (self.poll_load or self.spin_backoff_ns):
-            raise ValueError(f"poll_window_ns={self.poll_window_ns} sets how counters are polled"
-                             " and the sleep between polls: not with poll_load or "
-                             "spin_backoff_ns")
-        if self.poll_window_ns < 0:
-            raise ValueError(f"poll_window_ns={self.poll_window_ns} must be >= 0")
         if not 0 <= self.prefetch_start <= 100:
             raise ValueError(f"prefetch_start={self.prefetch_start} is not a percentage (0-100)")
         if self.max_seq_len % self.tile.kv_block:

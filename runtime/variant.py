@@ -3,45 +3,44 @@ sweep, the trace command and the autotuner.
 
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``: ``g`` GEMV
 projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN`` an N-stage
-projection pipeline (s1: none), ``smN`` each projection's pipeline deepened to as many stages as
-fit N KiB of shared memory (at most 8), ``sw2`` one-matrix projection steps as deep as fit
-gate_up's step, ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as
-spread the heads over the workers), ``qc`` q/k/v pieces across heads (each kind's RoPE pairs end to
-end, equal pieces filling one wave; models without head norms), ``hn0`` heads with a head norm kept
-whole (by default they split into pieces too, then one task per head normalises and rotates it),
-``ruN`` a row RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per
-step), ``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it (the default),
-``pfN`` with at most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching
-the weights of the task N places later in the worker's queue instead of its own, ``pw0`` each
-task's weights prefetched before its waits instead of between polls of them (``pw``, the default: a
-task whose inputs are ready starts at once), ``ptN`` with it, a waiting task's prefetch begun only
-once N% of the producers it polls have signalled, ``pn0`` the next instruction's words not
-prefetched into L2 (``pn``, the default with a prefetch), ``boN`` N ns of sleep between polls of a
-counter not yet reached, ``foN`` at most N column slices of a narrow projection step folded into
-its dot (default 16; fo1: none), ``frN`` while their batch rows stay within N dot rows (default
-16), ``ksN`` N key elements per attention step (default 8192), ``asN`` an N-stage attention
-pipeline (default 6; as0: the projections', at least 2), ``atN`` keys per attention task doubled
-while there are more than N tasks per worker (default 2; at0 never), ``pl`` counters polled with
-acquire loads instead of atomics, ``ppN`` with relaxed loads, three in flight N ns apart, ``bal``
-projection tasks in near-equal spans filling whole waves, ``skN`` projections without a norm in N K
-slices (default sk0: 4 from batch 8 on; sk1: none), ``kl`` only those with more reduction columns
-than the hidden size, ``lsN`` those in N slices whatever ``skN`` asks of the others, ``nf``
-normalised x written once by rms_norm tasks (norm first; ``nf0`` never; default: from 5 batch rows
-on), ``rn`` with norm first and split-K, the K slices reduced by whole rows and each row normalised
-in the same task, ``ns`` instead the writers of a normalised input (the embedding, the reduces,
-projections in whole columns) writing its rows' sums of squares and x times the norm weight, the
-next op projecting that and scaling each row of the product by its RMS, ``ab`` attention tasks cut
-from all rows' keys laid end to end, about one cut per worker, ``af`` attention as one stream of
-keys per worker (an equal share of all units' keys), ``ap`` attention tasks over a row's pair of kv
-heads where each unit's keys are one task's (``agN``: groups of N kv heads; ``apr``: pairs also
-over key ranges, merged by combines), ``sp`` the units left over a whole number of rounds of the
-workers cut into cache blocks spread over them, ``arN`` a kv head's query heads padded to at least
-N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps' keys
-and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens (default
-16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at most N
-registers per thread, ``ni`` each op body a function of its own (a call: its own registers, not the
-whole dispatch's), ``tmN`` each projection task's first weight rows, up to N KiB, copied into the
-worker's shared memory before its waits (``compiler.staging``).
+projection pipeline (s1: none), ``smN`` each projection's pipeline deepened to as many stages as fit
+N KiB of shared memory (at most 8), ``sw2`` one-matrix projection steps as deep as fit gate_up's
+step, ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
+heads over the workers), ``qc`` q/k/v pieces across heads (each kind's RoPE pairs end to end, equal
+pieces filling one wave; models without head norms), ``hn0`` heads with a head norm kept whole (by
+default they split into pieces too, then one task per head normalises and rotates it), ``ruN`` a row
+RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step), ``np`` no
+L2 prefetch of each task's weights before its waits, ``pf`` with it (the default), ``pfN`` with at
+most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching the weights of
+the task N places later in the worker's queue instead of its own, ``pw0`` each task's weights
+prefetched before its waits instead of between polls of them (``pw``, the default: a task whose
+inputs are ready starts at once), ``ptN`` with it, a waiting task's prefetch begun only once N% of
+the producers it polls have signalled, ``pn0`` the next instruction's words not prefetched into L2
+(``pn``, the default with a prefetch), ``boN`` N ns of sleep between polls of a counter not yet
+reached, ``foN`` at most N column slices of a narrow projection step folded into its dot (default
+16; fo1: none), ``frN`` while their batch rows stay within N dot rows (default 16), ``ksN`` N key
+elements per attention step (default 8192), ``asN`` an N-stage attention pipeline (default 6; as0:
+the projections', at least 2), ``atN`` keys per attention task doubled while there are more than N
+tasks per worker (default 2; at0 never), ``pl`` counters polled with acquire loads instead of
+atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN`` projections
+without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``kl`` only those with
+more reduction columns than the hidden size, ``lsN`` those in N slices whatever ``skN`` asks of the
+others, ``nf`` normalised x written once by rms_norm tasks (norm first; ``nf0`` never; default: from
+5 batch rows on), ``rn`` with norm first and split-K, the K slices reduced by whole rows and each
+row normalised in the same task, ``ns`` instead the writers of a normalised input (the embedding,
+the reduces, projections in whole columns) writing its rows' sums of squares and x times the norm
+weight, the next op projecting that and scaling each row of the product by its RMS, ``ab`` attention
+tasks cut from all rows' keys laid end to end, about one cut per worker, ``af`` attention as one
+stream of keys per worker (an equal share of all units' keys), ``ap`` attention tasks over a row's
+pair of kv heads where each unit's keys are one task's (``agN``: groups of N kv heads; ``apr``:
+pairs also over key ranges, merged by combines), ``sp`` the units left over a whole number of rounds
+of the workers cut into cache blocks spread over them, ``arN`` a kv head's query heads padded to at
+least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps'
+keys and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens
+(default 16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at
+most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
+not the whole dispatch's), ``tmN`` each projection task's first weight rows, up to N KiB, copied
+into the worker's shared memory before its waits (``compiler.staging``).
 """
 from __future__ import annotations
 
@@ -80,7 +79,6 @@ class Variant:
     attn_stages: int = TileConfig.attn_stages
     attn_tasks_per_worker: int = TileConfig.attn_tasks_per_worker
     poll_load: bool = False
-    poll_window_ns: int = 0
     prefetch_start: int = CompileOptions.prefetch_start
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
@@ -127,7 +125,6 @@ class Variant:
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
         flags += ["pl"] * self.poll_load
-        flags += [f"pp{self.poll_window_ns}"] * bool(self.poll_window_ns)
         flags += [f"pt{self.prefetch_start}"] * bool(self.prefetch_start)
         flags += ["bal"] * self.balance
         flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
@@ -168,7 +165,6 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
-                 "poll_window_ns": "poll_window_ns",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers",
                  "noinline": "noinline"}
 
@@ -196,7 +192,6 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "ls": lambda n: {"long_slices": n},
            "rg": lambda n: {"max_registers": n}, "tm": lambda n: {"staged_kib": n},
-           "pp": lambda n: {"poll_window_ns": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},

@@ -90,8 +90,6 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
     if name == "tiny-llama" and not stream:
         assert "nanosleep" in compile_for_hopper(kernel, switches={"BACKOFF": 128}).asm["ptx"]
         assert "ld.acquire.gpu" in compile_for_hopper(kernel, switches={"POLL": 1}).asm["ptx"]
-        window = compile_for_hopper(kernel, switches={"POLL": 2, "BACKOFF": 64}).asm["ptx"]
-        assert window.count("ld.relaxed.gpu") >= 6 and "fence.acq_rel.gpu" in window
         assert ".maxnreg 255" in compile_for_hopper(kernel, max_registers=255).asm["ptx"]
         ptx_of = lambda **sw: compile_for_hopper(kernel, switches=sw).asm["ptx"]
         before = ptx_of(PREFETCH=1).count("prefetch.global.L2")    # weights before the waits

@@ -136,13 +136,6 @@ def test_variant_labels():
     assert ahead.options(132)["prefetch_ahead"] == 1 and parse_variant(ahead.label) == ahead
     late = parse_variant("64x64x4x132xpt50")
     assert late.options(132)["prefetch_start"] == 50 and parse_variant(late.label) == late
-    window = parse_variant("64x64x4x132xpp64")
-    assert window.options(132)["poll_window_ns"] == 64 and parse_variant(window.label) == window
-    switches = CompileOptions(1, 64, **window.options(132)).switches()
-    assert (switches["POLL"], switches["BACKOFF"]) == (2, 64)
-    assert CompileOptions(1, 64, **window.options(132)).switches(cuda=False)["POLL"] == 0
-    with pytest.raises(ValueError, match="poll_window_ns"):
-        CompileOptions(1, 64, poll_window_ns=64, poll_load=True)
     with pytest.raises(ValueError, match="percentage"):
         CompileOptions(1, 64, prefetch_start=150)
     with pytest.raises(ValueError, match="unknown flag 'ka2'"):     # keys asked ahead: removed
