@@ -12,7 +12,7 @@ from ``constexprs(task, dims, cfg)``; tasks with equal kind and sizes share an o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from .ir import Dims, Task
@@ -84,17 +84,8 @@ def stages(bn: int, bk: int, rows: int, d: Dims, c: TileConfig, weights: int = 1
     return max(c.stages, min(MAX_STAGES, c.stage_kib * 1024 // stage))
 
 
-def task_form(k: int, bn: int, d: Dims, c: TileConfig, weights: int = 1) -> TileConfig:
-    """The config a projection task of bn rows of ``weights`` matrices over k columns is built
-    with: multiply-and-sum (``gemv``) where its weights fit ``c.gemv_kib`` KiB, else ``c``."""
-    if c.gemv_kib and bn * k * weights * d.itemsize <= c.gemv_kib * 1024:
-        return replace(c, gemv=True, swap_ab=False)
-    return c
-
-
 def _projection(k: int, bn: int, bk: int, d: Dims, c: TileConfig, weights: int = 1) -> dict:
     """The constexprs every projection body takes for a step of bn x bk weights over K = k."""
-    c = task_form(k, bn, d, c, weights)
     f = fold(bn, bk, d, c)
     r = rows(d, c, f)
     return dict(B=d.batch, K=k, BLOCK_B=r, BLOCK_K=bk, BLOCK_R=rstd_block(k, r, c), FORM=c.form,
@@ -131,7 +122,7 @@ def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:
     proj = _projection(t.args["ks"], t.args["bn"], t.args["bk"], d, c)
     return dict(B=d.batch, K=t.args["k"], KS=t.args["ks"], N=t.args["n"],
                 BLOCK_B=proj["BLOCK_B"], BLOCK_N=t.args["bn"], BLOCK_K=t.args["bk"],
-                FORM=proj["FORM"], STAGES=proj["STAGES"], FOLD=proj["FOLD"])
+                FORM=c.form, STAGES=proj["STAGES"], FOLD=proj["FOLD"])
 
 
 def _linear_reduce(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -88,9 +88,6 @@ class TileConfig:
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)
     gemv: bool = False         # projections as multiply-and-sum instead of tensor-core dots
-    gemv_kib: int = 0          # ... only the projection tasks with at most this many KiB of
-                               # weights (a whole task's, every matrix of it), where a task's
-                               # fixed costs outweigh its stream (0: as ``gemv`` says for all)
     swap_ab: bool = False      # tensor-core projections with weight rows as the dot's M
     rms_unroll: int = 16384    # a row RMS issues all its loads at once up to this many elements
                                # of the batch's rows (0: one load and reduction per step)
@@ -142,8 +139,6 @@ class TileConfig:
             raise ValueError(f"stages={self.stages}: a projection pipeline needs at least 1")
         if self.step_weights not in (1, 2):
             raise ValueError(f"step_weights={self.step_weights}: 1, or 2 (as deep as gate_up)")
-        if self.gemv_kib < 0:
-            raise ValueError(f"gemv_kib={self.gemv_kib}: a task holds at least 0 KiB")
         if self.stage_kib < 0:
             raise ValueError(f"stage_kib={self.stage_kib}: shared memory is at least 0 KiB")
         if not 0 <= self.staged_kib <= 200:

@@ -2,46 +2,45 @@
 sweep, the trace command and the autotuner.
 
 Label: ``BNxBKxWARPSxWORKERS`` then optional flags, e.g. ``64x256x4x132xs3xkv64``: ``g`` GEMV
-projections, ``t`` tensor-core projections with weight rows as the dot's M, ``gvN`` GEMV only for
-the projection tasks with at most N KiB of weights (the others as the rest of the label says),
-``sN`` an N-stage projection pipeline (s1: none), ``smN`` each projection's pipeline deepened to as
-many stages as fit N KiB of shared memory (at most 8), ``sw2`` one-matrix projection steps as deep
-as fit gate_up's step, ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as
-many as spread the heads over the workers), ``qc`` q/k/v pieces across heads (each kind's RoPE pairs
-end to end, equal pieces filling one wave; models without head norms), ``hn0`` heads with a head
-norm kept whole (by default they split into pieces too, then one task per head normalises and
-rotates it), ``ruN`` a row RMS loads up to N elements at once (default 16384; ru0: a load and a
-reduction per step), ``np`` no L2 prefetch of each task's weights before its waits, ``pf`` with it
-(the default), ``pfN`` with at most N KiB of them per task (default 64; ``pf0`` all of them),
-``paN`` prefetching the weights of the task N places later in the worker's queue instead of its own,
-``pw0`` each task's weights prefetched before its waits instead of between polls of them (``pw``,
-the default: a task whose inputs are ready starts at once), ``ptN`` with it, a waiting task's
-prefetch begun only once N% of the producers it polls have signalled, ``pn0`` the next instruction's
-words not prefetched into L2 (``pn``, the default with a prefetch), ``boN`` N ns of sleep between
-polls of a counter not yet reached, ``foN`` at most N column slices of a narrow projection step
-folded into its dot (default 16; fo1: none), ``frN`` while their batch rows stay within N dot rows
-(default 16), ``ksN`` N key elements per attention step (default 8192), ``asN`` an N-stage attention
-pipeline (default 6; as0: the projections', at least 2), ``atN`` keys per attention task doubled
-while there are more than N tasks per worker (default 2; at0 never), ``pl`` counters polled with
-acquire loads instead of atomics, ``bal`` projection tasks in near-equal spans filling whole waves,
-``skN`` projections without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``kl``
-only those with more reduction columns than the hidden size, ``lsN`` those in N slices whatever
-``skN`` asks of the others, ``nf`` normalised x written once by rms_norm tasks (norm first; ``nf0``
-never; default: from 5 batch rows on), ``rn`` with norm first and split-K, the K slices reduced by
-whole rows and each row normalised in the same task, ``ns`` instead the writers of a normalised
-input (the embedding, the reduces, projections in whole columns) writing its rows' sums of squares
-and x times the norm weight, the next op projecting that and scaling each row of the product by its
-RMS, ``ab`` attention tasks cut from all rows' keys laid end to end, about one cut per worker,
-``af`` attention as one stream of keys per worker (an equal share of all units' keys), ``ap``
-attention tasks over a row's pair of kv heads where each unit's keys are one task's (``agN``: groups
-of N kv heads; ``apr``: pairs also over key ranges, merged by combines), ``sp`` the units left over
-a whole number of rounds of the workers cut into cache blocks spread over them, ``arN`` a kv head's
-query heads padded to at least N rows in the attention dots (default 4), ``pk`` attention tasks
-asking L2 for earlier steps' keys and values before their waits, ``kbN`` cache blocks (the block
-table's unit) of N tokens (default 16; where a block holds whole attention steps each step reads one
-table entry), ``rgN`` at most N registers per thread, ``ni`` each op body a function of its own (a
-call: its own registers, not the whole dispatch's), ``tmN`` each projection task's first weight
-rows, up to N KiB, copied into the worker's shared memory before its waits (``compiler.staging``).
+projections, ``t`` tensor-core projections with weight rows as the dot's M, ``sN`` an N-stage
+projection pipeline (s1: none), ``smN`` each projection's pipeline deepened to as many stages as fit
+N KiB of shared memory (at most 8), ``sw2`` one-matrix projection steps as deep as fit gate_up's
+step, ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
+heads over the workers), ``qc`` q/k/v pieces across heads (each kind's RoPE pairs end to end, equal
+pieces filling one wave; models without head norms), ``hn0`` heads with a head norm kept whole (by
+default they split into pieces too, then one task per head normalises and rotates it), ``ruN`` a row
+RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step), ``np`` no
+L2 prefetch of each task's weights before its waits, ``pf`` with it (the default), ``pfN`` with at
+most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching the weights of
+the task N places later in the worker's queue instead of its own, ``pw0`` each task's weights
+prefetched before its waits instead of between polls of them (``pw``, the default: a task whose
+inputs are ready starts at once), ``ptN`` with it, a waiting task's prefetch begun only once N% of
+the producers it polls have signalled, ``pn0`` the next instruction's words not prefetched into L2
+(``pn``, the default with a prefetch), ``boN`` N ns of sleep between polls of a counter not yet
+reached, ``foN`` at most N column slices of a narrow projection step folded into its dot (default
+16; fo1: none), ``frN`` while their batch rows stay within N dot rows (default 16), ``ksN`` N key
+elements per attention step (default 8192), ``asN`` an N-stage attention pipeline (default 6; as0:
+the projections', at least 2), ``atN`` keys per attention task doubled while there are more than N
+tasks per worker (default 2; at0 never), ``pl`` counters polled with acquire loads instead of
+atomics, ``bal`` projection tasks in near-equal spans filling whole waves, ``skN`` projections
+without a norm in N K slices (default sk0: 4 from batch 8 on; sk1: none), ``kl`` only those with
+more reduction columns than the hidden size, ``lsN`` those in N slices whatever ``skN`` asks of the
+others, ``nf`` normalised x written once by rms_norm tasks (norm first; ``nf0`` never; default: from
+5 batch rows on), ``rn`` with norm first and split-K, the K slices reduced by whole rows and each
+row normalised in the same task, ``ns`` instead the writers of a normalised input (the embedding,
+the reduces, projections in whole columns) writing its rows' sums of squares and x times the norm
+weight, the next op projecting that and scaling each row of the product by its RMS, ``ab`` attention
+tasks cut from all rows' keys laid end to end, about one cut per worker, ``af`` attention as one
+stream of keys per worker (an equal share of all units' keys), ``ap`` attention tasks over a row's
+pair of kv heads where each unit's keys are one task's (``agN``: groups of N kv heads; ``apr``:
+pairs also over key ranges, merged by combines), ``sp`` the units left over a whole number of rounds
+of the workers cut into cache blocks spread over them, ``arN`` a kv head's query heads padded to at
+least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps'
+keys and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens
+(default 16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at
+most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
+not the whole dispatch's), ``tmN`` each projection task's first weight rows, up to N KiB, copied
+into the worker's shared memory before its waits (``compiler.staging``).
 """
 from __future__ import annotations
 
@@ -60,7 +59,6 @@ class Variant:
     num_warps: int
     workers: int
     gemv: bool = False
-    gemv_kib: int = TileConfig.gemv_kib
     stages: int = TileConfig.stages
     stage_kib: int = TileConfig.stage_kib
     step_weights: int = TileConfig.step_weights
@@ -106,7 +104,6 @@ class Variant:
     @property
     def label(self) -> str:
         flags = ["g"] * self.gemv + ["t"] * self.swap_ab
-        flags += [f"gv{self.gemv_kib}"] * bool(self.gemv_kib)
         flags += [f"s{self.stages}"] + [f"sm{self.stage_kib}"] * bool(self.stage_kib)
         flags += [f"sw{self.step_weights}"] * (self.step_weights != TileConfig.step_weights)
         flags += [f"kv{self.kv_split}"]
@@ -195,7 +192,6 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "ls": lambda n: {"long_slices": n},
            "rg": lambda n: {"max_registers": n}, "tm": lambda n: {"staged_kib": n},
-           "gv": lambda n: {"gemv_kib": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},

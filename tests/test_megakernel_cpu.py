@@ -89,28 +89,6 @@ def test_staging_kernel_is_the_plain_kernel_with_its_rows_read_in_place(batch):
         assert torch.equal(caches["staged"], caches["plain"]), f"step {i}: the caches differ"
 
 
-def test_small_projection_tasks_as_gemv_beside_tensor_core_tasks():
-    """``gemv_kib``: projection tasks with at most that many KiB of weights take the
-    multiply-and-sum form, the others the dot; one kernel holds both, and its logits are
-    eager's (fp32) over a few steps."""
-    from megakernel.bench.decode import decode_state
-    from megakernel.compiler.tile import TileConfig
-    from megakernel.runtime.megakernel import megakernel_backend
-
-    torch.manual_seed(0)
-    model = load_model("tiny-llama", progress=False, seed=4).model
-    tokens, positions, cache = decode_state(model, 2, 64)
-    ref_cache = cache.clone()
-    step = megakernel_backend(model, cache, tile=TileConfig(gemv_kib=16))
-    src = step.compiled.kernel.source
-    assert "FORM=1" in src and "FORM=0" in src
-    for i in range(3):
-        got = step(tokens, positions - 2 + i, cache)
-        ref = model(tokens, positions - 2 + i, ref_cache)
-        assert torch.isfinite(got).all(), f"step {i}"
-        assert (got - ref).abs().max().item() <= 1e-4, f"step {i}"
-
-
 def test_a_bf16_kernel_on_the_cpu_is_refused():
     """The interpreter's bf16 dots are wrong: a bf16 megakernel on the CPU is an error naming
     the dtypes that work, not garbage logits."""
