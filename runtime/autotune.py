@@ -15,7 +15,8 @@ projection pipelines, the K slices of o and down, deeper one-matrix steps, norms
 inputs' writers' sums of squares, op bodies as calls at each warp count), where that builds
 another variant, and where several flips gained, the fastest of them with the next gains'
 changes too, and where a first-round variant of another class came within 1% of the fastest,
-that one with the gains' changes (``refine.compound``).
+that one with the gains' changes (``refine.compound``); where that made a faster variant, the
+flips that missed by less than 1% are made again on it (``refine.second_look``).
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
@@ -42,7 +43,8 @@ from .fanout import fan_out, worker_pool
 from .finals import FINAL_ROUNDS, FINALISTS, final_round
 from .ledger import Ledger
 from .measure import measure, step_inputs
-from .refine import REFINE, compound, hand_over, op_graph, ranked, refinement
+from .refine import (REFINE, compound, hand_over, op_graph, ranked, refinement,
+                     second_look)
 from .search import SPACE, shortlist
 from .variant import Variant
 
@@ -148,8 +150,9 @@ def _time_all(run: _Tuning, pool, plans: dict, refine: tuple[str, ...]) -> tuple
     """Every build asked at once; each batch size timed in turn as its builds come, its
     refinement then rated and asked for, and timed once the shortlists are, the refinement's
     gains combined (``compound``) and asked for as each batch size's refinement is timed, and
-    timed once all are; then the finals. Returns ({batch: [(variant, ledger row)]},
-    {batch: {label: final ms}})."""
+    timed once all are, its near misses made again on the fastest (``second_look``) asked for as
+    each batch size's compounds are timed, and timed once all are; then the finals. Returns
+    ({batch: [(variant, ledger row)]}, {batch: {label: final ms}})."""
     builds = {b: run.build(pool, b, picks) for b, picks in plans.items()}
     rows, more, start = {}, {}, {}
     keys = run.base | {"rules": rules_hash()}
@@ -167,8 +170,15 @@ def _time_all(run: _Tuning, pool, plans: dict, refine: tuple[str, ...]) -> tuple
                                run.max_seq_len, run.target) if start[b] else []
         run.bar.total += len(combined[b])
         builds[b] |= run.build(pool, b, combined[b])
+    again = {}
     for b in plans:
         rows[b] += run.timed(b, combined[b], builds[b])
+        again[b] = second_look(run.ledger, keys, b, start[b], rows[b], more[b], run.model,
+                               run.max_seq_len, run.target) if start[b] else []
+        run.bar.total += len(again[b])
+        builds[b] |= run.build(pool, b, again[b])
+    for b in plans:
+        rows[b] += run.timed(b, again[b], builds[b])
     finals = {b: run.final_picks(b, rows[b]) for b in plans}
     ready = {b: [run.submit(pool, b, v) for v in picks] for b, (fk, picks) in finals.items()
              if run.ledger.final(fk) is None}

@@ -245,6 +245,38 @@ def test_compound_gives_the_gains_to_a_first_round_variant_of_another_class_near
     assert run({**times, fast: 1.1, deep: 1.2}, "e") == []                 # no gain at all
 
 
+def test_second_look_makes_the_near_misses_again_on_the_fastest(tmp_path, monkeypatch):
+    """Once the refinement made a variant faster than the first round's fastest, each flip that
+    missed by less than TIE (at most SECOND_LOOK, nearest first) is made again on it, unless it
+    sets a field that the faster one changed itself; nothing where nothing got faster, nothing
+    beyond TIE, nothing timed already; the plan kept in the ledger (a rerun rates nothing)."""
+    from megakernel.runtime.variant import Variant
+
+    model = load_model("tiny-llama", progress=False).model
+    v = Variant(32, 32, 4, 132, stages=1, kv_split=32, qkv_parts=1, split_k=1, norm_first=False)
+    fast, deep, steps = (replace(v, balance=True), replace(v, stage_kib=200),
+                         replace(v, step_weights=2))
+    near, far = 1 + refine.TIE / 2, 1 + 2 * refine.TIE
+    times = {v: 1.0, fast: 0.9, deep: near, steps: far}
+    tried = [(u, 1.0) for u in (fast, deep, steps)]
+    ledger = tuning.Ledger(tmp_path / "autotune.json")
+
+    def run(ms: dict, code: str, tried=tried) -> list:
+        rows = [(u, {"ms": t, "error": None}) for u, t in ms.items()]
+        return [u for u, _ in refine.second_look(ledger, {"code": code}, 2, v, rows, tried,
+                                                 model, 64, H200)]
+    assert run(times, "a") == [replace(fast, stage_kib=200)]
+    assert run({**times, steps: near}, "b") == [replace(fast, stage_kib=200),
+                                                replace(fast, step_weights=2)]
+    assert run({**times, fast: 1.1}, "c") == []                   # nothing got faster
+    assert run({**times, deep: far}, "d") == []                   # no near miss
+    assert run({**times, replace(fast, stage_kib=200): 0.85}, "e") == []   # timed already
+    overlap = [(replace(v, balance=True, stage_kib=100), 1.0)]    # sets fast's field again
+    assert run({**times, overlap[0][0]: near}, "f", overlap) == []
+    monkeypatch.setattr(refine, "op_graph", lambda *a: pytest.fail("rated again"))
+    assert run(times, "a") == [replace(fast, stage_kib=200)]
+
+
 def test_the_shortlist_takes_the_largest_cache_block_of_variants_alike():
     """Variants equal but for the cache block (and a stream's keys per task, which follow it):
     only the one with the largest block stays, in order; others stay as they are."""
