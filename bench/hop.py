@@ -5,8 +5,10 @@ shape: each q/k/v task reads all of h, each gate_up task all of the o projection
 ways for a reader to know that the slices are there:
 
     counter  each program stores its slice, then adds 1 to a round counter with release
-             semantics (``kernel_loop.signal_counter``); readers poll the counter with acquire
-             semantics (``kernel_loop.poll``), then load the vector: the megakernel's protocol.
+             semantics (``kernel_loop.signal_counter``); readers wait for the counter as a
+             task waits (``kernel_loop.wait_counters``, atomic reads), then load the vector:
+             the megakernel's protocol.
+    acquire  the same, the counter read with acquire loads (``pl``)
     flagged  each 4-byte value travels with its round number in one 8-byte store (single-copy
              atomic); readers load the vector until every word carries this round's number: no
              fence and no counter, one memory round trip fewer on each side.
@@ -32,8 +34,10 @@ from megakernel.compiler import kernel_loop
 
 @triton.jit
 def counter_rounds(buf_ptr, counter_ptr, out_ptr, error_ptr, rounds, spin_limit,
-                   P: tl.constexpr, SLICE: tl.constexpr, BLOCK: tl.constexpr):
-    """buf fp32 [2, P * SLICE]; counter_ptr[0] counts the slices written, over all rounds."""
+                   P: tl.constexpr, SLICE: tl.constexpr, BLOCK: tl.constexpr,
+                   POLL: tl.constexpr):
+    """buf fp32 [2, P * SLICE]; counter_ptr[0] counts the slices written, over all rounds;
+    error_ptr as ``wait_counters`` records a wait that spun too long."""
     pid = tl.program_id(0)
     idx = tl.arange(0, BLOCK)
     mine = tl.arange(0, SLICE)
@@ -43,13 +47,8 @@ def counter_rounds(buf_ptr, counter_ptr, out_ptr, error_ptr, rounds, spin_limit,
         half = buf_ptr + (r % 2) * (P * SLICE)
         tl.store(half + pid * SLICE + mine, acc)
         kernel_loop.signal_counter(counter_ptr, 0)
-        seen = kernel_loop.poll(counter_ptr, 0)
-        spins = 0
-        while (seen < (r + 1) * P) & (spins < spin_limit):
-            seen = kernel_loop.poll(counter_ptr, 0)
-            spins += 1
-        if spins >= spin_limit:
-            tl.atomic_add(error_ptr, 1)
+        if not kernel_loop.wait_counters(counter_ptr, counter_ptr, error_ptr, 0, 1, 0, P, r + 1,
+                                         spin_limit, pid, 0, POLL):
             r = rounds
         v = tl.load(half + idx, mask=idx < P * SLICE, other=0.0)
         acc = acc * 0.5 + tl.sum(v) / (P * SLICE)
@@ -96,22 +95,25 @@ def reference(programs: int, slice_len: int, rounds: int) -> torch.Tensor:
     return acc
 
 
+POLLS = {"counter": 0, "acquire": 1}      # kernel_loop.poll's POLL
+
+
 def run(protocol: str, programs: int, slice_len: int, rounds: int, device,
         spin_limit: int = 1 << 20) -> torch.Tensor:
     """One launch of ``protocol``'s kernel; its programs' final slices [P * SLICE]."""
     n, block = programs * slice_len, triton.next_power_of_2(programs * slice_len)
     out = torch.full((n,), float("nan"), device=device)
-    error = torch.zeros(1, dtype=torch.int32, device=device)
-    if protocol == "counter":
+    error = torch.zeros(4, dtype=torch.int32, device=device)
+    if protocol in POLLS:
         buf = torch.zeros(2 * n, device=device)
         counter = torch.zeros(1, dtype=torch.int32, device=device)
         counter_rounds[(programs,)](buf, counter, out, error, rounds, spin_limit, programs,
-                                    slice_len, block)
+                                    slice_len, block, POLLS[protocol])
     else:
         buf = torch.zeros(2 * n, dtype=torch.int64, device=device)
         flagged_rounds[(programs,)](buf, out, error, rounds, spin_limit, programs, slice_len,
                                     block)
-    if int(error.item()):
+    if int(error[0].item()):
         raise RuntimeError(f"{protocol}: a program spun past {spin_limit} polls")
     return out
 
@@ -135,11 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--programs", type=int, default=0, help="default: one per SM")
     p.add_argument("--slices", default="1,16,64", help="values each program writes per round")
     p.add_argument("--rounds", type=int, default=2000)
+    p.add_argument("--protocols", default="counter,flagged,acquire")
     args = p.parse_args(argv)
     programs = args.programs or torch.cuda.get_device_properties(0).multi_processor_count
     for s in (int(v) for v in args.slices.split(",")):
         times = {proto: time_round_us(proto, programs, s, args.rounds)
-                 for proto in ("counter", "flagged")}
+                 for proto in args.protocols.split(",")}
         print(f"{programs} programs x {s:4d} values: " + "  ".join(
             f"{proto} {us:6.2f} us/round" for proto, us in times.items()))
 
