@@ -1,0 +1,101 @@
+"""The CUDA backend beside the Triton kernel of the same compiled tables, in one process.
+
+    python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
+        --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR]
+
+For each batch size: one decode step's logits of both kernels against eager's (relative norm of
+the difference, top-1 agreement), then their median step times, measured in alternating rounds
+(GPU only). ``--trace DIR``: a timeline of each (``megakernel trace``'s drawing).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+
+def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return (out.float().argmax(-1) == ref.float().argmax(-1)).float().mean().item()
+
+
+def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
+            trace: str | None) -> dict:
+    from megakernel.bench.decode import median_step_ms
+    from megakernel.bench.sweep import rel_err
+    from megakernel.compiler.artifact import compile_cached
+    from megakernel.compiler.pipeline import CompileOptions
+    from megakernel.runtime.cuda_step import CudaStep
+    from megakernel.runtime.measure import step_inputs
+    from megakernel.runtime.megakernel import MegakernelStep, cache_dir
+    from megakernel.runtime.variant import parse_variant
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    opts = CompileOptions(batch, context, **parse_variant(variant).options(sms))
+    compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
+    (tokens, positions, cache), expected = step_inputs(model, batch, context)
+    steps = {"triton": MegakernelStep(compiled, model, cache),
+             "cuda": CudaStep(compiled, model, cache)}
+    row = {"batch": batch, "variant": variant}
+    with torch.inference_mode():
+        for name, step in steps.items():
+            out = step(tokens, positions, cache).float().view(batch, -1)
+            step.synchronize()
+            row[f"{name}_rel_err"] = rel_err(out, expected.view(batch, -1))
+            row[f"{name}_top1"] = top1(out, expected.view(batch, -1))
+        times = {name: [] for name in steps}
+        for _ in range(rounds):
+            for name, step in steps.items():
+                times[name].append(median_step_ms(lambda: step(tokens, positions, cache),
+                                                  cache.device, 3, iters))
+        for name, step in steps.items():
+            step.synchronize()
+            row[f"{name}_ms"] = statistics.median(times[name])
+    if trace:
+        draw(compiled, model, cache, (tokens, positions), trace, batch)
+    return row
+
+
+def draw(compiled, model, cache, inputs, folder: str, batch: int) -> None:
+    """The CUDA kernel's trace tables (as ``megakernel trace`` prints them) and timeline."""
+    from pathlib import Path
+
+    from megakernel.cli import print_trace_tables
+    from megakernel.runtime.cuda_step import CudaStep
+    from megakernel.runtime.trace import draw_timeline, trace_step
+
+    step = CudaStep(compiled, model, cache, trace=True)
+    with torch.inference_mode():
+        for _ in range(3):
+            step(*inputs, cache)
+    traces = trace_step(step)
+    print_trace_tables(traces, compiled, 1e3, "us")
+    print(f"step: {max(t.end for t in traces) / 1e3:.1f} us", flush=True)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    draw_timeline(traces, Path(folder) / f"timeline-cuda-b{batch}.png",
+                  f"CUDA backend, batch {batch}", "ns")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from megakernel.models import load_model
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama-3.2-1b")
+    ap.add_argument("--batch-sizes", default="1")
+    ap.add_argument("--variant", required=True)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trace", default=None)
+    args = ap.parse_args(argv)
+    model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
+    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
+                      args.trace)
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in row.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

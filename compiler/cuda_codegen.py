@@ -1,0 +1,178 @@
+"""Generate the CUDA backend's kernel: Encoded tables -> CUDA C++ source.
+
+    generate_cuda(enc, model, batch, num_tasks) -> CudaSource
+
+The same instruction tables, waits and queues as the Triton kernel (``codegen``); only the code
+that walks them differs. ``templates/megakernel.cu.jinja`` stitches the persistent loop and one
+dispatch branch per opcode, for the worker's producer warp (each task's weight rows into a
+shared-memory ring) and for its consumer warps (the op body); the op bodies are the structs of
+``templates/megakernel_ops.cuh``. Each branch's arguments are built here from the registry, as
+``codegen`` builds the Triton kernel's, so the words the encoder wrote are the words read. An
+opcode the CUDA backend has no body for, or a variant of one it does not build, is an error that
+names it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import jinja2
+
+from .codegen import KERNEL_NAME, _template_dir
+from .encode import ALIGN, Encoded
+from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY
+
+NCW = 8                    # consumer warps a worker
+RING_BYTES = 192 * 1024    # the weight ring, at most
+MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
+SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
+MAX_PAGE_ROWS = 8          # weight rows a page, at most (megakernel_ring.cuh's)
+KERNEL_POINTERS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr")
+
+
+def _no_loop_norm(cx: dict) -> str:
+    return "an RMSNorm inside the projection loop (norm_sums off)" \
+        if cx.get("HAS_NORM") and not cx.get("SUMS") else ""
+
+
+def _not_staged(cx: dict) -> str:
+    return "staged weights (staged_kib)" if cx.get("STAGED_ROWS") else ""
+
+
+def _qkv(cx: dict) -> str:
+    for flag, what in (("RAW", "a raw q/k projection (split_head_norm)"),
+                       ("CROSS", "pieces across heads (qkv_parts past a head)"),
+                       ("HAS_HEAD_NORM", "a head RMSNorm (Qwen3)")):
+        if cx.get(flag):
+            return what
+    return _no_loop_norm(cx)
+
+
+@dataclass(frozen=True)
+class CudaOp:
+    struct: str                          # the op body's struct in megakernel_ops.cuh
+    params: tuple[str, ...]              # constexprs as its template arguments, in order
+    floats: tuple[str, ...] = ()         # float constexprs, as trailing call arguments
+    unsupported: Callable[[dict], str] = field(default=lambda cx: "")   # "" if built
+    rows: Callable[[dict], int] = field(default=lambda cx: 0)          # weight rows a task
+
+
+CUDA_OPS: dict[str, CudaOp] = {
+    "embed": CudaOp("mk::Embed", ("B", "H", "BLOCK_N", "SUMS")),
+    "linear": CudaOp("mk::Linear", ("B", "K", "N", "HAS_NORM", "HAS_RES", "OUT_SUMS", "SUMS"),
+                     ("eps",), lambda cx: _no_loop_norm(cx) or _not_staged(cx),
+                     lambda cx: cx["BLOCK_N"]),
+    "gate_up": CudaOp("mk::GateUp", ("B", "K", "N", "HAS_NORM", "SUMS"), ("eps",),
+                      lambda cx: _no_loop_norm(cx) or _not_staged(cx),
+                      lambda cx: 2 * cx["BLOCK_N"]),
+    "qkv_rope": CudaOp("mk::QkvRope", ("B", "K", "D", "HQ", "HKV", "S", "BS", "PART", "OUT_COLS",
+                                       "HAS_NORM", "SUMS"), ("eps",), _qkv,
+                       lambda cx: 2 * cx["PART"]),
+    "attn_partial": CudaOp("mk::AttnPartial", ("B", "HQ", "HKV", "S", "D", "G", "BS", "DIRECT"),
+                           ("scale",)),
+    "attn_combine": CudaOp("mk::AttnCombine", ("HQ", "D", "G")),
+}
+
+
+@dataclass(frozen=True)
+class CudaSource:
+    source: str
+    kernel_name: str
+    num_workers: int
+    threads: int        # a worker's threads: NCW consumer warps and the producer warp
+    smem: int           # dynamic shared memory a worker takes, bytes
+
+
+def check_supported(enc: Encoded) -> None:
+    """Raise ValueError naming every opcode the CUDA backend does not build."""
+    missing = []
+    for op, kind, cx, _ in enc.variants:
+        spec = CUDA_OPS.get(kind)
+        why = "no CUDA body" if spec is None else spec.unsupported(cx)
+        if why:
+            missing.append(f"opcode {op} ({kind}): {why}")
+    if missing:
+        raise ValueError("the CUDA backend cannot build this kernel: " + "; ".join(missing))
+
+
+def _literal(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v!r}f"
+    return str(int(v))
+
+
+def call_args(kind: str, cx: dict, units: dict) -> str:
+    """The op struct's call arguments: its fields in registry order, then its float
+    constexprs."""
+    args, word = [], HEADER_WORDS
+    for f in REGISTRY[kind].fields:
+        if f.space == "kernel":
+            if f.name in KERNEL_POINTERS:
+                args.append(f.name)
+            continue
+        w = f"w[{word}]"
+        word += 1
+        unit = units.get(f.name, 1)
+        args.append({"act": f"act_ptr + (int64_t){w} * {ALIGN}",
+                     "f32": f"f32_ptr + (int64_t){w} * {ALIGN}",
+                     "weight": f"weights_ptr + (int64_t){w} * {ALIGN}",
+                     "int": f"{w} * {unit}" if unit > 1 else w}[f.space])
+    args += [_literal(cx[name]) for name in CUDA_OPS[kind].floats]
+    return ", ".join(args)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    page: int
+    npage: int
+    part: int     # floats a warp's page sums take
+    rows: int     # most weight rows a task reads
+    tmp: int      # floats of epilogue / attention-merge scratch
+
+    def smem(self, batch: int) -> int:
+        floats = 2 * NCW * self.part + self.rows * batch + self.tmp + batch + 1
+        return self.page * self.npage + 16 * self.npage + 4 * floats
+
+
+def geometry(enc: Encoded, batch: int) -> Geometry:
+    """Ring pages long enough for the longest weight row, as many as fit RING_BYTES and the
+    block's shared memory with the scratch the opcodes need."""
+    proj = [(kind, cx) for _, kind, cx, _ in enc.variants if CUDA_OPS[kind].rows(cx)]
+    longest = max((cx["K"] for _, cx in proj), default=8)
+    page = max(MIN_PAGE, -(-2 * longest // 1024) * 1024)
+    part = max((min(MAX_PAGE_ROWS, page // (2 * cx["K"])) * batch for _, cx in proj), default=1)
+    rows = max((CUDA_OPS[kind].rows(cx) for kind, cx in proj), default=1)
+    tmp = rows * batch
+    for _, kind, cx, _ in enc.variants:
+        if kind == "embed":
+            tmp = max(tmp, batch * cx["BLOCK_N"])
+        elif kind == "attn_partial":
+            tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]))
+    geo = Geometry(page, RING_BYTES // page, part, rows, tmp)
+    while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
+        geo = Geometry(page, geo.npage - 1, part, rows, tmp)
+    if geo.smem(batch) > SMEM_LIMIT:
+        raise ValueError(f"the CUDA kernel needs {geo.smem(batch)} bytes of shared memory a "
+                         f"worker, more than {SMEM_LIMIT}")
+    return geo
+
+
+def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int) -> CudaSource:
+    check_supported(enc)
+    geo = geometry(enc, batch)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True)
+    variants = []
+    for op, kind, cx, units in enc.variants:
+        spec = CUDA_OPS[kind]
+        struct = f"{spec.struct}<{', '.join(_literal(cx[p]) for p in spec.params)}>"
+        variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units)))
+    source = env.get_template("megakernel.cu.jinja").render(
+        kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
+        num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
+        page=geo.page, num_words=NUM_WORDS, part=geo.part, rows=geo.rows, tmp=geo.tmp,
+        h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
+    return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

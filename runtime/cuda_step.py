@@ -1,0 +1,121 @@
+"""Run a megakernel through the CUDA backend.
+
+``CudaStep(compiled, model, kv_cache)`` is a :class:`MegakernelStep` whose launch runs the kernel
+``compiler.cuda_codegen`` generates from the same compiled tables, built with nvcc for sm_90a
+(``build_cubin``, cached by source) and launched through the CUDA driver (ctypes), on the
+current PyTorch stream. Weights, arenas, counters, epochs and the watchdog are the base class's;
+only bf16 models on a CUDA device are built.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from .megakernel import MegakernelStep, cache_dir
+
+ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]
+FLAGS = ["-O3", "-std=c++17", "-cubin", "-Xptxas=-v"]
+
+
+def nvcc() -> str:
+    found = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"),
+                                                 "bin", "nvcc")
+    if not os.path.isfile(found):
+        raise RuntimeError("the CUDA backend needs nvcc (on PATH or under $CUDA_HOME/bin)")
+    return found
+
+
+def build_cubin(source: str) -> Path:
+    """nvcc the generated source (with the op headers beside the template) into a cubin for
+    sm_90a, once per source; ptxas's report of registers and spills lands beside it (.log)."""
+    from megakernel.compiler.codegen import _template_dir
+
+    headers = sorted(_template_dir().glob("*.cuh"))
+    digest = hashlib.sha256("\0".join([source, *(p.read_text() for p in headers),
+                                       *ARCH, *FLAGS]).encode()).hexdigest()[:16]
+    folder = cache_dir() / "cuda"
+    folder.mkdir(parents=True, exist_ok=True)
+    cubin = folder / f"kernel_{digest}.cubin"
+    if cubin.is_file():
+        return cubin
+    src = folder / f"kernel_{digest}.cu"
+    src.write_text(source)
+    tmp = cubin.with_suffix(f".{os.getpid()}.tmp")
+    run = subprocess.run([nvcc(), *FLAGS, *ARCH, f"-I{_template_dir()}", "-o", str(tmp),
+                          str(src)], capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"nvcc failed on {src}:\n{run.stderr[-4000:]}")
+    cubin.with_suffix(".log").write_text(run.stderr)
+    tmp.replace(cubin)
+    return cubin
+
+
+class Driver:
+    """The few CUDA driver calls a launch needs, through ctypes."""
+    MAX_DYNAMIC_SHARED = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+
+    def check(self, status: int, what: str) -> None:
+        if status:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(status, ctypes.byref(name))
+            raise RuntimeError(f"{what} failed: {name.value.decode() if name.value else status}")
+
+    def load(self, cubin: Path, name: str, smem: int) -> ctypes.c_void_p:
+        module, func = ctypes.c_void_p(), ctypes.c_void_p()
+        data = cubin.read_bytes()
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), data), "cuModuleLoadData")
+        self.check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()),
+                   "cuModuleGetFunction")
+        self.check(self.lib.cuFuncSetAttribute(func, self.MAX_DYNAMIC_SHARED, smem),
+                   "cuFuncSetAttribute")
+        return func
+
+    def launch(self, func, grid: int, block: int, smem: int, stream: int, args: list) -> None:
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p)
+                                                 for a in args])
+        self.check(self.lib.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, smem,
+                                           ctypes.c_void_p(stream), params, None),
+                   "cuLaunchKernel")
+
+
+class CudaStep(MegakernelStep):
+    def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
+                 trace: bool = False):
+        from megakernel.compiler.cuda_codegen import generate_cuda
+
+        if not kv_cache.is_cuda:
+            raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
+                             "kernel under the interpreter")
+        super().__init__(compiled, model, kv_cache, spin_limit, trace)
+        if self.weights.dtype != torch.bfloat16:
+            raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")
+        dims, sms = compiled.ops.dims, torch.cuda.get_device_properties(
+            kv_cache.device).multi_processor_count
+        if len(self.queues) > sms:
+            raise ValueError(f"the CUDA backend runs one worker an SM: {len(self.queues)} "
+                             f"workers on {sms} SMs (compile with one worker per SM)")
+        self.cuda = generate_cuda(compiled.encoded, compiled.name, dims.batch,
+                                  len(compiled.tasks.tasks))
+        self.driver = Driver()
+        self.function = self.driver.load(build_cubin(self.cuda.source), self.cuda.kernel_name,
+                                         self.cuda.smem)
+
+    def launch(self, kv_cache: torch.Tensor) -> None:
+        self.epoch += 1
+        ptr = lambda t, skip=0: ctypes.c_void_p(t.data_ptr() + skip * t.element_size())
+        args = [ptr(self.ins), ptr(self.waits), ptr(self.queues), ptr(self.counters),
+                ptr(self.error), ptr(self.weights), ptr(self.act), ptr(self.f32), ptr(kv_cache),
+                ptr(self.inputs[0]), ptr(self.inputs[1]), ptr(self.block_table),
+                ctypes.c_int(self.epoch), ctypes.c_int(self.spin_limit), ptr(self.stamps, 1),
+                ctypes.c_int(1 if self.trace_mode else 0)]
+        self.driver.launch(self.function, self.cuda.num_workers, self.cuda.threads,
+                           self.cuda.smem, torch.cuda.current_stream().cuda_stream, args)

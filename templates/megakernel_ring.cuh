@@ -1,0 +1,158 @@
+// The CUDA backend's persistent-loop primitives (templates/megakernel.cu.jinja): counter waits
+// and signals, and the weight ring.
+//
+// A worker is one block of NCW consumer warps and one producer warp. The producer walks the
+// worker's queue and copies each task's weight rows (nothing a task waits for) into a ring of
+// NPAGE shared-memory pages with bulk copies, running ahead of the consumers by as many pages as
+// the ring holds, across task boundaries and across the consumers' counter waits. The consumers
+// wait for a task's input counters, run its body, reading weight pages in the order they were
+// copied, and signal its counter. Invariants: both sides derive the same page sequence from the
+// same instruction words (``pages`` and ``run`` of an op take the same arguments); a page holds
+// whole weight rows; every page copied is consumed, also after a watchdog trip (consumers then
+// drain pages without computing), so no copy is left in flight when a block exits.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace mk {
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+__device__ __forceinline__ void consumers_sync(int threads) {
+  asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+
+// ---- mbarriers and bulk copies (sm_90) ----
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_done(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbar_done(bar, parity)) {
+  }
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+
+// ---- counters ----
+__device__ __forceinline__ int poll(const int* p) {
+  int v;
+  asm volatile("atom.acquire.gpu.global.add.s32 %0, [%1], 0;" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The first error of a launch: error [flag, task, counter, seen value].
+__device__ __forceinline__ void record_error(int* error, int task, int c, int seen) {
+  if (atomicCAS(error, 0, 1) == 0) {
+    error[1] = task;
+    error[2] = c;
+    error[3] = seen;
+  }
+}
+
+// Wait until counters[c] >= size * epoch for each (c, size) of the task's waits (the first
+// inline); false after a spin past spin_limit, or once another worker has recorded an error.
+__device__ bool wait_counters(const int* waits, int* counters, int* error, int first, int count,
+                              int c0, int size0, int epoch, int spin_limit, int task) {
+  for (int j = 0; j < count; ++j) {
+    const int c = j ? __ldg(waits + 2 * (first + j)) : c0;
+    const int need = (j ? __ldg(waits + 2 * (first + j) + 1) : size0) * epoch;
+    int seen = poll(counters + c);
+    int spins = 0;
+    while (seen < need && spins < spin_limit) {
+      seen = poll(counters + c);
+      if ((++spins & 1023) == 0 && *(volatile int*)error != 0) spins = spin_limit;
+    }
+    if (seen < need) {
+      record_error(error, task, c, seen);
+      return false;
+    }
+  }
+  __threadfence();
+  return true;
+}
+
+// Release: called by one thread after every consumer's stores of the task (consumers_sync).
+__device__ __forceinline__ void signal_counter(int* counters, int c) {
+  if (c >= 0) {
+    __threadfence();
+    atomicAdd(counters + c, 1);
+  }
+}
+
+__device__ __forceinline__ int64_t globaltimer() {
+  int64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// ---- the weight ring ----
+// Shared state of one worker: NPAGE pages of PAGE bytes, a full and an empty barrier a page.
+template <int NPAGE, int PAGE>
+struct Ring {
+  unsigned char* pages;
+  uint64_t* full;    // [NPAGE] producer -> consumers: the page's bytes landed
+  uint64_t* empty;   // [NPAGE] consumers -> producer: every consumer warp has read it
+  uint32_t slot = 0, phase = 0;
+
+  __device__ void advance() {
+    if (++slot == NPAGE) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+  __device__ unsigned char* page() const { return pages + (size_t)slot * PAGE; }
+};
+
+// Rows of a weight matrix of row length K per page: whole rows only, at most MAX_PAGE_ROWS
+// (each consumer thread holds a partial sum per row and batch row of a page).
+constexpr int MAX_PAGE_ROWS = 8;
+template <int K, int PAGE>
+struct PageRows {
+  static constexpr int value = PAGE / (2 * K) < MAX_PAGE_ROWS ? PAGE / (2 * K) : MAX_PAGE_ROWS;
+  static_assert(value >= 1, "a weight row is longer than a ring page");
+};
+
+// The producer's side: copy `rows` rows of K bf16 elements from `src` into the next pages.
+template <int NPAGE, int PAGE>
+struct Producer {
+  Ring<NPAGE, PAGE> ring;
+
+  template <int K>
+  __device__ void stream(const bf16* src, int rows) {
+    constexpr int R = PageRows<K, PAGE>::value;
+    for (int r0 = 0; r0 < rows; r0 += R) {
+      const uint32_t bytes = (uint32_t)min(R, rows - r0) * K * 2;
+      mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
+      mbar_expect(ring.full + ring.slot, bytes);
+      bulk_copy(ring.page(), src + (int64_t)r0 * K, bytes, ring.full + ring.slot);
+      ring.advance();
+    }
+  }
+};
+
+}  // namespace mk

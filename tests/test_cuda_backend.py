@@ -1,0 +1,52 @@
+"""The CUDA backend's generated source, without a GPU: what it builds, what it refuses, and (where
+nvcc is installed) that it compiles for sm_90a without spills. Its results are compared on the
+GPU in test_cuda_gpu.py."""
+import re
+import shutil
+
+import pytest
+
+from megakernel.compiler.cuda_codegen import CUDA_OPS, generate_cuda
+from megakernel.compiler.pipeline import CompileOptions, compile_model
+from megakernel.compiler.tile import TileConfig
+from megakernel.models import load_model
+
+CUDA_TILE = TileConfig(norm_first=True, norm_sums=True, split_k=1)
+
+
+def compiled(name="tiny-llama", batch=1, tile=CUDA_TILE, workers=16):
+    model = load_model(name, progress=False, dtype="bfloat16").model
+    return compile_model(model, CompileOptions(batch, 64, tile=tile, num_workers=workers))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_every_opcode_gets_a_branch_for_both_sides(batch):
+    c = compiled(batch=batch)
+    src = generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks))
+    for op, kind, _, _ in c.encoded.variants:
+        assert CUDA_OPS[kind].struct in src.source
+        assert len(re.findall(rf"case {op}:  // {kind}\n", src.source)) == 2   # pages and run
+    assert src.num_workers == 16 and src.threads == 288
+    assert src.smem <= 232448
+
+
+def test_unbuilt_variants_are_refused_by_name():
+    c = compiled(tile=TileConfig(norm_first=False, split_k=1))
+    with pytest.raises(ValueError, match=r"opcode \d+ \((qkv_rope|linear|gate_up)\): an RMSNorm"):
+        generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks))
+    q = compiled(name="tiny-qwen3")
+    with pytest.raises(ValueError, match="head RMSNorm"):
+        generate_cuda(q.encoded, "tiny", 1, len(q.tasks.tasks))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("batch", [1, 3])
+def test_builds_for_sm90a_without_spills(batch, tmp_path, monkeypatch):
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    c = compiled(batch=batch)
+    cubin = build_cubin(generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks)).source)
+    assert cubin.stat().st_size > 0
+    log = cubin.with_suffix(".log").read_text()
+    assert "0 bytes spill stores" in log, log
