@@ -26,7 +26,6 @@ NCW = 8                    # consumer warps a worker
 RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
-MAX_PAGE_ROWS = 8          # weight rows a page, at most (megakernel_ring.cuh's)
 KERNEL_POINTERS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr")
 
 
@@ -123,17 +122,23 @@ def call_args(kind: str, cx: dict, units: dict) -> str:
     return ", ".join(args)
 
 
+def page_rows(k: int, page: int) -> tuple[int, int]:
+    """Rows of K elements a ring page holds and warps reading each (megakernel_ring.cuh's
+    PageRows)."""
+    fit = page // (2 * k)
+    rows = next(r for r in (8, 4, 2, 1) if (fit >= r and NCW >= r) or r == 1)
+    return rows, NCW // rows
+
+
 @dataclass(frozen=True)
 class Geometry:
     page: int
     npage: int
-    part: int     # floats a warp's page sums take
-    rows: int     # most weight rows a task reads
+    acc: int      # floats of a task's row parts
     tmp: int      # floats of epilogue / attention-merge scratch
 
     def smem(self, batch: int) -> int:
-        floats = 2 * NCW * self.part + self.rows * batch + self.tmp + batch + 1
-        return self.page * self.npage + 16 * self.npage + 4 * floats
+        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + batch + 1)
 
 
 def geometry(enc: Encoded, batch: int) -> Geometry:
@@ -142,17 +147,17 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
     proj = [(kind, cx) for _, kind, cx, _ in enc.variants if CUDA_OPS[kind].rows(cx)]
     longest = max((cx["K"] for _, cx in proj), default=8)
     page = max(MIN_PAGE, -(-2 * longest // 1024) * 1024)
-    part = max((min(MAX_PAGE_ROWS, page // (2 * cx["K"])) * batch for _, cx in proj), default=1)
-    rows = max((CUDA_OPS[kind].rows(cx) for kind, cx in proj), default=1)
-    tmp = rows * batch
+    acc = max((CUDA_OPS[kind].rows(cx) * page_rows(cx["K"], page)[1] * batch
+               for kind, cx in proj), default=1)
+    tmp = max((CUDA_OPS[kind].rows(cx) * batch for kind, cx in proj), default=1)
     for _, kind, cx, _ in enc.variants:
         if kind == "embed":
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]))
-    geo = Geometry(page, RING_BYTES // page, part, rows, tmp)
+    geo = Geometry(page, RING_BYTES // page, acc, tmp)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
-        geo = Geometry(page, geo.npage - 1, part, rows, tmp)
+        geo = Geometry(page, geo.npage - 1, acc, tmp)
     if geo.smem(batch) > SMEM_LIMIT:
         raise ValueError(f"the CUDA kernel needs {geo.smem(batch)} bytes of shared memory a "
                          f"worker, more than {SMEM_LIMIT}")
@@ -173,6 +178,6 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int) -> CudaS
     source = env.get_template("megakernel.cu.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
-        page=geo.page, num_words=NUM_WORDS, part=geo.part, rows=geo.rows, tmp=geo.tmp,
+        page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

@@ -301,9 +301,14 @@ def tuned_kernel(model, batch: int, seq: int, target: str):
     return None
 
 
-def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, **options):
+def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, kernel: str = "triton",
+                       **options):
     """Backend factory: the autotuned kernel for the cache's batch size and length when there is
-    one and no options are given, else compile (or reuse) one; bind; return the step."""
+    one and no options are given, else compile (or reuse) one; bind; return the step. ``kernel``:
+    run the compiled tables with the Triton kernel or (``"cuda"``, GPU only) the CUDA
+    backend's (``cuda_step``)."""
+    if kernel not in ("triton", "cuda"):
+        raise ValueError(f"kernel {kernel!r} unknown; choose triton or cuda")
     from megakernel.compiler.artifact import compile_cached
     from megakernel.compiler.pipeline import CompileOptions
 
@@ -313,6 +318,10 @@ def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, **opt
     if compiled is None:
         opts = CompileOptions(batch, seq, target=target, **options)
         compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
+    if kernel == "cuda":
+        from .cuda_step import CudaStep
+
+        return CudaStep(compiled, model, kv_cache, trace=trace)
     return MegakernelStep(compiled, model, kv_cache, trace=trace)
 
 

@@ -37,7 +37,7 @@ struct AttnPartial {
       }
     }
     const int64_t v_shift = (int64_t)B * HKV * S * D;
-    constexpr int U = 8;   // keys a warp has in flight at once
+    constexpr int U = 32 / DL < 4 ? 4 : 32 / DL;   // keys a warp has in flight at once
     for (int s0 = lo + c.warp; s0 < hi; s0 += NCW * U) {
       float k[U][DL], v[U][DL];
 #pragma unroll

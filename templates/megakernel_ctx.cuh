@@ -2,9 +2,11 @@
 // the block-wide helpers the op bodies (megakernel_ops.cuh) share.
 //
 // A projection task's weights arrive as SEGS segments of `rows` rows of K elements each, in
-// pages of whole rows (megakernel_ring.cuh). x [B, K] (bf16, row-major) is held in registers,
-// thread t owning the 16-byte column groups t, t + NT, ...; each page's row sums are reduced
-// across the warps in a fixed order (deterministic) into acc [SEGS * rows, B] in shared memory.
+// pages of whole rows (megakernel_ring.cuh's PageRows: each row read by WPR warps). Each warp
+// holds the part of x [B, K] (bf16, row-major) its 16-byte groups meet in registers, reduces
+// its part of a row across its lanes and writes it to acc [SEGS * rows, WPR, B] in shared
+// memory: no barrier a page; the parts are added in a fixed order after the last page
+// (deterministic).
 #pragma once
 #include "megakernel_ring.cuh"
 
@@ -35,83 +37,76 @@ __device__ __forceinline__ float load_act(const bf16* p) {
   return __bfloat162float(__ushort_as_bfloat16(bits));
 }
 
-template <int NCW, int NPAGE, int PAGE, int B, int PART>
+template <int NCW, int NPAGE, int PAGE, int B>
 struct Ctx {
   static constexpr int NT = NCW * 32;   // consumer threads
   Ring<NPAGE, PAGE> ring;
-  float* part;    // [2][NCW][PART] per-warp row sums of a page, by page parity
-  float* acc;     // [rows, B] a task's row results
+  float* acc;     // [rows, WPR, B] a task's row parts
   float* tmp;     // scratch of the epilogues and of attention's merge
   float* vec;     // [B] each batch row's RMS factor
   int t, warp, lane;
-  int half = 0;
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
 
   __device__ void sync() const { consumers_sync(NT); }
 
-  // acc[(seg * rows + r) * B + b] = x[b] . W_seg[r] for SEGS segments of `rows` rows.
+  // acc parts of x[b] . W_seg[r] for SEGS segments of `rows` rows (``result`` adds them).
   template <int K, int SEGS>
   __device__ void project(const bf16* x, int rows) {
-    constexpr int R = PageRows<K, PAGE>::value;
-    constexpr int KV = K / 8;                    // 16-byte groups a row
-    constexpr int XV = (KV + NT - 1) / NT;
+    typedef PageRows<K, PAGE, NCW> L;
+    constexpr int KV = K / 8;                            // 16-byte groups a row
+    constexpr int XJ = (KV + 32 * L::WPR - 1) / (32 * L::WPR);
     static_assert(K % 8 == 0, "rows must be whole 16-byte groups");
-    static_assert(R * B <= PART, "page rows exceed the reduction scratch");
-    uint4 xr[B][XV];
+    const int rr = warp / L::WPR, part = warp % L::WPR;
+    uint4 xr[B][XJ];
     if (!drain) {
 #pragma unroll
       for (int b = 0; b < B; ++b)
 #pragma unroll
-        for (int j = 0; j < XV; ++j) {
-          const int v = t + NT * j;
+        for (int j = 0; j < XJ; ++j) {
+          const int v = part * 32 + lane + 32 * L::WPR * j;
           xr[b][j] = (v < KV) ? __ldcg(reinterpret_cast<const uint4*>(x + (int64_t)b * K) + v)
                               : make_uint4(0, 0, 0, 0);
         }
     }
     for (int seg = 0; seg < SEGS; ++seg)
-      for (int r0 = 0; r0 < rows; r0 += R) {
-        const int n = min(R, rows - r0);
+      for (int r0 = 0; r0 < rows; r0 += L::ROWS) {
         mbar_wait(ring.full + ring.slot, ring.phase);
-        float s[R][B];
-        if (!drain) {
-          const uint4* pg = reinterpret_cast<const uint4*>(ring.page());
+        if (!drain && r0 + rr < rows) {
+          const uint4* pg = reinterpret_cast<const uint4*>(ring.page()) + rr * KV;
+          float s[B];
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
+          for (int b = 0; b < B; ++b) s[b] = 0.f;
 #pragma unroll
-            for (int b = 0; b < B; ++b) s[r][b] = 0.f;
-            if (r < n)
+          for (int j = 0; j < XJ; ++j) {
+            const int v = part * 32 + lane + 32 * L::WPR * j;
+            if (v < KV) {
+              const uint4 w = pg[v];
 #pragma unroll
-              for (int j = 0; j < XV; ++j) {
-                const int v = t + NT * j;
-                if (v < KV) {
-                  const uint4 w = pg[r * KV + v];
+              for (int b = 0; b < B; ++b) s[b] += dot8(w, xr[b][j]);
+            }
+          }
+          float* out = acc + ((seg * rows + r0 + rr) * L::WPR + part) * B;
 #pragma unroll
-                  for (int b = 0; b < B; ++b) s[r][b] += dot8(w, xr[b][j]);
-                }
-              }
+          for (int b = 0; b < B; ++b) {
+            const float v = warp_sum(s[b]);
+            if (lane == 0) out[b] = v;
           }
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(ring.empty + ring.slot);
         ring.advance();
-        if (drain) continue;
-        float* p = part + half * NCW * PART;
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int b = 0; b < B; ++b) {
-            const float v = warp_sum(s[r][b]);
-            if (lane == 0) p[warp * PART + r * B + b] = v;
-          }
-        sync();
-        if (t < n * B) {
-          float sum = 0.f;
-          for (int w = 0; w < NCW; ++w) sum += p[w * PART + t];
-          acc[(seg * rows + r0) * B + t] = sum;
-        }
-        half ^= 1;
       }
     sync();
+  }
+
+  // Row i's product with x[b], after ``project``: its parts added in order.
+  template <int K>
+  __device__ float result(int i, int b) const {
+    constexpr int WPR = PageRows<K, PAGE, NCW>::WPR;
+    float s = 0.f;
+#pragma unroll
+    for (int p = 0; p < WPR; ++p) s += acc[(i * WPR + p) * B + b];
+    return s;
   }
 
   // vec[b] = 1 / sqrt(sum of the SUMS groups' sums of squares of row b / K + eps)

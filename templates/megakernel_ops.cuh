@@ -63,14 +63,17 @@ struct Linear {
                              int n0, int n1, int g, float eps) {
     const int n = n1 - n0;
     if (HAS_NORM && !c.drain) c.template rstd_from_sums<K, SUMS>(ss, eps);
+    // the residual asked for before the weights are read (one latency less after them)
+    const bool early = HAS_RES && !c.drain && c.t < n * B;
+    const float r = early ? load_act(res + (c.t / n) * N + n0 + c.t % n) : 0.f;
     c.template project<K, 1>(x, n);
     if (c.drain) return;
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n, col = n0 + i;
-      float y = c.acc[i * B + b];
+      float y = c.template result<K>(i, b);
       if (HAS_NORM) y *= c.vec[b];
       y = round_bf16(y);
-      if (HAS_RES) y += load_act(res + b * N + col);
+      if (HAS_RES) y += idx == c.t ? r : load_act(res + b * N + col);
       const bf16 yo = __float2bfloat16(y);
       out[b * N + col] = yo;
       if (OUT_SUMS) {
@@ -106,9 +109,9 @@ struct GateUp {
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n;
       const float r = HAS_NORM ? c.vec[b] : 1.f;
-      const float g = round_bf16(c.acc[i * B + b] * r);
+      const float g = round_bf16(c.template result<K>(i, b) * r);
       const float act = round_bf16(g / (1.f + expf(-g)));
-      const float u = round_bf16(c.acc[(n + i) * B + b] * r);
+      const float u = round_bf16(c.template result<K>(n + i, b) * r);
       out[b * N + n0 + i] = __float2bfloat16(act * u);
     }
   }
@@ -142,7 +145,7 @@ struct QkvRope {
     for (int idx = c.t; idx < end * B; idx += C::NT) {
       const int b = idx / end, i = idx % end;
       const float r = HAS_NORM ? c.vec[b] : 1.f;
-      float lo = round_bf16(c.acc[i * B + b] * r), hi = round_bf16(c.acc[(end + i) * B + b] * r);
+      float lo = round_bf16(c.template result<K>(i, b) * r), hi = round_bf16(c.template result<K>(end + i, b) * r);
       const int pos = (int)positions[b];
       if (kind < 2) {
         const float f = (float)pos * inv[(d0 + i) % D2];

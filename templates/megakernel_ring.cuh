@@ -128,23 +128,27 @@ struct Ring {
   __device__ unsigned char* page() const { return pages + (size_t)slot * PAGE; }
 };
 
-// Rows of a weight matrix of row length K per page: whole rows only, at most MAX_PAGE_ROWS
-// (each consumer thread holds a partial sum per row and batch row of a page).
-constexpr int MAX_PAGE_ROWS = 8;
-template <int K, int PAGE>
+// How a weight matrix of row length K lies in the ring: ROWS whole rows a page (a power of two
+// up to NCW), each read by WPR = NCW / ROWS consumer warps, warp w taking row w / WPR's part
+// w % WPR (16-byte groups part * 32 + lane + 32 * WPR * j).
+template <int K, int PAGE, int NCW>
 struct PageRows {
-  static constexpr int value = PAGE / (2 * K) < MAX_PAGE_ROWS ? PAGE / (2 * K) : MAX_PAGE_ROWS;
-  static_assert(value >= 1, "a weight row is longer than a ring page");
+  static constexpr int fit = PAGE / (2 * K);
+  static constexpr int ROWS = fit >= 8 && NCW >= 8 ? 8 : fit >= 4 && NCW >= 4 ? 4
+                              : fit >= 2 && NCW >= 2 ? 2 : 1;
+  static constexpr int WPR = NCW / ROWS;
+  static_assert(fit >= 1, "a weight row is longer than a ring page");
+  static_assert(NCW % ROWS == 0, "page rows must divide the consumer warps");
 };
 
 // The producer's side: copy `rows` rows of K bf16 elements from `src` into the next pages.
-template <int NPAGE, int PAGE>
+template <int NPAGE, int PAGE, int NCW>
 struct Producer {
   Ring<NPAGE, PAGE> ring;
 
   template <int K>
   __device__ void stream(const bf16* src, int rows) {
-    constexpr int R = PageRows<K, PAGE>::value;
+    constexpr int R = PageRows<K, PAGE, NCW>::ROWS;
     for (int r0 = 0; r0 < rows; r0 += R) {
       const uint32_t bytes = (uint32_t)min(R, rows - r0) * K * 2;
       mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
