@@ -138,7 +138,7 @@ class Geometry:
     tmp: int      # floats of epilogue / attention-merge scratch
 
     def smem(self, batch: int) -> int:
-        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + batch + 1)
+        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + 1)
 
 
 def geometry(enc: Encoded, batch: int) -> Geometry:

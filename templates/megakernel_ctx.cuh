@@ -37,13 +37,41 @@ __device__ __forceinline__ float load_act(const bf16* p) {
   return __bfloat162float(__ushort_as_bfloat16(bits));
 }
 
+// A row RMS from the writers' sums of squares ss [SUMS, B]: each lane's share of the groups
+// asked for before a task reads its weights (``sums_begin``), reduced across the warp after
+// them (``rms_finish``): every thread then holds each row's 1 / sqrt(mean square + eps), with
+// no shared memory or barrier, and the loads' latency hides behind the x loads'.
+template <int B, int SUMS>
+__device__ __forceinline__ void sums_begin(const float* ss, int lane, float (&part)[B]) {
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    part[b] = 0.f;
+    if (ss != nullptr)
+      for (int g = lane; g < SUMS; g += 32) part[b] += __ldcg(ss + g * B + b);
+  }
+}
+
+template <int B>
+__device__ __forceinline__ void rms_finish(float (&part)[B], int k, float eps) {
+#pragma unroll
+  for (int b = 0; b < B; ++b) part[b] = rsqrtf(warp_sum(part[b]) / k + eps);
+}
+
+// v[b] for a b known only at run time, without a local-memory array.
+template <int B>
+__device__ __forceinline__ float pick(const float (&v)[B], int b) {
+  float r = v[0];
+#pragma unroll
+  for (int i = 1; i < B; ++i) r = i == b ? v[i] : r;
+  return r;
+}
+
 template <int NCW, int NPAGE, int PAGE, int B>
 struct Ctx {
   static constexpr int NT = NCW * 32;   // consumer threads
   Ring<NPAGE, PAGE> ring;
   float* acc;     // [rows, WPR, B] a task's row parts
   float* tmp;     // scratch of the epilogues and of attention's merge
-  float* vec;     // [B] each batch row's RMS factor
   int t, warp, lane;
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
 
@@ -107,17 +135,6 @@ struct Ctx {
 #pragma unroll
     for (int p = 0; p < WPR; ++p) s += acc[(i * WPR + p) * B + b];
     return s;
-  }
-
-  // vec[b] = 1 / sqrt(sum of the SUMS groups' sums of squares of row b / K + eps)
-  template <int K, int SUMS>
-  __device__ void rstd_from_sums(const float* ss, float eps) {
-    for (int b = warp; b < B; b += NCW) {
-      float s = 0.f;
-      for (int g = lane; g < SUMS; g += 32) s += __ldcg(ss + g * B + b);
-      s = warp_sum(s);
-      if (lane == 0) vec[b] = rsqrtf(s / K + eps);
-    }
   }
 
   // ss[g * B + b] = sum over i < n of vals[b * n + i] (vals in shared memory), one warp a row.

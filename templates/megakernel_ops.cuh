@@ -62,16 +62,18 @@ struct Linear {
                              bf16* out, const float* ss, float* os, const bf16* onw, bf16* osc,
                              int n0, int n1, int g, float eps) {
     const int n = n1 - n0;
-    if (HAS_NORM && !c.drain) c.template rstd_from_sums<K, SUMS>(ss, eps);
+    float rs[B];
+    sums_begin<B, SUMS>(HAS_NORM && !c.drain ? ss : nullptr, c.lane, rs);
     // the residual asked for before the weights are read (one latency less after them)
     const bool early = HAS_RES && !c.drain && c.t < n * B;
     const float r = early ? load_act(res + (c.t / n) * N + n0 + c.t % n) : 0.f;
     c.template project<K, 1>(x, n);
     if (c.drain) return;
+    if (HAS_NORM) rms_finish<B>(rs, K, eps);
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n, col = n0 + i;
       float y = c.template result<K>(i, b);
-      if (HAS_NORM) y *= c.vec[b];
+      if (HAS_NORM) y *= pick(rs, b);
       y = round_bf16(y);
       if (HAS_RES) y += idx == c.t ? r : load_act(res + b * N + col);
       const bf16 yo = __float2bfloat16(y);
@@ -103,12 +105,14 @@ struct GateUp {
   __device__ static void run(C& c, const bf16* x, const bf16* nw, const bf16* wg, const bf16* wu,
                              bf16* out, const float* ss, int n0, int n1, float eps) {
     const int n = n1 - n0;
-    if (HAS_NORM && !c.drain) c.template rstd_from_sums<K, SUMS>(ss, eps);
+    float rs[B];
+    sums_begin<B, SUMS>(HAS_NORM && !c.drain ? ss : nullptr, c.lane, rs);
     c.template project<K, 2>(x, n);
     if (c.drain) return;
+    if (HAS_NORM) rms_finish<B>(rs, K, eps);
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n;
-      const float r = HAS_NORM ? c.vec[b] : 1.f;
+      const float r = HAS_NORM ? pick(rs, b) : 1.f;
       const float g = round_bf16(c.template result<K>(i, b) * r);
       const float act = round_bf16(g / (1.f + expf(-g)));
       const float u = round_bf16(c.template result<K>(n + i, b) * r);
@@ -139,12 +143,14 @@ struct QkvRope {
                              bf16* out, bf16* cache, const float* ss, int kind, int head,
                              int layer, int d0, int col, float eps) {
     const int end = pieces(d0);
-    if (HAS_NORM && !c.drain) c.template rstd_from_sums<K, SUMS>(ss, eps);
+    float rs[B];
+    sums_begin<B, SUMS>(HAS_NORM && !c.drain ? ss : nullptr, c.lane, rs);
     c.template project<K, 2>(x, end);
     if (c.drain) return;
+    if (HAS_NORM) rms_finish<B>(rs, K, eps);
     for (int idx = c.t; idx < end * B; idx += C::NT) {
       const int b = idx / end, i = idx % end;
-      const float r = HAS_NORM ? c.vec[b] : 1.f;
+      const float r = HAS_NORM ? pick(rs, b) : 1.f;
       float lo = round_bf16(c.template result<K>(i, b) * r), hi = round_bf16(c.template result<K>(end + i, b) * r);
       const int pos = (int)positions[b];
       if (kind < 2) {
