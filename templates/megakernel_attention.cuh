@@ -37,40 +37,51 @@ struct AttnPartial {
       }
     }
     const int64_t v_shift = (int64_t)B * HKV * S * D;
-    constexpr int U = 32 / DL < 4 ? 4 : 32 / DL;   // keys a warp has in flight at once
+    constexpr int U = 16 / DL < 4 ? 4 : 16 / DL;   // keys a warp has in flight at once
     for (int s0 = lo + c.warp; s0 < hi; s0 += NCW * U) {
-      float k[U][DL], v[U][DL];
+      float k[U][DL], v[U][DL], sc[U][G];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int s = s0 + u * NCW;
-        if (s < hi) {
-          const bf16* kp = cache + c.lane * DL +
-                           cache_slot<B, HKV, S, D, BS>(bt, row, s, layer, 0, kv_head);
+        const bf16* kp = cache + c.lane * DL +
+                         cache_slot<B, HKV, S, D, BS>(bt, row, min(s, hi - 1), layer, 0, kv_head);
 #pragma unroll
-          for (int d = 0; d < DL; ++d) {
-            k[u][d] = has(c.lane, d) ? load_act(kp + d) : 0.f;
-            v[u][d] = has(c.lane, d) ? load_act(kp + v_shift + d) : 0.f;
-          }
+        for (int d = 0; d < DL; ++d) {
+          k[u][d] = has(c.lane, d) && s < hi ? load_act(kp + d) : 0.f;
+          v[u][d] = has(c.lane, d) && s < hi ? load_act(kp + v_shift + d) : 0.f;
         }
       }
+      // every key's scores first (independent warp sums, no branch between them), then one
+      // online step over the chunk, as the Triton body takes a chunk of keys at once
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (s0 + u * NCW >= hi) break;
+      for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           float dot = 0.f;
 #pragma unroll
           for (int d = 0; d < DL; ++d) dot = fmaf(qf[g][d], k[u][d], dot);
-          const float score = warp_sum(dot) * scale;
-          const float m_new = fmaxf(m[g], score);
-          const float alpha = __expf(m[g] - m_new);
-          const float p = __expf(score - m_new);
-          const float pr = round_bf16(p);
-          l[g] = l[g] * alpha + p;
-#pragma unroll
-          for (int d = 0; d < DL; ++d) acc[g][d] = fmaf(pr, v[u][d], acc[g][d] * alpha);
-          m[g] = m_new;
+          dot = warp_sum(dot) * scale;
+          sc[u][g] = s0 + u * NCW < hi ? dot : -INFINITY;
         }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float m_new = m[g];
+#pragma unroll
+        for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, sc[u][g]);
+        const float alpha = __expf(m[g] - m_new);
+        float psum = 0.f;
+#pragma unroll
+        for (int d = 0; d < DL; ++d) acc[g][d] *= alpha;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const float p = __expf(sc[u][g] - m_new);
+          psum += p;
+          const float pr = round_bf16(p);
+#pragma unroll
+          for (int d = 0; d < DL; ++d) acc[g][d] = fmaf(pr, v[u][d], acc[g][d]);
+        }
+        l[g] = l[g] * alpha + psum;
+        m[g] = m_new;
       }
     }
     // merge the warps: tmp [NCW][G] max, [NCW][G] sum, [NCW][G][D] acc

@@ -92,8 +92,8 @@ __device__ bool wait_counters(const int* waits, int* counters, int* error, int f
       return false;
     }
   }
-  __threadfence();
-  return true;
+  return true;   // the acquire polls order this thread, and the barrier after it the others'
+                 // reads (each from L2: ``__ldcg``), after the producers' writes
 }
 
 // Release: called by one thread after every consumer's stores of the task (consumers_sync).
