@@ -98,10 +98,7 @@ __device__ bool wait_counters(const int* waits, int* counters, int* error, int f
 
 // Release: called by one thread after every consumer's stores of the task (consumers_sync).
 __device__ __forceinline__ void signal_counter(int* counters, int c) {
-  if (c >= 0) {
-    __threadfence();
-    atomicAdd(counters + c, 1);
-  }
+  if (c >= 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counters + c) : "memory");
 }
 
 __device__ __forceinline__ int64_t globaltimer() {
