@@ -38,17 +38,21 @@ struct AttnPartial {
     }
     const int64_t v_shift = (int64_t)B * HKV * S * D;
     constexpr int U = 16 / DL < 4 ? 4 : 16 / DL;   // keys a warp has in flight at once
-    for (int s0 = lo + c.warp; s0 < hi; s0 += NCW * U) {
+    for (int s0 = lo + c.warp; s0 < lo + span; s0 += NCW * U) {
       float k[U][DL], v[U][DL], sc[U][G];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
+        // the loads do not wait for hi (the row's length, itself a load): every position below
+        // S names a cache block; keys from hi on are read, then dropped
         const int s = s0 + u * NCW;
         const bf16* kp = cache + c.lane * DL +
-                         cache_slot<B, HKV, S, D, BS>(bt, row, min(s, hi - 1), layer, 0, kv_head);
+                         cache_slot<B, HKV, S, D, BS>(bt, row, min(s, S - 1), layer, 0, kv_head);
 #pragma unroll
         for (int d = 0; d < DL; ++d) {
-          k[u][d] = has(c.lane, d) && s < hi ? load_act(kp + d) : 0.f;
-          v[u][d] = has(c.lane, d) && s < hi ? load_act(kp + v_shift + d) : 0.f;
+          const float kd = has(c.lane, d) ? load_act(kp + d) : 0.f;
+          const float vd = has(c.lane, d) ? load_act(kp + v_shift + d) : 0.f;
+          k[u][d] = s < hi ? kd : 0.f;
+          v[u][d] = s < hi ? vd : 0.f;
         }
       }
       // every key's scores first (independent warp sums, no branch between them), then one
@@ -68,13 +72,14 @@ struct AttnPartial {
         float m_new = m[g];
 #pragma unroll
         for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, sc[u][g]);
-        const float alpha = __expf(m[g] - m_new);
+        const float ref = m_new == -INFINITY ? 0.f : m_new;     // no key yet: adds nothing
+        const float alpha = __expf(m[g] - ref);
         float psum = 0.f;
 #pragma unroll
         for (int d = 0; d < DL; ++d) acc[g][d] *= alpha;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const float p = __expf(sc[u][g] - m_new);
+          const float p = __expf(sc[u][g] - ref);
           psum += p;
           const float pr = round_bf16(p);
 #pragma unroll
