@@ -65,8 +65,9 @@ struct Linear {
     float rs[B];
     sums_begin<B, SUMS>(HAS_NORM && !c.drain ? ss : nullptr, c.lane, rs);
     // the residual asked for before the weights are read (one latency less after them)
-    const bool early = HAS_RES && !c.drain && c.t < n * B;
-    const float r = early ? load_act(res + (c.t / n) * N + n0 + c.t % n) : 0.f;
+    const bool early = !c.drain && c.t < n * B;
+    const float r = HAS_RES && early ? load_act(res + (c.t / n) * N + n0 + c.t % n) : 0.f;
+    const float onw0 = OUT_SUMS && early ? __bfloat162float(onw[n0 + c.t % n]) : 0.f;
     c.template project<K, 1>(x, n);
     if (c.drain) return;
     if (HAS_NORM) rms_finish<B>(rs, K, eps);
@@ -81,7 +82,8 @@ struct Linear {
       if (OUT_SUMS) {
         const float yr = __bfloat162float(yo);
         c.tmp[b * n + i] = yr * yr;
-        osc[b * N + col] = __float2bfloat16(yr * __bfloat162float(onw[col]));
+        const float nwc = idx == c.t ? onw0 : __bfloat162float(onw[col]);
+        osc[b * N + col] = __float2bfloat16(yr * nwc);
       }
     }
     if (OUT_SUMS) {
@@ -145,6 +147,13 @@ struct QkvRope {
     const int end = pieces(d0);
     float rs[B];
     sums_begin<B, SUMS>(HAS_NORM && !c.drain ? ss : nullptr, c.lane, rs);
+    // each thread's first row: its position, frequency and cache block asked for before the
+    // weights are read (dependent loads that would otherwise follow them)
+    const bool early = !c.drain && c.t < end * B;
+    const int pos0 = early ? (int)positions[c.t / end] : 0;
+    const float inv0 = early ? inv[(d0 + c.t % end) % D2] : 0.f;
+    const int64_t slot0 = early && kind > 0
+        ? cache_slot<B, HKV, S, D, BS>(bt, c.t / end, pos0, layer, kind - 1, head) : 0;
     c.template project<K, 2>(x, end);
     if (c.drain) return;
     if (HAS_NORM) rms_finish<B>(rs, K, eps);
@@ -152,16 +161,18 @@ struct QkvRope {
       const int b = idx / end, i = idx % end;
       const float r = HAS_NORM ? pick(rs, b) : 1.f;
       float lo = round_bf16(c.template result<K>(i, b) * r), hi = round_bf16(c.template result<K>(end + i, b) * r);
-      const int pos = (int)positions[b];
+      const bool first = idx == c.t;
+      const int pos = first ? pos0 : (int)positions[b];
       if (kind < 2) {
-        const float f = (float)pos * inv[(d0 + i) % D2];
+        const float f = (float)pos * (first ? inv0 : inv[(d0 + i) % D2]);
         const float cs = round_bf16(cosf(f)), sn = round_bf16(sinf(f));
         const float l2 = round_bf16(round_bf16(lo * cs) + round_bf16(-hi * sn));
         hi = round_bf16(round_bf16(hi * cs) + round_bf16(lo * sn));
         lo = l2;
       }
       bf16* dst = kind == 0 ? out + b * OUT_COLS + col
-                            : cache + cache_slot<B, HKV, S, D, BS>(bt, b, pos, layer, kind - 1, head);
+                  : cache + (first ? slot0
+                                   : cache_slot<B, HKV, S, D, BS>(bt, b, pos, layer, kind - 1, head));
       dst[d0 + i] = __float2bfloat16(lo);
       dst[d0 + i + D2] = __float2bfloat16(hi);
     }
