@@ -20,7 +20,7 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
-            trace: str | None) -> dict:
+            trace: str | None, flights: list[int]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -35,7 +35,7 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             "cuda": CudaStep(compiled, model, cache)}
+             **{f"cuda_f{f}": CudaStep(compiled, model, cache, flight=f) for f in flights}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -52,11 +52,11 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
     if trace:
-        draw(compiled, model, cache, (tokens, positions), trace, batch)
+        draw(compiled, model, cache, (tokens, positions), trace, batch, flights[0])
     return row
 
 
-def draw(compiled, model, cache, inputs, folder: str, batch: int) -> None:
+def draw(compiled, model, cache, inputs, folder: str, batch: int, flight: int) -> None:
     """The CUDA kernel's trace tables (as ``megakernel trace`` prints them) and timeline."""
     from pathlib import Path
 
@@ -64,7 +64,7 @@ def draw(compiled, model, cache, inputs, folder: str, batch: int) -> None:
     from megakernel.runtime.cuda_step import CudaStep
     from megakernel.runtime.trace import draw_timeline, trace_step
 
-    step = CudaStep(compiled, model, cache, trace=True)
+    step = CudaStep(compiled, model, cache, trace=True, flight=flight)
     with torch.inference_mode():
         for _ in range(3):
             step(*inputs, cache)
@@ -86,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--trace", default=None)
+    ap.add_argument("--trace", default=None, help="folder for the (first) CUDA kernel's timeline")
+    ap.add_argument("--flights", default="12",
+                    help="CUDA kernels with at most these many ring copies in flight")
     args = ap.parse_args(argv)
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
-                      args.trace)
+                      args.trace, [int(f) for f in args.flights.split(",")])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

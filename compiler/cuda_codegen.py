@@ -25,6 +25,7 @@ from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY
 NCW = 8                    # consumer warps a worker
 RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
+FLIGHT = 12                # ring copies a worker has issued and not yet landed, at most
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_POINTERS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr")
 
@@ -164,7 +165,11 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
     return geo
 
 
-def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int) -> CudaSource:
+def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
+                  flight: int = FLIGHT) -> CudaSource:
+    """``flight``: copies a worker's producer keeps issued and not landed, at most."""
+    if flight < 1:
+        raise ValueError(f"flight={flight}: at least one copy must be in flight")
     check_supported(enc)
     geo = geometry(enc, batch)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
@@ -178,6 +183,6 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int) -> CudaS
     source = env.get_template("megakernel.cu.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
-        page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp,
+        page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

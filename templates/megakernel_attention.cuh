@@ -14,6 +14,21 @@ struct AttnPartial {
   static constexpr int DL = (D + 31) / 32;
   static_assert(DL <= 8, "head dims of at most 256");
   __device__ static bool has(int lane, int d) { return lane * DL + d < D; }
+  // a lane's DL dims of a cache row (from L2), in 4-byte pairs where DL is even
+  __device__ static void load_dims(const bf16* p, int lane, float (&out)[DL]) {
+    if (DL % 2 == 0 && D % 64 == 0) {
+#pragma unroll
+      for (int d = 0; d < DL; d += 2) {
+        const unsigned int bits = __ldcg(reinterpret_cast<const unsigned int*>(p + d));
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+        out[d] = f.x;
+        out[d + 1] = f.y;
+      }
+    } else {
+#pragma unroll
+      for (int d = 0; d < DL; ++d) out[d] = has(lane, d) ? load_act(p + d) : 0.f;
+    }
+  }
   template <class P>
   __device__ static void pages(P&, const bf16*, const bf16*, const int64_t*, const int*, float*,
                                float*, bf16*, int, int, int, int, int, int, float) {}
@@ -37,7 +52,7 @@ struct AttnPartial {
       }
     }
     const int64_t v_shift = (int64_t)B * HKV * S * D;
-    constexpr int U = 16 / DL < 4 ? 4 : 16 / DL;   // keys a warp has in flight at once
+    constexpr int U = DL >= 8 ? 4 : DL >= 2 ? 32 / DL : 16;   // keys a warp has in flight
     for (int s0 = lo + c.warp; s0 < lo + span; s0 += NCW * U) {
       float k[U][DL], v[U][DL], sc[U][G];
 #pragma unroll
@@ -47,12 +62,13 @@ struct AttnPartial {
         const int s = s0 + u * NCW;
         const bf16* kp = cache + c.lane * DL +
                          cache_slot<B, HKV, S, D, BS>(bt, row, min(s, S - 1), layer, 0, kv_head);
+        float kd[DL], vd[DL];
+        load_dims(kp, c.lane, kd);
+        load_dims(kp + v_shift, c.lane, vd);
 #pragma unroll
         for (int d = 0; d < DL; ++d) {
-          const float kd = has(c.lane, d) ? load_act(kp + d) : 0.f;
-          const float vd = has(c.lane, d) ? load_act(kp + v_shift + d) : 0.f;
-          k[u][d] = s < hi ? kd : 0.f;
-          v[u][d] = s < hi ? vd : 0.f;
+          k[u][d] = s < hi ? kd[d] : 0.f;
+          v[u][d] = s < hi ? vd[d] : 0.f;
         }
       }
       // every key's scores first (independent warp sums, no branch between them), then one

@@ -138,16 +138,24 @@ struct PageRows {
   static_assert(NCW % ROWS == 0, "page rows must divide the consumer warps");
 };
 
-// The producer's side: copy `rows` rows of K bf16 elements from `src` into the next pages.
-template <int NPAGE, int PAGE, int NCW>
+// The producer's side: copy `rows` rows of K bf16 elements from `src` into the next pages,
+// with at most FLIGHT copies issued and not yet landed (the ring may hold more landed pages):
+// every byte in flight lengthens the queue that the consumers' own loads wait in.
+template <int NPAGE, int PAGE, int NCW, int FLIGHT>
 struct Producer {
   Ring<NPAGE, PAGE> ring;
+  uint32_t issued = 0;
 
   template <int K>
   __device__ void stream(const bf16* src, int rows) {
     constexpr int R = PageRows<K, PAGE, NCW>::ROWS;
     for (int r0 = 0; r0 < rows; r0 += R) {
       const uint32_t bytes = (uint32_t)min(R, rows - r0) * K * 2;
+      if (FLIGHT < NPAGE && issued >= FLIGHT) {     // the copy FLIGHT places back has landed
+        const uint32_t old = issued - FLIGHT;
+        mbar_wait(ring.full + old % NPAGE, (old / NPAGE) & 1);
+      }
+      ++issued;
       mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
       mbar_expect(ring.full + ring.slot, bytes);
       bulk_copy(ring.page(), src + (int64_t)r0 * K, bytes, ring.full + ring.slot);
