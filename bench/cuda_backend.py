@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trace", default=None, help="folder for the (first) CUDA kernel's timeline")
-    ap.add_argument("--flights", default="12",
+    ap.add_argument("--flights", default="2",
                     help="CUDA kernels with at most these many ring copies in flight")
     args = ap.parse_args(argv)
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
