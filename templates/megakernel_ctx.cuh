@@ -127,6 +127,16 @@ struct Ctx {
     sync();
   }
 
+  // ``project`` with a norm's row RMS from the sums of squares ss around it (HAS_NORM): rs[b]
+  // in every thread after it.
+  template <int K, int SEGS, bool HAS_NORM, int SUMS>
+  __device__ void project_normed(const bf16* x, int rows, const float* ss, float eps,
+                                 float (&rs)[B]) {
+    sums_begin<B, SUMS>(HAS_NORM && !drain ? ss : nullptr, lane, rs);
+    project<K, SEGS>(x, rows);
+    if (HAS_NORM && !drain) rms_finish<B>(rs, K, eps);
+  }
+
   // Row i's product with x[b], after ``project``: its parts added in order.
   template <int K>
   __device__ float result(int i, int b) const {

@@ -62,15 +62,13 @@ struct Linear {
                              bf16* out, const float* ss, float* os, const bf16* onw, bf16* osc,
                              int n0, int n1, int g, float eps) {
     const int n = n1 - n0;
-    float rs[B];
-    sums_begin<B, SUMS>(HAS_NORM && !c.drain ? ss : nullptr, c.lane, rs);
     // the residual asked for before the weights are read (one latency less after them)
     const bool early = !c.drain && c.t < n * B;
     const float r = HAS_RES && early ? load_act(res + (c.t / n) * N + n0 + c.t % n) : 0.f;
     const float onw0 = OUT_SUMS && early ? __bfloat162float(onw[n0 + c.t % n]) : 0.f;
-    c.template project<K, 1>(x, n);
+    float rs[B];
+    c.template project_normed<K, 1, HAS_NORM, SUMS>(x, n, ss, eps, rs);
     if (c.drain) return;
-    if (HAS_NORM) rms_finish<B>(rs, K, eps);
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n, col = n0 + i;
       float y = c.template result<K>(i, b);
@@ -108,10 +106,8 @@ struct GateUp {
                              bf16* out, const float* ss, int n0, int n1, float eps) {
     const int n = n1 - n0;
     float rs[B];
-    sums_begin<B, SUMS>(HAS_NORM && !c.drain ? ss : nullptr, c.lane, rs);
-    c.template project<K, 2>(x, n);
+    c.template project_normed<K, 2, HAS_NORM, SUMS>(x, n, ss, eps, rs);
     if (c.drain) return;
-    if (HAS_NORM) rms_finish<B>(rs, K, eps);
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n;
       const float r = HAS_NORM ? pick(rs, b) : 1.f;
@@ -145,8 +141,6 @@ struct QkvRope {
                              bf16* out, bf16* cache, const float* ss, int kind, int head,
                              int layer, int d0, int col, float eps) {
     const int end = pieces(d0);
-    float rs[B];
-    sums_begin<B, SUMS>(HAS_NORM && !c.drain ? ss : nullptr, c.lane, rs);
     // each thread's first row: its position, frequency and cache block asked for before the
     // weights are read (dependent loads that would otherwise follow them)
     const bool early = !c.drain && c.t < end * B;
@@ -154,13 +148,14 @@ struct QkvRope {
     const float inv0 = early ? inv[(d0 + c.t % end) % D2] : 0.f;
     const int64_t slot0 = early && kind > 0
         ? cache_slot<B, HKV, S, D, BS>(bt, c.t / end, pos0, layer, kind - 1, head) : 0;
-    c.template project<K, 2>(x, end);
+    float rs[B];
+    c.template project_normed<K, 2, HAS_NORM, SUMS>(x, end, ss, eps, rs);
     if (c.drain) return;
-    if (HAS_NORM) rms_finish<B>(rs, K, eps);
     for (int idx = c.t; idx < end * B; idx += C::NT) {
       const int b = idx / end, i = idx % end;
       const float r = HAS_NORM ? pick(rs, b) : 1.f;
-      float lo = round_bf16(c.template result<K>(i, b) * r), hi = round_bf16(c.template result<K>(end + i, b) * r);
+      float lo = round_bf16(c.template result<K>(i, b) * r);
+      float hi = round_bf16(c.template result<K>(end + i, b) * r);
       const bool first = idx == c.t;
       const int pos = first ? pos0 : (int)positions[b];
       if (kind < 2) {
