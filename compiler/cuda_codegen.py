@@ -140,7 +140,7 @@ class Geometry:
     tmp: int      # floats of epilogue / attention-merge scratch
 
     def smem(self, batch: int) -> int:
-        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + 1)
+        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + 2)
 
 
 def geometry(enc: Encoded, batch: int) -> Geometry:
@@ -166,9 +166,14 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
     return geo
 
 
+HOLD_KINDS = ("attn_partial", "attn_combine")
+
+
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
-                  flight: int = FLIGHT) -> CudaSource:
-    """``flight``: copies a worker's producer keeps issued and not landed, at most."""
+                  flight: int = FLIGHT, hold: bool = False) -> CudaSource:
+    """``flight``: copies a worker's producer keeps issued and not landed, at most; ``hold``:
+    the producer copies nothing past an attention task until the consumers have finished it
+    (its loads then meet no queue of weight copies)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     check_supported(enc)
@@ -180,7 +185,9 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     for op, kind, cx, units in enc.variants:
         spec = CUDA_OPS[kind]
         struct = f"{spec.struct}<{', '.join(_literal(cx[p]) for p in spec.params)}>"
-        variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units)))
+        variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units),
+                             hold="\n            while (*done <= i) {}"
+                             if hold and kind in HOLD_KINDS else ""))
     source = env.get_template("megakernel.cu.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
