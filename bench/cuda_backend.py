@@ -20,7 +20,8 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
-            trace: str | None, flights: list[int], holds: list[bool]) -> dict:
+            trace: str | None, flights: list[int], holds: list[bool],
+            lanes: list[bool]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -35,8 +36,9 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}{'_hold' * h}": CudaStep(compiled, model, cache, flight=f, hold=h)
-                for f in flights for h in holds}}
+             **{f"cuda_f{f}{'_hold' * h}{'_lanes' * a}": CudaStep(compiled, model, cache,
+                                                                    flight=f, hold=h, lanes=a)
+                for f in flights for h in holds for a in lanes}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -53,12 +55,12 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
     if trace:
-        draw(compiled, model, cache, (tokens, positions), trace, batch, flights[0], holds[0])
+        draw(compiled, model, cache, (tokens, positions), trace, batch,
+             dict(flight=flights[0], hold=holds[0], lanes=lanes[0]))
     return row
 
 
-def draw(compiled, model, cache, inputs, folder: str, batch: int, flight: int,
-         hold: bool) -> None:
+def draw(compiled, model, cache, inputs, folder: str, batch: int, knobs: dict) -> None:
     """The CUDA kernel's trace tables (as ``megakernel trace`` prints them) and timeline."""
     from pathlib import Path
 
@@ -66,7 +68,7 @@ def draw(compiled, model, cache, inputs, folder: str, batch: int, flight: int,
     from megakernel.runtime.cuda_step import CudaStep
     from megakernel.runtime.trace import draw_timeline, trace_step
 
-    step = CudaStep(compiled, model, cache, trace=True, flight=flight, hold=hold)
+    step = CudaStep(compiled, model, cache, trace=True, **knobs)
     with torch.inference_mode():
         for _ in range(3):
             step(*inputs, cache)
@@ -93,12 +95,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA kernels with at most these many ring copies in flight")
     ap.add_argument("--holds", default="0",
                     help="CUDA kernels whose producer holds at attention tasks (1) or not (0)")
+    ap.add_argument("--lanes", default="0",
+                    help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
     args = ap.parse_args(argv)
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
                       args.trace, [int(f) for f in args.flights.split(",")],
-                      [bool(int(h)) for h in args.holds.split(",")])
+                      [bool(int(h)) for h in args.holds.split(",")],
+                      [bool(int(a)) for a in args.lanes.split(",")])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

@@ -49,6 +49,13 @@ def _qkv(cx: dict) -> str:
     return _no_loop_norm(cx)
 
 
+def _attention(cx: dict) -> str:
+    lpk = cx["D"] // 32 if cx["D"] > 32 else 1
+    if cx["LANES"] and (cx["D"] % lpk or cx["D"] // lpk % 8):
+        return f"a key a lane with head dim {cx['D']} (16-byte groups a lane)"
+    return ""
+
+
 @dataclass(frozen=True)
 class CudaOp:
     struct: str                          # the op body's struct in megakernel_ops.cuh
@@ -69,8 +76,8 @@ CUDA_OPS: dict[str, CudaOp] = {
     "qkv_rope": CudaOp("mk::QkvRope", ("B", "K", "D", "HQ", "HKV", "S", "BS", "PART", "OUT_COLS",
                                        "HAS_NORM", "SUMS"), ("eps",), _qkv,
                        lambda cx: 2 * cx["PART"]),
-    "attn_partial": CudaOp("mk::AttnPartial", ("B", "HQ", "HKV", "S", "D", "G", "BS", "DIRECT"),
-                           ("scale",)),
+    "attn_partial": CudaOp("mk::AttnPartial", ("B", "HQ", "HKV", "S", "D", "G", "BS", "DIRECT",
+                                               "LANES"), ("scale",), _attention),
     "attn_combine": CudaOp("mk::AttnCombine", ("HQ", "D", "G")),
 }
 
@@ -84,12 +91,13 @@ class CudaSource:
     smem: int           # dynamic shared memory a worker takes, bytes
 
 
-def check_supported(enc: Encoded) -> None:
-    """Raise ValueError naming every opcode the CUDA backend does not build."""
+def check_supported(enc: Encoded, knobs: dict) -> None:
+    """Raise ValueError naming every opcode the CUDA backend does not build (with the
+    backend's own ``knobs``, template arguments beside the opcodes' constexprs)."""
     missing = []
     for op, kind, cx, _ in enc.variants:
         spec = CUDA_OPS.get(kind)
-        why = "no CUDA body" if spec is None else spec.unsupported(cx)
+        why = "no CUDA body" if spec is None else spec.unsupported(cx | knobs)
         if why:
             missing.append(f"opcode {op} ({kind}): {why}")
     if missing:
@@ -156,7 +164,7 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
         if kind == "embed":
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
-            tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]))
+            tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
     geo = Geometry(page, RING_BYTES // page, acc, tmp)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
         geo = Geometry(page, geo.npage - 1, acc, tmp)
@@ -170,13 +178,15 @@ HOLD_KINDS = ("attn_partial", "attn_combine")
 
 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
-                  flight: int = FLIGHT, hold: bool = False) -> CudaSource:
+                  flight: int = FLIGHT, hold: bool = False, lanes: bool = False) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most; ``hold``:
     the producer copies nothing past an attention task until the consumers have finished it
-    (its loads then meet no queue of weight copies)."""
+    (its loads then meet no queue of weight copies); ``lanes``: attention a key a lane
+    (``AttnPartial::lane_keys``) instead of a key a warp."""
+    knobs = {"LANES": lanes}
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
-    check_supported(enc)
+    check_supported(enc, knobs)
     geo = geometry(enc, batch)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
@@ -184,7 +194,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     variants = []
     for op, kind, cx, units in enc.variants:
         spec = CUDA_OPS[kind]
-        struct = f"{spec.struct}<{', '.join(_literal(cx[p]) for p in spec.params)}>"
+        struct = f"{spec.struct}<{', '.join(_literal((cx | knobs)[p]) for p in spec.params)}>"
         variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units),
                              hold="\n            while (*done <= i) {}"
                              if hold and kind in HOLD_KINDS else ""))

@@ -89,7 +89,8 @@ class Driver:
 
 class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
-                 trace: bool = False, flight: int | None = None, hold: bool = False):
+                 trace: bool = False, flight: int | None = None, hold: bool = False,
+                 lanes: bool = False):
         from megakernel.compiler.cuda_codegen import generate_cuda
 
         if not kv_cache.is_cuda:
@@ -103,7 +104,7 @@ class CudaStep(MegakernelStep):
         if len(self.queues) > sms:
             raise ValueError(f"the CUDA backend runs one worker an SM: {len(self.queues)} "
                              f"workers on {sms} SMs (compile with one worker per SM)")
-        extra = {"hold": hold} | ({} if flight is None else {"flight": flight})
+        extra = {"hold": hold, "lanes": lanes} | ({} if flight is None else {"flight": flight})
         self.cuda = generate_cuda(compiled.encoded, compiled.name, dims.batch,
                                   len(compiled.tasks.tasks), **extra)
         self.driver = Driver()

@@ -6,13 +6,20 @@
 
 namespace mk {
 
-// Keys [lo, min(lo + span, len)) of row `row`: each warp takes every NCW-th key, lane l dims
-// [l * DL, (l + 1) * DL) (those below D); the warps' (max, sum, acc) are merged in a fixed order. Probabilities
-// are rounded to bf16 before they weight the values, as the Triton body's dot takes them.
-template <int B, int HQ, int HKV, int S, int D, int G, int BS, bool DIRECT>
+// Keys [lo, min(lo + span, len)) of row `row`, split between the warps, whose (max, sum, acc)
+// are merged in a fixed order; lane l holds dims [l * DL, (l + 1) * DL) (those below D) of each
+// head's acc. Probabilities are rounded to bf16 before they weight the values, as the Triton
+// body's dot takes them. Keys of a warp, two forms (LANES): each warp every NCW-th key, a key's
+// scores reduced across the warp (``warp_keys``); or a key a lane (LPK lanes a key for D > 32),
+// each warp a run of 32 / LPK keys at a time, one reduction a run (``lane_keys``).
+template <int B, int HQ, int HKV, int S, int D, int G, int BS, bool DIRECT, bool LANES = false>
 struct AttnPartial {
   static constexpr int DL = (D + 31) / 32;
+  static constexpr int LPK = D > 32 ? D / 32 : 1;     // lanes a key (lane_keys)
+  static constexpr int DPL = D / LPK;                 // dims a lane scores (lane_keys)
+  static constexpr int64_t V_SHIFT = (int64_t)B * HKV * S * D;   // K plane -> V plane
   static_assert(DL <= 8, "head dims of at most 256");
+  static_assert(!LANES || (D % LPK == 0 && DPL % 8 == 0), "lane_keys: 16-byte groups a lane");
   __device__ static bool has(int lane, int d) { return lane * DL + d < D; }
   // a lane's DL dims of a cache row (from L2), in 4-byte pairs where DL is even
   __device__ static void load_dims(const bf16* p, int lane, float (&out)[DL]) {
@@ -29,6 +36,10 @@ struct AttnPartial {
       for (int d = 0; d < DL; ++d) out[d] = has(lane, d) ? load_act(p + d) : 0.f;
     }
   }
+  __device__ static const bf16* key_row(const bf16* cache, const int* bt, int row, int s,
+                                        int layer, int kv_head) {
+    return cache + cache_slot<B, HKV, S, D, BS>(bt, row, min(s, S - 1), layer, 0, kv_head);
+  }
   template <class P>
   __device__ static void pages(P&, const bf16*, const bf16*, const int64_t*, const int*, float*,
                                float*, bf16*, int, int, int, int, int, int, float) {}
@@ -37,21 +48,62 @@ struct AttnPartial {
                              const int* bt, float* acc_out, float* ml, bf16* out, int row,
                              int kv_head, int slot, int lo, int span, int layer, float scale) {
     if (c.drain) return;
-    constexpr int NCW = C::NT / 32;
     const int hi = min(lo + span, (int)positions[row] + 1);
-    float qf[G][DL], acc[G][DL], m[G], l[G];
+    const bf16* qrow = q + (int64_t)row * HQ * D + kv_head * G * D;   // [G, D]
+    float acc[G][DL], m[G], l[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       m[g] = -INFINITY;
       l[g] = 0.f;
 #pragma unroll
-      for (int d = 0; d < DL; ++d) {
-        qf[g][d] = has(c.lane, d)
-            ? load_act(q + (int64_t)row * HQ * D + (kv_head * G + g) * D + c.lane * DL + d) : 0.f;
-        acc[g][d] = 0.f;
-      }
+      for (int d = 0; d < DL; ++d) acc[g][d] = 0.f;
     }
-    const int64_t v_shift = (int64_t)B * HKV * S * D;
+    if (LANES)
+      lane_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
+    else
+      warp_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
+    merge(c, m, l, acc, acc_out, ml, out, row, kv_head, slot);
+  }
+
+  // One online step over a run of U keys of scores sc (-inf: no key) and values v.
+  template <int U>
+  __device__ static void online(const float (&sc)[U][G], const float (&v)[U][DL], float (&m)[G],
+                                float (&l)[G], float (&acc)[G][DL]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, sc[u][g]);
+      const float ref = m_new == -INFINITY ? 0.f : m_new;     // no key yet: adds nothing
+      const float alpha = __expf(m[g] - ref);
+      float psum = 0.f;
+#pragma unroll
+      for (int d = 0; d < DL; ++d) acc[g][d] *= alpha;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const float p = __expf(sc[u][g] - ref);
+        psum += p;
+        const float pr = round_bf16(p);
+#pragma unroll
+        for (int d = 0; d < DL; ++d) acc[g][d] = fmaf(pr, v[u][d], acc[g][d]);
+      }
+      l[g] = l[g] * alpha + psum;
+      m[g] = m_new;
+    }
+  }
+
+  template <class C>
+  __device__ static void warp_keys(C& c, const bf16* qrow, const bf16* cache, const int* bt,
+                                   int row, int kv_head, int lo, int span, int hi, int layer,
+                                   float scale, float (&m)[G], float (&l)[G],
+                                   float (&acc)[G][DL]) {
+    constexpr int NCW = C::NT / 32;
+    float qf[G][DL];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int d = 0; d < DL; ++d)
+        qf[g][d] = has(c.lane, d) ? load_act(qrow + g * D + c.lane * DL + d) : 0.f;
     constexpr int U = DL >= 8 ? 4 : DL >= 2 ? 32 / DL : 16;   // keys a warp has in flight
     for (int s0 = lo + c.warp; s0 < lo + span; s0 += NCW * U) {
       float k[U][DL], v[U][DL], sc[U][G];
@@ -60,11 +112,10 @@ struct AttnPartial {
         // the loads do not wait for hi (the row's length, itself a load): every position below
         // S names a cache block; keys from hi on are read, then dropped
         const int s = s0 + u * NCW;
-        const bf16* kp = cache + c.lane * DL +
-                         cache_slot<B, HKV, S, D, BS>(bt, row, min(s, S - 1), layer, 0, kv_head);
+        const bf16* kp = key_row(cache, bt, row, s, layer, kv_head) + c.lane * DL;
         float kd[DL], vd[DL];
         load_dims(kp, c.lane, kd);
-        load_dims(kp + v_shift, c.lane, vd);
+        load_dims(kp + V_SHIFT, c.lane, vd);
 #pragma unroll
         for (int d = 0; d < DL; ++d) {
           k[u][d] = s < hi ? kd[d] : 0.f;
@@ -83,29 +134,91 @@ struct AttnPartial {
           dot = warp_sum(dot) * scale;
           sc[u][g] = s0 + u * NCW < hi ? dot : -INFINITY;
         }
+      online<U>(sc, v, m, l, acc);
+    }
+  }
+
+  // A key a lane: lane l scores key l / LPK over dims [(l % LPK) * DPL, + DPL) with q from
+  // shared memory, so that each score and exponential is computed once (not in every lane);
+  // the probabilities then reach the lanes holding acc's dims by shuffles.
+  template <class C>
+  __device__ static void lane_keys(C& c, const bf16* qrow, const bf16* cache, const int* bt,
+                                   int row, int kv_head, int lo, int span, int hi, int layer,
+                                   float scale, float (&m)[G], float (&l)[G],
+                                   float (&acc)[G][DL]) {
+    constexpr int NCW = C::NT / 32, KPW = 32 / LPK;
+    float* qs = c.tmp + NCW * G * (2 + D);            // [G, D] after the merge's scratch
+    for (int i = c.t; i < G * D; i += C::NT) qs[i] = load_act(qrow + i);
+    c.sync();
+    const int part = c.lane % LPK;
+    for (int base = lo + c.warp * KPW; base < lo + span; base += NCW * KPW) {
+      const int s = base + c.lane / LPK;
+      const uint4* kp = reinterpret_cast<const uint4*>(
+          key_row(cache, bt, row, s, layer, kv_head) + part * DPL);
+      uint4 kv[DPL / 8];
+#pragma unroll
+      for (int j = 0; j < DPL / 8; ++j) kv[j] = __ldcg(kp + j);
+      float v[KPW][DL];             // the run's values, this lane's dims
+#pragma unroll
+      for (int j = 0; j < KPW; ++j) {
+        float vd[DL];
+        load_dims(key_row(cache, bt, row, base + j, layer, kv_head) + V_SHIFT + c.lane * DL,
+                  c.lane, vd);
+#pragma unroll
+        for (int d = 0; d < DL; ++d) v[j][d] = base + j < hi ? vd[d] : 0.f;
+      }
+      float sc[G];
 #pragma unroll
       for (int g = 0; g < G; ++g) {
-        float m_new = m[g];
+        float dot = 0.f;
 #pragma unroll
-        for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, sc[u][g]);
-        const float ref = m_new == -INFINITY ? 0.f : m_new;     // no key yet: adds nothing
+        for (int j = 0; j < DPL / 8; ++j) {
+          const __nv_bfloat162* kb = reinterpret_cast<const __nv_bfloat162*>(&kv[j]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 kf = __bfloat1622float2(kb[e]);
+            const float* qg = qs + g * D + part * DPL + 8 * j + 2 * e;
+            dot = fmaf(qg[0], kf.x, fmaf(qg[1], kf.y, dot));
+          }
+        }
+#pragma unroll
+        for (int off = 1; off < LPK; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        sc[g] = s < hi ? dot * scale : -INFINITY;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float mx = sc[g];
+#pragma unroll
+        for (int off = LPK; off < 32; off <<= 1)
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float m_new = fmaxf(m[g], mx);
+        const float ref = m_new == -INFINITY ? 0.f : m_new;   // no key yet: adds nothing
         const float alpha = __expf(m[g] - ref);
-        float psum = 0.f;
+        const float p = __expf(sc[g] - ref);
+        const float psum = warp_sum(part == 0 ? p : 0.f);
+        const float pr = round_bf16(p);
 #pragma unroll
         for (int d = 0; d < DL; ++d) acc[g][d] *= alpha;
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const float p = __expf(sc[u][g] - ref);
-          psum += p;
-          const float pr = round_bf16(p);
+        for (int j = 0; j < KPW; ++j) {
+          const float pj = __shfl_sync(0xffffffffu, pr, j * LPK);
 #pragma unroll
-          for (int d = 0; d < DL; ++d) acc[g][d] = fmaf(pr, v[u][d], acc[g][d]);
+          for (int d = 0; d < DL; ++d) acc[g][d] = fmaf(pj, v[j][d], acc[g][d]);
         }
         l[g] = l[g] * alpha + psum;
         m[g] = m_new;
       }
     }
-    // merge the warps: tmp [NCW][G] max, [NCW][G] sum, [NCW][G][D] acc
+  }
+
+  // The warps' (max, sum, acc) merged in a fixed order: the normalised output (DIRECT) or the
+  // partial slot.
+  template <class C>
+  __device__ static void merge(C& c, const float (&m)[G], const float (&l)[G],
+                               const float (&acc)[G][DL], float* acc_out, float* ml, bf16* out,
+                               int row, int kv_head, int slot) {
+    constexpr int NCW = C::NT / 32;
+    // tmp [NCW][G] max, [NCW][G] sum, [NCW][G][D] acc
     float* tm = c.tmp;
     float* tl = tm + NCW * G;
     float* ta = tl + NCW * G;

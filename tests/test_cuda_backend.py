@@ -40,13 +40,16 @@ def test_unbuilt_variants_are_refused_by_name():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("batch", [1, 3])
-def test_builds_for_sm90a_without_spills(batch, tmp_path, monkeypatch):
+@pytest.mark.parametrize("batch,lanes", [(1, False), (3, False), (1, True)])
+def test_builds_for_sm90a_without_spills(batch, lanes, tmp_path, monkeypatch):
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
     c = compiled(batch=batch)
-    cubin = build_cubin(generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks)).source)
+    src = generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks), lanes=lanes)
+    lane_form = re.search(r"AttnPartial<[^>]*, true>::run", src.source)   # LANES: its last
+    assert bool(lane_form) == lanes
+    cubin = build_cubin(src.source)
     assert cubin.stat().st_size > 0
     log = cubin.with_suffix(".log").read_text()
     assert "0 bytes spill stores" in log, log
