@@ -1,11 +1,14 @@
 """The CUDA backend beside the Triton kernel of the same compiled tables, in one process.
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
-        --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR]
+        --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
+        [--flights 2,4] [--holds 0,1] [--lanes 0,1]
 
-For each batch size: one decode step's logits of both kernels against eager's (relative norm of
-the difference, top-1 agreement), then their median step times, measured in alternating rounds
-(GPU only). ``--trace DIR``: a timeline of each (``megakernel trace``'s drawing).
+For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
+combination of the backend's knobs (ring copies in flight, a producer holding at attention tasks,
+attention a key a lane) against eager's (relative norm of the difference, top-1 agreement), then
+their median step times, measured in alternating rounds (GPU only). ``--trace DIR``: the trace
+tables and timeline of the first CUDA kernel (as ``megakernel trace`` prints and draws them).
 """
 from __future__ import annotations
 
