@@ -84,11 +84,12 @@ def draw(compiled, model, cache, inputs, folder: str, batch: int, knobs: dict) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megakernel.cli import parse_batch_sizes
     from megakernel.models import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama-3.2-1b")
-    ap.add_argument("--batch-sizes", default="1")
+    ap.add_argument("--batch-sizes", default="1", help="sizes and ranges: 1,2,8-10")
     ap.add_argument("--variant", required=True)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=200)
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
     args = ap.parse_args(argv)
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
-    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+    for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
                       args.trace, [int(f) for f in args.flights.split(",")],
                       [bool(int(h)) for h in args.holds.split(",")],

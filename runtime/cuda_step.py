@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .megakernel import MegakernelStep, cache_dir
+from .megakernel import MegakernelStep, cache_dir, launch_args
 
 ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]
 FLAGS = ["-O3", "-std=c++17", "-cubin", "-Xptxas=-v"]
@@ -91,33 +91,35 @@ class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, flight: int | None = None, hold: bool = False,
                  lanes: bool = False):
-        from megakernel.compiler.cuda_codegen import generate_cuda
-
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
+        self.knobs = {"hold": hold, "lanes": lanes} | ({} if flight is None
+                                                       else {"flight": flight})
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")
-        dims, sms = compiled.ops.dims, torch.cuda.get_device_properties(
-            kv_cache.device).multi_processor_count
-        if len(self.queues) > sms:
-            raise ValueError(f"the CUDA backend runs one worker an SM: {len(self.queues)} "
-                             f"workers on {sms} SMs (compile with one worker per SM)")
-        extra = {"hold": hold, "lanes": lanes} | ({} if flight is None else {"flight": flight})
-        self.cuda = generate_cuda(compiled.encoded, compiled.name, dims.batch,
-                                  len(compiled.tasks.tasks), **extra)
+
+    def _load_kernel(self, compiled, device):
+        """Generate, build and load the CUDA kernel (instead of the Triton module)."""
+        from megakernel.compiler.cuda_codegen import generate_cuda
+
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        workers = len(compiled.encoded.queues)
+        if workers > sms:
+            raise ValueError(f"the CUDA backend runs one worker an SM: {workers} workers on "
+                             f"{sms} SMs (compile with one worker per SM)")
+        self.cuda = generate_cuda(compiled.encoded, compiled.name, compiled.ops.dims.batch,
+                                  len(compiled.tasks.tasks), **self.knobs)
         self.driver = Driver()
-        self.function = self.driver.load(build_cubin(self.cuda.source), self.cuda.kernel_name,
-                                         self.cuda.smem)
+        return self.driver.load(build_cubin(self.cuda.source), self.cuda.kernel_name,
+                                self.cuda.smem)
 
     def launch(self, kv_cache: torch.Tensor) -> None:
+        """The Triton launch's arguments (``launch_args``, same order), then the trace switch."""
         self.epoch += 1
-        ptr = lambda t, skip=0: ctypes.c_void_p(t.data_ptr() + skip * t.element_size())
-        args = [ptr(self.ins), ptr(self.waits), ptr(self.queues), ptr(self.counters),
-                ptr(self.error), ptr(self.weights), ptr(self.act), ptr(self.f32), ptr(kv_cache),
-                ptr(self.inputs[0]), ptr(self.inputs[1]), ptr(self.block_table),
-                ctypes.c_int(self.epoch), ctypes.c_int(self.spin_limit), ptr(self.stamps, 1),
-                ctypes.c_int(1 if self.trace_mode else 0)]
-        self.driver.launch(self.function, self.cuda.num_workers, self.cuda.threads,
-                           self.cuda.smem, torch.cuda.current_stream().cuda_stream, args)
+        args, _ = launch_args(self, kv_cache, self.compiled.options, self.trace_mode)
+        c_args = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a)
+                  for a in args] + [ctypes.c_int(1 if self.trace_mode else 0)]
+        self.driver.launch(self.kernel, self.cuda.num_workers, self.cuda.threads,
+                           self.cuda.smem, torch.cuda.current_stream().cuda_stream, c_args)

@@ -162,7 +162,7 @@ class MegakernelStep:
                  trace: bool = False):
         self.compiled, self.spin_limit = compiled, spin_limit
         dims, enc, device = compiled.ops.dims, compiled.encoded, kv_cache.device
-        self.kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
+        self.kernel = self._load_kernel(compiled, kv_cache.device)
         i32 = lambda a: torch.as_tensor(a, dtype=torch.int32, device=device).contiguous()
         self.weights, offsets = bind_weights(model, enc.memory.weights, device)
         if device.type == "cpu" and self.weights.dtype == torch.bfloat16:
@@ -206,6 +206,10 @@ class MegakernelStep:
         self.copies_made = 0
         self.error_copies = torch.zeros((MAX_UNCHECKED + 2, 4), dtype=torch.int32,
                                         pin_memory=device.type == "cuda")
+
+    def _load_kernel(self, compiled, device):
+        """The kernel a launch runs: the generated Triton module's (``CudaStep``: its own)."""
+        return load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
 
     def _args(self, kv_cache: torch.Tensor) -> tuple[tuple, dict]:
         return launch_args(self, kv_cache, self.compiled.options, self.trace_mode)
