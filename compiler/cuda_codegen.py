@@ -27,6 +27,7 @@ RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
+LOOKAHEAD = 0              # weight bytes a worker asks L2 for beyond its ring copies
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_POINTERS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr")
 
@@ -49,9 +50,15 @@ def _qkv(cx: dict) -> str:
     return _no_loop_norm(cx)
 
 
+def lanes_fit(d: int) -> bool:
+    """Whether attention a key a lane builds for head dim d: each of a key's lanes scores whole
+    16-byte groups."""
+    lpk = d // 32 if d > 32 else 1
+    return d % lpk == 0 and d // lpk % 8 == 0
+
+
 def _attention(cx: dict) -> str:
-    lpk = cx["D"] // 32 if cx["D"] > 32 else 1
-    if cx["LANES"] and (cx["D"] % lpk or cx["D"] // lpk % 8):
+    if cx["LANES"] and not lanes_fit(cx["D"]):
         return f"a key a lane with head dim {cx['D']} (16-byte groups a lane)"
     return ""
 
@@ -91,13 +98,19 @@ class CudaSource:
     smem: int           # dynamic shared memory a worker takes, bytes
 
 
-def check_supported(enc: Encoded, knobs: dict) -> None:
+def knobs_of(cx: dict, lanes: bool | None) -> dict:
+    """The backend's own template arguments of an opcode with constexprs ``cx``: attention a key
+    a lane where asked, or (``lanes=None``) where its head dim builds it."""
+    return {"LANES": lanes_fit(cx.get("D", 0)) if lanes is None else lanes}
+
+
+def check_supported(enc: Encoded, lanes: bool | None) -> None:
     """Raise ValueError naming every opcode the CUDA backend does not build (with the
-    backend's own ``knobs``, template arguments beside the opcodes' constexprs)."""
+    backend's own knobs, ``knobs_of``, beside the opcodes' constexprs)."""
     missing = []
     for op, kind, cx, _ in enc.variants:
         spec = CUDA_OPS.get(kind)
-        why = "no CUDA body" if spec is None else spec.unsupported(cx | knobs)
+        why = "no CUDA body" if spec is None else spec.unsupported(cx | knobs_of(cx, lanes))
         if why:
             missing.append(f"opcode {op} ({kind}): {why}")
     if missing:
@@ -148,7 +161,7 @@ class Geometry:
     tmp: int      # floats of epilogue / attention-merge scratch
 
     def smem(self, batch: int) -> int:
-        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + 2)
+        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + 1)
 
 
 def geometry(enc: Encoded, batch: int) -> Geometry:
@@ -174,19 +187,19 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
     return geo
 
 
-HOLD_KINDS = ("attn_partial", "attn_combine")
-
-
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
-                  flight: int = FLIGHT, hold: bool = False, lanes: bool = False) -> CudaSource:
-    """``flight``: copies a worker's producer keeps issued and not landed, at most; ``hold``:
-    the producer copies nothing past an attention task until the consumers have finished it
-    (its loads then meet no queue of weight copies); ``lanes``: attention a key a lane
-    (``AttnPartial::lane_keys``) instead of a key a warp."""
-    knobs = {"LANES": lanes}
+                  flight: int = FLIGHT, lookahead: int = LOOKAHEAD,
+                  lanes: bool | None = None) -> CudaSource:
+    """``flight``: copies a worker's producer keeps issued and not landed, at most;
+    ``lookahead``: bytes of later tasks' weights the producer asks L2 for beyond its copies
+    (``Lookahead``, whole tasks; 0: none); ``lanes``: attention a key a lane
+    (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane where the head dim builds
+    it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
-    check_supported(enc, knobs)
+    if lookahead < 0:
+        raise ValueError(f"lookahead={lookahead}: bytes ahead cannot be negative")
+    check_supported(enc, lanes)
     geo = geometry(enc, batch)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
@@ -194,13 +207,13 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     variants = []
     for op, kind, cx, units in enc.variants:
         spec = CUDA_OPS[kind]
-        struct = f"{spec.struct}<{', '.join(_literal((cx | knobs)[p]) for p in spec.params)}>"
-        variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units),
-                             hold="\n            while (*done <= i) {}"
-                             if hold and kind in HOLD_KINDS else ""))
+        full = cx | knobs_of(cx, lanes)
+        struct = f"{spec.struct}<{', '.join(_literal(full[p]) for p in spec.params)}>"
+        variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units)))
     source = env.get_template("megakernel.cu.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight,
+        lookahead=lookahead,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

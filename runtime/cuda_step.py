@@ -20,7 +20,7 @@ import torch
 from .megakernel import MegakernelStep, cache_dir, launch_args
 
 ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]
-FLAGS = ["-O3", "-std=c++17", "-cubin", "-Xptxas=-v"]
+FLAGS = ["-O3", "-std=c++17", "-cubin", "-lineinfo", "-Xptxas=-v"]
 
 
 def nvcc() -> str:
@@ -89,13 +89,14 @@ class Driver:
 
 class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
-                 trace: bool = False, flight: int | None = None, hold: bool = False,
-                 lanes: bool = False):
+                 trace: bool = False, flight: int | None = None,
+                 lookahead: int | None = None, lanes: bool | None = None):
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
-        self.knobs = {"hold": hold, "lanes": lanes} | ({} if flight is None
-                                                       else {"flight": flight})
+        self.knobs = {"lanes": lanes} | {k: v for k, v in (("flight", flight),
+                                                           ("lookahead", lookahead))
+                                         if v is not None}
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")

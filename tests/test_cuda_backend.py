@@ -40,7 +40,7 @@ def test_unbuilt_variants_are_refused_by_name():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("batch,lanes", [(1, False), (3, False), (1, True)])
+@pytest.mark.parametrize("batch,lanes", [(1, False), (3, None), (1, True)])
 def test_builds_for_sm90a_without_spills(batch, lanes, tmp_path, monkeypatch):
     from megakernel.runtime.cuda_step import build_cubin
 
@@ -48,7 +48,7 @@ def test_builds_for_sm90a_without_spills(batch, lanes, tmp_path, monkeypatch):
     c = compiled(batch=batch)
     src = generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks), lanes=lanes)
     lane_form = re.search(r"AttnPartial<[^>]*, true>::run", src.source)   # LANES: its last
-    assert bool(lane_form) == lanes
+    assert bool(lane_form) == (lanes is not False)     # None: where the head dim fits
     cubin = build_cubin(src.source)
     assert cubin.stat().st_size > 0
     log = cubin.with_suffix(".log").read_text()
