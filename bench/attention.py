@@ -41,7 +41,8 @@ def attn_units(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, layer, B: tl.c
     u = tl.program_id(0)
     while u < units:
         attention_ops.attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, out_ptr, out_ptr,
-                                      u // HKV, u % HKV, 0, 0, S, layer, D ** -0.5, B,
+                                      u // HKV, u % HKV, 0, 0, S, layer, out_ptr, 0, 0, 0, 1,
+                                      D ** -0.5, B,
                                       HQ, HKV, S, D, G, S, BS, CHUNK, BLOCK_G, D, STAGES, True,
                                       0, BS % CHUNK == 0)
         u += tl.num_programs(0)

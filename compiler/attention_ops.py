@@ -69,19 +69,21 @@ def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
 
 @triton.jit
 def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row, kv_head,
-                    slot, lo, span, layer, scale: tl.constexpr,
-                    B: tl.constexpr, HQ: tl.constexpr,
+                    slot, lo, span, layer, counters_ptr, epoch, ticket, first, count,
+                    scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                     HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                     KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                     STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr = 0,
-                    IN_BLOCK: tl.constexpr = False):
+                    IN_BLOCK: tl.constexpr = False, FUSED: tl.constexpr = False,
+                    BLOCK_SPLIT: tl.constexpr = 1):
     """Attention of row ``row``'s G query heads of one kv head over keys
     [lo, min(lo + span, len)) (span <= KV_SPLIT) -> unnormalised acc [G, D] and (max, sum) in
     fp32, into partial slot ``slot``; DIRECT (one range holds every key): the
-    normalised output into out [B, HQ * D]. IN_BLOCK: lo and BS are multiples of CHUNK, so that
-    each step reads one block-table entry. (PF_KEYS is ``attn_partial_prefetch``'s, which takes the
-    same arguments.)"""
+    normalised output into out [B, HQ * D]. FUSED: then the unit's ticket; the piece that takes
+    its last (``count`` pieces a launch) merges slots [first, first + count) into out. IN_BLOCK:
+    lo and BS are multiples of CHUNK, so that each step reads one block-table entry. (PF_KEYS is
+    ``attn_partial_prefetch``'s, which takes the same arguments.)"""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     seq_len = tl.load(pos_ptr + row).to(tl.int32) + 1
     hi = tl.minimum(lo + span, seq_len)
@@ -108,6 +110,19 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
         tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
     else:
         store_partial(acc_ptr, ml_ptr, slot, m, l, acc, G, D, BLOCK_G, BLOCK_D)
+        if FUSED:
+            if last_ticket(counters_ptr + ticket, count, epoch):
+                attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, first, count, HQ, D, G,
+                                BLOCK_G, BLOCK_SPLIT, BLOCK_D)
+
+
+@triton.jit
+def last_ticket(ticket_ptr, count, epoch):
+    """Whether this task is the last of its unit's ``count`` pieces to take the unit's ticket
+    this launch: every thread's stores before it are released, and the other pieces' stores
+    acquired by the last (its loads after it then read them from L2)."""
+    tl.debug_barrier()
+    return tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == count * epoch - 1
 
 
 @triton.jit
@@ -315,13 +330,15 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
 
 @triton.jit
 def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row,
-                          kv_head, slot, lo, span, layer, scale: tl.constexpr,
+                          kv_head, slot, lo, span, layer, counters_ptr, epoch, ticket, first,
+                          count, scale: tl.constexpr,
                           B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                           S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                           KV_SPLIT: tl.constexpr, BS: tl.constexpr,
                           CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                           STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr,
-                          IN_BLOCK: tl.constexpr = False):
+                          IN_BLOCK: tl.constexpr = False, FUSED: tl.constexpr = False,
+                          BLOCK_SPLIT: tl.constexpr = 1):
     """Ask L2 for the keys and values of earlier steps that ``attn_partial_op`` will read with
     these arguments, [lo, min(lo + span, position)), one 128-byte line per lane (GPU only; the
     key of this step comes from a q/k/v task). PF_KEYS keys at a time, their block-table

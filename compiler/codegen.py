@@ -33,7 +33,7 @@ def field_expr(field, word: int, unit: int = 1) -> str:
     return {"act": f"act_ptr + {w} * {ALIGN}",
             "f32": f"f32_ptr + {w} * {ALIGN}",
             "weight": f"weights_ptr + {w}.to(tl.int64) * {ALIGN}",
-            "int": f"{w} * {unit}" if unit > 1 else w}[field.space]
+            "int": f"{w} * {unit}" if unit > 1 else w, "ticket": w}[field.space]
 
 
 def call_args(kind: str, constexprs: dict, units: dict) -> str:

@@ -29,7 +29,8 @@ FLIGHT = 2                 # ring copies a worker has issued and not yet landed,
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
 LOOKAHEAD = 0              # weight bytes a worker asks L2 for beyond its ring copies
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
-KERNEL_POINTERS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr")
+KERNEL_ARGS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr", "counters_ptr",
+                   "epoch")
 
 
 def _no_loop_norm(cx: dict) -> str:
@@ -84,7 +85,7 @@ CUDA_OPS: dict[str, CudaOp] = {
                                        "HAS_NORM", "SUMS"), ("eps",), _qkv,
                        lambda cx: 2 * cx["PART"]),
     "attn_partial": CudaOp("mk::AttnPartial", ("B", "HQ", "HKV", "S", "D", "G", "BS", "DIRECT",
-                                               "LANES"), ("scale",), _attention),
+                                               "FUSED", "LANES"), ("scale",), _attention),
     "attn_combine": CudaOp("mk::AttnCombine", ("HQ", "D", "G")),
 }
 
@@ -131,7 +132,7 @@ def call_args(kind: str, cx: dict, units: dict) -> str:
     args, word = [], HEADER_WORDS
     for f in REGISTRY[kind].fields:
         if f.space == "kernel":
-            if f.name in KERNEL_POINTERS:
+            if f.name in KERNEL_ARGS:
                 args.append(f.name)
             continue
         w = f"w[{word}]"
@@ -140,7 +141,7 @@ def call_args(kind: str, cx: dict, units: dict) -> str:
         args.append({"act": f"act_ptr + (int64_t){w} * {ALIGN}",
                      "f32": f"f32_ptr + (int64_t){w} * {ALIGN}",
                      "weight": f"weights_ptr + (int64_t){w} * {ALIGN}",
-                     "int": f"{w} * {unit}" if unit > 1 else w}[f.space])
+                     "int": f"{w} * {unit}" if unit > 1 else w, "ticket": w}[f.space])
     args += [_literal(cx[name]) for name in CUDA_OPS[kind].floats]
     return ", ".join(args)
 

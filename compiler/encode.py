@@ -64,9 +64,12 @@ def plan_memory(graph: TaskGraph) -> MemoryPlan:
     return MemoryPlan(weights, act, act_n, f32, f32_n)
 
 
-def _word(field, value, mem: MemoryPlan, weight_id: dict) -> int:
+def _word(field, value, mem: MemoryPlan, weight_id: dict, tickets: int) -> int:
+    """``tickets``: the counter index of ticket 0 (``SyncPlan``)."""
     if value is None:
         return 0                      # unused by the variant; any valid address will do
+    if field.space == "ticket":
+        return tickets + value
     if field.space == "act":
         return mem.act[value] // ALIGN
     if field.space == "f32":
@@ -144,7 +147,8 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             header = [named[h] for h in HEADER]
             waits.extend(mine)
             spec = REGISTRY[task.kind]
-            fields = [_word(f, task.args.get(f.name), mem, weight_id) for f in spec.words]
+            fields = [_word(f, task.args.get(f.name), mem, weight_id, sync.num_counters)
+                      for f in spec.words]
             rows.append(header + fields + [0] * (NUM_WORDS - HEADER_WORDS - len(fields)))
             is_weight = header_marks + [f.space == "weight" for f in spec.words]
             marks.append(is_weight + [False] * (NUM_WORDS - len(is_weight)))

@@ -113,11 +113,14 @@ class Schedule:
 @dataclass(frozen=True)
 class SyncPlan:
     """Counters between workers: each task adds 1 to ``signal[t]`` when done; a task waits until
-    every counter in ``waits[t]`` reaches epoch * ``counter_size`` of it."""
+    every counter in ``waits[t]`` reaches epoch * ``counter_size`` of it. Tickets (fused attention
+    merges: each piece of a unit adds 1, the one that makes it epoch * pieces merges) follow the
+    counters in the same array: ticket u is counter num_counters + u."""
     num_counters: int
     counter_size: tuple[int, ...]
     signal: tuple[int, ...]
     waits: tuple[tuple[int, ...], ...]
+    num_tickets: int = 0
 
 
 @dataclass(frozen=True)

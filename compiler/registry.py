@@ -6,8 +6,9 @@ A field is one runtime argument of the op body, in order: ``act``/``f32`` words 
 those arenas in units of ALIGN elements, ``weight`` words the weight's offset in its arena in the
 same units (written when a model is bound), ``int`` words the value over its unit in the opcode
 (the largest power of two up to ALIGN dividing every task's value; the dispatch multiplies back,
-so Triton sees what divides it), ``kernel`` fields name an argument the kernel itself receives, a
-pointer or a GPU-only switch (no word). Compile-time sizes come
+so Triton sees what divides it), ``ticket`` words a counter index (``SyncPlan``'s tickets
+follow its counters), ``kernel`` fields name an argument the kernel itself receives, a
+pointer, the launch's epoch or a GPU-only switch (no word). Compile-time sizes come
 from ``constexprs(task, dims, cfg)``; tasks with equal kind and sizes share an opcode.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .tile import TileConfig, p2 as next_pow2
 @dataclass(frozen=True)
 class Field:
     name: str
-    space: str   # act | f32 | weight | int | kernel
+    space: str   # act | f32 | weight | int | ticket | kernel
 
 
 @dataclass(frozen=True)
@@ -188,10 +189,12 @@ def _attn_body(d: Dims, c: TileConfig, chunk: int) -> dict:
 
 def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = kv_chunk(t, d, c)
+    fused = "ticket" in t.args
     return _attn_body(d, c, chunk) | dict(
         KV_SPLIT=t.args["kv_split"], DIRECT=t.args["direct"],
         PF_KEYS=min(1024, p2(t.args["kv_split"])),
-        IN_BLOCK=c.kv_block % chunk == 0)       # tasks start at multiples of kv_block
+        IN_BLOCK=c.kv_block % chunk == 0,       # tasks start at multiples of kv_block
+        FUSED=fused, BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
 
 
 def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -256,7 +259,8 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "col:int"), _head_norm_rope),
     OpSpec("attn_partial", "attention_ops.attn_partial_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int"),
+                   "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int "
+                   "counters_ptr:kernel epoch:kernel ticket:ticket first:int count:int"),
            _attn_partial, "attention_ops.attn_partial_prefetch"),
     OpSpec("attn_pair", "attention_ops.attn_pair_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "

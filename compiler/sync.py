@@ -91,4 +91,5 @@ def plan_sync(graph: TaskGraph, schedule: Schedule) -> SyncPlan:
                 before |= closure[c]
             before |= anc[t] | (1 << t)
     sizes = tuple(len(members[c]) for c in range(len(groups)))
-    return SyncPlan(len(groups), sizes, tuple(signal), tuple(waits))
+    tickets = 1 + max((t.args.get("ticket", -1) for t in graph.tasks), default=-1)
+    return SyncPlan(len(groups), sizes, tuple(signal), tuple(waits), tickets)

@@ -84,6 +84,10 @@ class TileConfig:
     attn_spill: bool = False   # where whole units leave a few over a multiple of the workers,
                                # those few cut into whole cache blocks spread over the workers
                                # and combined, not a round of their own (Tiler.kv_pieces)
+    fuse_combine: bool = False # attn_partial pieces merge their unit themselves: each takes a
+                               # ticket (an atomic counter a unit) after writing its slot, and
+                               # the last of a unit merges every slot into the output; no
+                               # attn_combine task, phase or wait (plain pieces only)
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)
@@ -177,6 +181,7 @@ class Tiler:
     workers: int = 1
     tasks: list = field(default_factory=list)
     buffers: dict = field(default_factory=dict)
+    tickets: int = 0           # units of fused partials so far (``fuse_combine``)
 
     def __post_init__(self):
         self.buffers = dict(self.graph.buffers)

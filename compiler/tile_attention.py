@@ -99,7 +99,9 @@ def tile_attention_pair_parts(t: Tiler, op) -> None:
 def tile_attention_pieces(t: Tiler, op) -> None:
     """An attn_partial task per key range of ``Tiler.kv_pieces`` of each (row, kv head); a unit
     in one range writes its output itself, the others' ranges write consecutive slots of
-    {op}.acc [P, G, D] and {op}.ml [P, G, 2] and an attn_combine per unit merges them. Each
+    {op}.acc [P, G, D] and {op}.ml [P, G, 2] and an attn_combine per unit merges them (with
+    ``fuse_combine``: the unit's last piece to take its ticket merges them; every piece declares
+    the unit's output as written, so its readers wait for all of them). Each
     kind's tasks loop over as many steps as its longest range takes (whole units and pieces
     are two opcodes: a piece does not step through a whole unit's keys masked)."""
     d = t.graph.dims
@@ -110,7 +112,7 @@ def tile_attention_pieces(t: Tiler, op) -> None:
         longest[len(p) == 1] = max([longest.get(len(p) == 1, 0)] + [hi - lo for lo, hi in p])
     most = max(len(p) for p in pieces)
     acc, ml = partial_slots(t, op, pieces)
-    first = 0
+    first, fused = 0, t.cfg.fuse_combine
     for b in range(d.batch):
         for g in range(d.kv_heads):
             ranges, heads = pieces[b * d.kv_heads + g], (g * group, (g + 1) * group)
@@ -125,16 +127,22 @@ def tile_attention_pieces(t: Tiler, op) -> None:
                 slot = ((first + s, first + s + 1), (0, group))
                 writes = [out_region] if direct else [Region(acc.name, slot + ((0, hd),)),
                                                       Region(ml.name, slot + ((0, 2),))]
+                merge = dict(ticket=t.tickets, first=first, count=len(ranges), nsplit=most,
+                             out=out.name) if fused and not direct else {}
                 t.add(op, "attn_partial", dict(q=q.name, row=b, kv_head=g, slot=first + s,
                                                lo=lo, span=hi - lo, layer=layer,
                                                kv_split=longest[direct], direct=direct,
-                                               **into),
-                      [q_region, kv, Region("positions", ((0, d.batch),))], writes,
+                                               **into | merge),
+                      [q_region, kv, Region("positions", ((0, d.batch),))],
+                      writes + [out_region] * bool(merge),
                       (2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4,
                       4 * group * (hi - lo) * hd)
             if direct:
                 continue
-            add_combine(t, op, acc, ml, b, g, first, len(ranges), most)
+            if fused:                     # the unit's last piece merges it (its ticket)
+                t.tickets += 1
+            else:
+                add_combine(t, op, acc, ml, b, g, first, len(ranges), most)
             first += len(ranges)
 
 

@@ -5,7 +5,8 @@
     complete            every task is queued exactly once
     deadlock-free       running each queue in order, every wait can be satisfied
     written once        every element of every activation/scratch buffer, and every (layer, k/v,
-                        row, kv head, dim) of the cache, is written by exactly one task
+                        row, kv head, dim) of the cache, is written by exactly one task (a
+                        fused attention unit's output: by its pieces together, once)
     fits                the grid is resident on the target at once (workers <= resident slots)
     sync covers deps    each dependency is waited on, or implied by queue order or by another wait
 """
@@ -62,8 +63,13 @@ def check_written_once(graph: TaskGraph) -> None:
             counts[name] = np.zeros(buf.shape, dtype=np.int32)
         elif buf.space == "cache":              # a step writes one slot per row: skip S
             counts[name] = np.zeros(cache_cells(buf.shape), dtype=np.int32)
+    merged = set()          # (ticket, region): a fused unit's output, one write for its pieces
     for task in graph.tasks:
         for r in task.writes:
+            if "ticket" in task.args and r.buffer == task.args["out"]:
+                if (task.args["ticket"], r) in merged:
+                    continue
+                merged.add((task.args["ticket"], r))
             if r.buffer not in counts:
                 raise ScheduleError(f"task {task.id} writes {r.buffer}, which is not writable")
             box = cache_cells(r.box) if graph.ops.buffers[r.buffer].space == "cache" else r.box

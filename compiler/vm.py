@@ -56,6 +56,7 @@ class VM:
                 dt = self.dt if b.space == "act" else torch.float32
                 self.buf[name] = torch.full(b.shape, float("nan"), dtype=dt, device=kv_cache.device)
         self.buf.update(tokens=tokens.view(-1), positions=positions.view(-1), kv_cache=kv_cache)
+        self.tickets: dict[int, int] = {}        # fused attention: pieces of a unit done
 
     def w(self, name):
         return None if name is None else self.buf[name]
@@ -198,10 +199,14 @@ class VM:
     def attn_partial(self, a):
         b, g = a["row"], a["kv_head"]
         acc, ml = self.attend(b, g, a["lo"], a["lo"] + a["span"], a["layer"], a["q"])
-        if a["out"] is not None:                     # one split: the output itself
+        if a["direct"]:                              # one split: the output itself
             self.attn_out(a, b, g, acc / ml[:, 1:])
-        else:
-            self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]] = acc, ml
+            return
+        self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]] = acc, ml
+        if "ticket" in a:                            # fused: the unit's last piece merges
+            self.tickets[a["ticket"]] = self.tickets.get(a["ticket"], 0) + 1
+            if self.tickets[a["ticket"]] == a["count"]:
+                self.attn_combine(a)
 
     def attn_pair(self, a):
         for g in range(a["kv_head"], a["kv_head"] + a["heads"]):

@@ -181,7 +181,8 @@ class MegakernelStep:
             if name in constants:
                 buf = constants[name].float().flatten()
                 self.f32[off: off + buf.numel()] = buf
-        self.counters = torch.zeros(max(compiled.sync.num_counters, 1), dtype=torch.int32,
+        self.counters = torch.zeros(max(compiled.sync.num_counters + compiled.sync.num_tickets,
+                                        1), dtype=torch.int32,
                                     device=device)
         self.error = torch.zeros(4, dtype=torch.int32, device=device)
         blocks = dims.max_seq_len // compiled.options.tile.kv_block

@@ -92,6 +92,7 @@ class Variant:
     attn_balance: bool = TileConfig.attn_balance
     attn_stream: bool = TileConfig.attn_stream
     attn_pairs: bool = TileConfig.attn_pairs
+    fuse_combine: bool = TileConfig.fuse_combine
     attn_group: int = TileConfig.attn_group
     attn_pair_ranges: bool = TileConfig.attn_pair_ranges
     attn_spill: bool = TileConfig.attn_spill
@@ -133,6 +134,7 @@ class Variant:
         flags += ["ab"] * self.attn_balance
         flags += ["af"] * self.attn_stream
         flags += ["ap"] * self.attn_pairs
+        flags += ["fc"] * self.fuse_combine
         flags += [f"ag{self.attn_group}"] * (self.attn_group != TileConfig.attn_group)
         flags += ["apr"] * self.attn_pair_ranges
         flags += ["sp"] * self.attn_spill
@@ -177,6 +179,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},
+            "fc": {"fuse_combine": True},
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
             "rn": {"reduce_norm": True}, "ns": {"norm_sums": True}, "kl": {"split_long": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
@@ -234,7 +237,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     otherwise, q/k/v pieces across heads only without head norms (their pieces per head then
     mean nothing), pairs (or groups) of kv heads per task only where they apply
     (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only where
-    units have several, spilled units only where some are cut, slices of the long projections
+    units have several, spilled units only where some are cut, fused combines only for plain
+    pieces where some unit has several, slices of the long projections
     only where that leaves some projections unsliced, their own slices only where they change
     some (``slicing``). Equal results build equal kernels. ``memo`` (variant -> result) carries
     results across calls on the same ``ops``."""
@@ -265,6 +269,8 @@ def _effective(ops, v: Variant, again) -> Variant:
         return again(replace(v, attn_pair_ranges=False))
     if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):
         return again(replace(v, attn_spill=False))
+    if v.fuse_combine and (v.attn_stream or v.attn_pairs or tiler.whole_units()):
+        return again(replace(v, fuse_combine=False))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:
         return again(replace(v, qkv_cross=False))

@@ -6,13 +6,34 @@
 
 namespace mk {
 
+template <int HQ, int D, int G>
+struct AttnCombine;
+
+// Whether this task takes the last of `total` tickets: every consumer's stores before it are
+// released (the barrier, then an acq_rel atomic), and the last taker acquires the others'
+// (its loads after it read from L2: ``__ldcg``).
+template <class C>
+__device__ bool last_ticket(C& c, int* ticket, int total) {
+  c.sync();
+  int* flag = reinterpret_cast<int*>(c.tmp);
+  if (c.t == 0) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(ticket)
+                 : "memory");
+    *flag = old == total - 1;
+  }
+  c.sync();
+  return *flag != 0;
+}
+
 // Keys [lo, min(lo + span, len)) of row `row`, split between the warps, whose (max, sum, acc)
 // are merged in a fixed order; lane l holds dims [l * DL, (l + 1) * DL) (those below D) of each
 // head's acc. Probabilities are rounded to bf16 before they weight the values, as the Triton
 // body's dot takes them. Keys of a warp, two forms (LANES): each warp every NCW-th key, a key's
 // scores reduced across the warp (``warp_keys``); or a key a lane (LPK lanes a key for D > 32),
 // each warp a run of 32 / LPK keys at a time, one reduction a run (``lane_keys``).
-template <int B, int HQ, int HKV, int S, int D, int G, int BS, bool DIRECT, bool LANES = false>
+template <int B, int HQ, int HKV, int S, int D, int G, int BS, bool DIRECT, bool FUSED,
+          bool LANES = false>
 struct AttnPartial {
   static constexpr int DL = (D + 31) / 32;
   static constexpr int LPK = D > 32 ? D / 32 : 1;     // lanes a key (lane_keys)
@@ -42,11 +63,15 @@ struct AttnPartial {
   }
   template <class P>
   __device__ static void pages(P&, const bf16*, const bf16*, const int64_t*, const int*, float*,
-                               float*, bf16*, int, int, int, int, int, int, float) {}
+                               float*, bf16*, int, int, int, int, int, int, int*, int, int, int,
+                               int, float) {}
+  // FUSED: after the partial slot, the unit's ticket; the piece that takes its last (`count`
+  // pieces a launch) merges slots [first, first + count) into out (AttnCombine).
   template <class C>
   __device__ static void run(C& c, const bf16* q, const bf16* cache, const int64_t* positions,
                              const int* bt, float* acc_out, float* ml, bf16* out, int row,
-                             int kv_head, int slot, int lo, int span, int layer, float scale) {
+                             int kv_head, int slot, int lo, int span, int layer, int* counters,
+                             int epoch, int ticket, int first, int count, float scale) {
     if (c.drain) return;
     const int hi = min(lo + span, (int)positions[row] + 1);
     const bf16* qrow = q + (int64_t)row * HQ * D + kv_head * G * D;   // [G, D]
@@ -63,6 +88,8 @@ struct AttnPartial {
     else
       warp_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
     merge(c, m, l, acc, acc_out, ml, out, row, kv_head, slot);
+    if (FUSED && last_ticket(c, counters + ticket, count * epoch))
+      AttnCombine<HQ, D, G>::run(c, acc_out, ml, out, row, kv_head, first, count);
   }
 
   // One online step over a run of U keys of scores sc (-inf: no key) and values v.
@@ -263,6 +290,7 @@ template <int HQ, int D, int G>
 struct AttnCombine {
   template <class P>
   __device__ static void pages(P&, const float*, const float*, bf16*, int, int, int, int) {}
+  // (also the merge of a fused unit's last piece, after its ticket)
   template <class C>
   __device__ static void run(C& c, const float* acc, const float* ml, bf16* out, int row,
                              int kv_head, int first, int count) {

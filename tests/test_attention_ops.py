@@ -15,31 +15,36 @@ G = HQ // HKV
 
 @triton.jit
 def pieces_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, los_ptr,
-                  spans_ptr, row, kv_head, layer, count, B: tl.constexpr, HQ: tl.constexpr,
-                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                  SLOTS: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
-                  IN_BLOCK: tl.constexpr):
+                  spans_ptr, ticket_ptr, row, kv_head, layer, count, B: tl.constexpr,
+                  HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                  G: tl.constexpr, SLOTS: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                  IN_BLOCK: tl.constexpr, FUSED: tl.constexpr):
+    """The pieces, then their combine (FUSED: the last piece merges them, ticket 0 at epoch 1)."""
     for s in range(count):
         attention_ops.attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                       row, kv_head, s, tl.load(los_ptr + s),
-                                      tl.load(spans_ptr + s), layer, D ** -0.5, B, HQ, HKV, S,
-                                      D, G, KV_SPLIT, BS, 16, G, D, 2, False, 0, IN_BLOCK)
-    tl.debug_barrier()
-    attention_ops.attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, 0, count, HQ, D, G,
-                                  G, SLOTS, D)
+                                      tl.load(spans_ptr + s), layer, ticket_ptr, 1, 0, 0, count,
+                                      D ** -0.5, B, HQ, HKV, S, D, G, KV_SPLIT, BS, 16, G, D, 2,
+                                      False, 0, IN_BLOCK, FUSED, SLOTS)
+    if not FUSED:
+        tl.debug_barrier()
+        attention_ops.attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, 0, count, HQ, D,
+                                      G, G, SLOTS, D)
 
 
 UNEQUAL = [(0, 20), (20, 16), (36, 28)]            # (lo, span); the last past seq_len 30
 BLOCKS = [(0, 32), (32, 16), (48, 16)]             # at multiples of a 16- or 32-key block
 
 
-@pytest.mark.parametrize("seq_len,shuffled,ranges,bs", [
-    (50, False, UNEQUAL, BS), (30, False, UNEQUAL, BS), (50, True, UNEQUAL, BS),
-    (30, True, UNEQUAL, BS), (50, True, BLOCKS, 16), (30, True, BLOCKS, 32),
-    (64, True, BLOCKS, 32)])
-def test_partials_over_unequal_ranges_combine_to_attention(seq_len, shuffled, ranges, bs):
+@pytest.mark.parametrize("seq_len,shuffled,ranges,bs,fused", [
+    (50, False, UNEQUAL, BS, False), (30, False, UNEQUAL, BS, False),
+    (50, True, UNEQUAL, BS, False), (30, True, UNEQUAL, BS, False),
+    (50, True, BLOCKS, 16, False), (30, True, BLOCKS, 32, False), (64, True, BLOCKS, 32, False),
+    (50, True, UNEQUAL, BS, True), (30, True, BLOCKS, 32, True)])
+def test_partials_over_unequal_ranges_combine_to_attention(seq_len, shuffled, ranges, bs, fused):
     """shuffled: the rows' blocks at random places of the cache, through the block table.
-    Ranges at block multiples read one table entry per 16-key step (IN_BLOCK)."""
+    Ranges at block multiples read one table entry per 16-key step (IN_BLOCK). fused: the last
+    piece to take the ticket merges (and the ticket counts every piece)."""
     gen = torch.Generator().manual_seed(seq_len)
     row, kv_head = 1, 1
     q = torch.randn(B, HQ * D, generator=gen)
@@ -51,9 +56,11 @@ def test_partials_over_unequal_ranges_combine_to_attention(seq_len, shuffled, ra
     ml = torch.full((4, G, 2), float("nan"))
     out = torch.full((B, HQ * D), float("nan"))
     los, spans = (torch.tensor(v, dtype=torch.int32) for v in zip(*ranges))
-    args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out, los, spans)]
+    ticket = torch.zeros(1, dtype=torch.int32)
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out, los, spans, ticket)]
     pieces_kernel[(1,)](*args, row, kv_head, 0, len(ranges), B, HQ, HKV, S, D, G, 4, 32, bs,
-                        ranges is BLOCKS)
+                        ranges is BLOCKS, fused)
+    assert args[9].item() == (len(ranges) if fused else 0)
     heads = slice(kv_head * G * D, (kv_head + 1) * G * D)
     qh = q[row, heads].view(G, D)                                            # [G, D]
     blocks = cache[0].view(2, B, HKV, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \

@@ -39,16 +39,23 @@ def test_unbuilt_variants_are_refused_by_name():
         generate_cuda(q.encoded, "tiny", 1, len(q.tasks.tasks))
 
 
+FUSED_TILE = TileConfig(norm_first=True, norm_sums=True, split_k=1, kv_block=16, kv_split=16,
+                        attn_tasks_per_worker=0, fuse_combine=True)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("batch,lanes", [(1, False), (3, None), (1, True)])
-def test_builds_for_sm90a_without_spills(batch, lanes, tmp_path, monkeypatch):
+@pytest.mark.parametrize("batch,lanes,tile", [(1, False, CUDA_TILE), (3, None, CUDA_TILE),
+                                              (1, True, CUDA_TILE), (1, None, FUSED_TILE)])
+def test_builds_for_sm90a_without_spills(batch, lanes, tile, tmp_path, monkeypatch):
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
-    c = compiled(batch=batch)
+    c = compiled(batch=batch, tile=tile)
     src = generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks), lanes=lanes)
     lane_form = re.search(r"AttnPartial<[^>]*, true>::run", src.source)   # LANES: its last
     assert bool(lane_form) == (lanes is not False)     # None: where the head dim fits
+    fused = re.search(r"AttnPartial<[^>]*, true, (true|false)>::run", src.source)  # FUSED
+    assert bool(fused) == tile.fuse_combine
     cubin = build_cubin(src.source)
     assert cubin.stat().st_size > 0
     log = cubin.with_suffix(".log").read_text()

@@ -76,6 +76,15 @@ def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
     assert kinds.count("attn_group") == 3 * B and "attn_pair" not in kinds
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_kernel_equals_vm_with_fused_combines(name):
+    """Attention pieces that merge their unit themselves (the last to take its ticket): no
+    attn_combine task."""
+    tiles = TileConfig(kv_block=16, kv_split=16, attn_tasks_per_worker=0, fuse_combine=True)
+    kinds = check_kernel_against_vm(name, tiles)
+    assert "attn_combine" not in kinds and "attn_partial" in kinds
+
+
 def test_kernel_equals_vm_with_op_bodies_as_calls():
     """Op bodies built as functions of their own (``noinline``) compute the same step."""
     check_kernel_against_vm("tiny-qwen3", TileConfig(split_k=2, norm_first=True), noinline=True)
