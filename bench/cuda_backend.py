@@ -2,12 +2,11 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--lookaheads 0,256] [--lanes 0,1]
+        [--flights 2,4] [--lanes 0,1]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
-combination of the backend's knobs (ring copies in flight, KiB of weights asked of L2 ahead of
-them, attention a key a lane) against eager's (relative norm of the difference, top-1 agreement), then
-their median step times, measured in alternating rounds (GPU only). ``--trace DIR``: the trace
+combination of the backend's knobs (ring copies in flight, attention a key a lane) against
+eager's (relative norm of the difference, top-1 agreement), then their median step times, measured in alternating rounds (GPU only). ``--trace DIR``: the trace
 tables and timeline of the first CUDA kernel (as ``megakernel trace`` prints and draws them).
 """
 from __future__ import annotations
@@ -23,8 +22,7 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
-            trace: str | None, flights: list[int], aheads: list[int],
-            lanes: list[bool]) -> dict:
+            trace: str | None, flights: list[int], lanes: list[bool]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -39,9 +37,8 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}_la{k}{'_lanes' * a}": CudaStep(compiled, model, cache, flight=f,
-                                                             lookahead=k * 1024, lanes=a)
-                for f in flights for k in aheads for a in lanes}}
+             **{f"cuda_f{f}{'_lanes' * a}": CudaStep(compiled, model, cache, flight=f, lanes=a)
+                for f in flights for a in lanes}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -59,7 +56,7 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
             row[f"{name}_ms"] = statistics.median(times[name])
     if trace:
         draw(compiled, model, cache, (tokens, positions), trace, batch,
-             dict(flight=flights[0], lookahead=aheads[0] * 1024, lanes=lanes[0]))
+             dict(flight=flights[0], lanes=lanes[0]))
     return row
 
 
@@ -97,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, help="folder for the (first) CUDA kernel's timeline")
     ap.add_argument("--flights", default="2",
                     help="CUDA kernels with at most these many ring copies in flight")
-    ap.add_argument("--lookaheads", default="0",
-                    help="CUDA kernels asking L2 for these many KiB of weights past the ring")
     ap.add_argument("--lanes", default="1",
                     help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
     args = ap.parse_args(argv)
@@ -106,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
                       args.trace, [int(f) for f in args.flights.split(",")],
-                      [int(k) for k in args.lookaheads.split(",")],
                       [bool(int(a)) for a in args.lanes.split(",")])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)

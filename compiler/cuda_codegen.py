@@ -27,7 +27,6 @@ RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
-LOOKAHEAD = 0              # weight bytes a worker asks L2 for beyond its ring copies
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_ARGS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr", "counters_ptr",
                    "epoch")
@@ -189,17 +188,13 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
 
 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
-                  flight: int = FLIGHT, lookahead: int = LOOKAHEAD,
-                  lanes: bool | None = None) -> CudaSource:
-    """``flight``: copies a worker's producer keeps issued and not landed, at most;
-    ``lookahead``: bytes of later tasks' weights the producer asks L2 for beyond its copies
-    (``Lookahead``, whole tasks; 0: none); ``lanes``: attention a key a lane
+                  flight: int = FLIGHT, lanes: bool | None = None) -> CudaSource:
+    """``flight``: copies a worker's producer keeps issued and not landed, at most; ``lanes``:
+    attention a key a lane
     (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane where the head dim builds
     it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
-    if lookahead < 0:
-        raise ValueError(f"lookahead={lookahead}: bytes ahead cannot be negative")
     check_supported(enc, lanes)
     geo = geometry(enc, batch)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
@@ -215,6 +210,5 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight,
-        lookahead=lookahead,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

@@ -51,9 +51,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_done(bar, parity)) {
   }
 }
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
                                           uint64_t* bar) {
   asm volatile(
@@ -148,7 +145,6 @@ template <int NPAGE, int PAGE, int NCW, int FLIGHT>
 struct Producer {
   Ring<NPAGE, PAGE> ring;
   uint32_t issued = 0;
-  int64_t bytes = 0;     // weight bytes copied so far
 
   template <int K>
   __device__ void stream(const bf16* src, int rows) {
@@ -163,33 +159,8 @@ struct Producer {
       mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
       mbar_expect(ring.full + ring.slot, bytes);
       bulk_copy(ring.page(), src + (int64_t)r0 * K, bytes, ring.full + ring.slot);
-      this->bytes += bytes;
       ring.advance();
     }
-  }
-};
-
-// The producer's second cursor over the same queue (``pages`` of the same tasks): each task's
-// weight rows asked of L2, whole tasks, kept at most AHEAD bytes past the ring's copies, so HBM
-// keeps streaming while the ring is full and its consumers wait on their inputs.
-template <int64_t AHEAD>
-struct Lookahead {
-  static constexpr uint32_t CHUNK = 32 * 1024;
-  int64_t bytes = 0;     // weight bytes asked of L2 so far
-  int next = 0;          // the next task to ask for
-
-  template <int K>
-  __device__ void stream(const bf16* src, int rows) {
-    const int64_t total = (int64_t)rows * K * 2;
-    for (int64_t off = 0; off < total; off += CHUNK)
-      prefetch_l2(reinterpret_cast<const unsigned char*>(src) + off,
-                  (uint32_t)min((int64_t)CHUNK, total - off));
-    bytes += total;
-  }
-  // Ask for tasks [next, count) while less than AHEAD bytes lie ahead of `copied`.
-  template <class F>
-  __device__ void run_ahead(int64_t copied, int count, F&& pages_of) {
-    while (AHEAD > 0 && next < count && bytes < copied + AHEAD) pages_of(*this, next++);
   }
 };
 

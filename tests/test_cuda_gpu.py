@@ -1,6 +1,7 @@
 """The CUDA backend on the GPU (skipped without CUDA): bf16 against eager as the Triton kernel is
 held to it, and the watchdog on a broken schedule."""
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,10 +18,13 @@ pytestmark = pytest.mark.gpu
 CUDA_TILE = TileConfig(norm_first=True, norm_sums=True, split_k=1, kv_split=128, kv_block=128)
 
 
-@pytest.mark.parametrize("batch", [1, 2, 5])
-def test_cuda_backend_is_as_accurate_as_bf16_eager(batch):
+@pytest.mark.parametrize("batch,tile", [(1, CUDA_TILE), (2, CUDA_TILE), (5, CUDA_TILE),
+                                        (1, replace(CUDA_TILE, fuse_combine=True)),
+                                        (3, replace(CUDA_TILE, fuse_combine=True))])
+def test_cuda_backend_is_as_accurate_as_bf16_eager(batch, tile):
+    """tile: also with fused combines (each unit merged by its last attention piece)."""
     assert_as_accurate_as_eager(teacher_forced("llama-3.2-1b", batch, kernel="cuda",
-                                               tile=CUDA_TILE), batch)
+                                               tile=tile), batch)
 
 
 def test_cuda_backend_dropped_signal_raises_watchdog_quickly():

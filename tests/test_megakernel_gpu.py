@@ -146,6 +146,9 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 16, TileConfig(
                                 norm_first=True, norm_sums=True, kv_split=1024, kv_block=128),
                                 id="llama-3.2-1b-16-ns-kb128"),
+                            pytest.param("llama-3.2-1b", 3, TileConfig(
+                                fuse_combine=True, kv_split=128, kv_block=128),
+                                id="llama-3.2-1b-3-fc-kb128"),
                             # batch 1: every projection in whole columns writes the sums
                             pytest.param("llama-3.2-1b", 1, dict(noinline=True, tile=TileConfig(
                                 attn_stream=True, norm_first=True, norm_sums=True, split_k=1,
