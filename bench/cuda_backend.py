@@ -6,8 +6,9 @@
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, attention a key a lane) against
-eager's (relative norm of the difference, top-1 agreement), then their median step times, measured in alternating rounds (GPU only). ``--trace DIR``: the trace
-tables and timeline of the first CUDA kernel (as ``megakernel trace`` prints and draws them).
+eager's (relative norm of the difference, top-1 agreement), then their median step times,
+measured in alternating rounds (GPU only). ``--trace DIR``: the trace tables and timeline of the
+first CUDA kernel (as ``megakernel trace`` prints and draws them).
 """
 from __future__ import annotations
 
