@@ -167,7 +167,29 @@ struct AttnPartial {
 
   // A key a lane: lane l scores key l / LPK over dims [(l % LPK) * DPL, + DPL) with q from
   // shared memory, so that each score and exponential is computed once (not in every lane);
-  // the probabilities then reach the lanes holding acc's dims by shuffles.
+  // the probabilities then reach the lanes holding acc's dims by shuffles. The first run's keys
+  // and values are asked for before q is staged (the barrier would otherwise wait for q's load
+  // before they are issued).
+  struct Run {
+    uint4 k[DPL / 8];         // this lane's dims of its key
+    float v[32 / LPK][DL];    // the run's values, this lane's dims
+  };
+  __device__ static void load_run(Run& r, const bf16* cache, const int* bt, int row, int layer,
+                                  int kv_head, int base, int hi, int lane) {
+    constexpr int KPW = 32 / LPK;
+    const uint4* kp = reinterpret_cast<const uint4*>(
+        key_row(cache, bt, row, base + lane / LPK, layer, kv_head) + (lane % LPK) * DPL);
+#pragma unroll
+    for (int j = 0; j < DPL / 8; ++j) r.k[j] = __ldcg(kp + j);
+#pragma unroll
+    for (int j = 0; j < KPW; ++j) {
+      float vd[DL];
+      load_dims(key_row(cache, bt, row, base + j, layer, kv_head) + V_SHIFT + lane * DL, lane,
+                vd);
+#pragma unroll
+      for (int d = 0; d < DL; ++d) r.v[j][d] = base + j < hi ? vd[d] : 0.f;
+    }
+  }
   template <class C>
   __device__ static void lane_keys(C& c, const bf16* qrow, const bf16* cache, const int* bt,
                                    int row, int kv_head, int lo, int span, int hi, int layer,
@@ -175,25 +197,17 @@ struct AttnPartial {
                                    float (&acc)[G][DL]) {
     constexpr int NCW = C::NT / 32, KPW = 32 / LPK;
     float* qs = c.tmp + NCW * G * (2 + D);            // [G, D] after the merge's scratch
+    const int first = lo + c.warp * KPW;
+    Run r;
+    if (first < lo + span) load_run(r, cache, bt, row, layer, kv_head, first, hi, c.lane);
     for (int i = c.t; i < G * D; i += C::NT) qs[i] = load_act(qrow + i);
     c.sync();
     const int part = c.lane % LPK;
-    for (int base = lo + c.warp * KPW; base < lo + span; base += NCW * KPW) {
+    for (int base = first; base < lo + span; base += NCW * KPW) {
+      if (base != first) load_run(r, cache, bt, row, layer, kv_head, base, hi, c.lane);
       const int s = base + c.lane / LPK;
-      const uint4* kp = reinterpret_cast<const uint4*>(
-          key_row(cache, bt, row, s, layer, kv_head) + part * DPL);
-      uint4 kv[DPL / 8];
-#pragma unroll
-      for (int j = 0; j < DPL / 8; ++j) kv[j] = __ldcg(kp + j);
-      float v[KPW][DL];             // the run's values, this lane's dims
-#pragma unroll
-      for (int j = 0; j < KPW; ++j) {
-        float vd[DL];
-        load_dims(key_row(cache, bt, row, base + j, layer, kv_head) + V_SHIFT + c.lane * DL,
-                  c.lane, vd);
-#pragma unroll
-        for (int d = 0; d < DL; ++d) v[j][d] = base + j < hi ? vd[d] : 0.f;
-      }
+      const uint4* kv = r.k;
+      const float(&v)[KPW][DL] = r.v;
       float sc[G];
 #pragma unroll
       for (int g = 0; g < G; ++g) {
