@@ -2,12 +2,12 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--lanes 0,1]
+        [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
-combination of the backend's knobs (ring copies in flight, attention a key a lane) against
-eager's (relative norm of the difference, top-1 agreement), then their median step times,
-measured in alternating rounds (GPU only). ``--trace DIR``: the trace tables and timeline of the
+combination of the backend's knobs (ring copies in flight, attention a key a lane, its keys and
+values through the ring) against eager's (relative norm of the difference, top-1 agreement), then
+their median step times, measured in alternating rounds (GPU only). ``--trace DIR``: the trace tables and timeline of the
 first CUDA kernel (as ``megakernel trace`` prints and draws them).
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
-            trace: str | None, flights: list[int], lanes: list[bool]) -> dict:
+            trace: str | None, flights: list[int], lanes: list[bool],
+            kv_rings: list[bool]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -38,8 +39,9 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}{'_lanes' * a}": CudaStep(compiled, model, cache, flight=f, lanes=a)
-                for f in flights for a in lanes}}
+             **{f"cuda_f{f}{'_lanes' * a}{'_kvring' * r}": CudaStep(
+                 compiled, model, cache, flight=f, lanes=a, kv_ring=r)
+                for f in flights for a in lanes for r in kv_rings}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -57,7 +59,7 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
             row[f"{name}_ms"] = statistics.median(times[name])
     if trace:
         draw(compiled, model, cache, (tokens, positions), trace, batch,
-             dict(flight=flights[0], lanes=lanes[0]))
+             dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0]))
     return row
 
 
@@ -97,12 +99,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA kernels with at most these many ring copies in flight")
     ap.add_argument("--lanes", default="1",
                     help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
+    ap.add_argument("--kv-rings", default="0",
+                    help="CUDA kernels with attention's keys and values through the ring (1)")
     args = ap.parse_args(argv)
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
                       args.trace, [int(f) for f in args.flights.split(",")],
-                      [bool(int(a)) for a in args.lanes.split(",")])
+                      [bool(int(a)) for a in args.lanes.split(",")],
+                      [bool(int(r)) for r in args.kv_rings.split(",")])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

@@ -84,7 +84,8 @@ CUDA_OPS: dict[str, CudaOp] = {
                                        "HAS_NORM", "SUMS"), ("eps",), _qkv,
                        lambda cx: 2 * cx["PART"]),
     "attn_partial": CudaOp("mk::AttnPartial", ("B", "HQ", "HKV", "S", "D", "G", "BS", "DIRECT",
-                                               "FUSED", "LANES"), ("scale",), _attention),
+                                               "FUSED", "LANES", "KV_RING"), ("scale",),
+                           _attention),
     "attn_combine": CudaOp("mk::AttnCombine", ("HQ", "D", "G")),
 }
 
@@ -98,19 +99,29 @@ class CudaSource:
     smem: int           # dynamic shared memory a worker takes, bytes
 
 
-def knobs_of(cx: dict, lanes: bool | None) -> dict:
+def kv_ring_fits(cx: dict, geo: "Geometry") -> bool:
+    """Whether an attention task's keys and values fit the ring: a cache block a page, K and V
+    of every block a range of KV_SPLIT keys meets (one more where it starts inside one)."""
+    return cx["BS"] * cx["D"] * 2 <= geo.page and 2 * (cx["KV_SPLIT"] // cx["BS"] + 1) <= geo.npage
+
+
+def knobs_of(cx: dict, lanes: bool | None, kv_ring: bool, geo: "Geometry") -> dict:
     """The backend's own template arguments of an opcode with constexprs ``cx``: attention a key
-    a lane where asked, or (``lanes=None``) where its head dim builds it."""
-    return {"LANES": lanes_fit(cx.get("D", 0)) if lanes is None else lanes}
+    a lane where asked, or (``lanes=None``) where its head dim builds it; its keys and values
+    through the ring where asked and they fit (``kv_ring_fits``)."""
+    lane = lanes_fit(cx.get("D", 0)) if lanes is None else lanes
+    return {"LANES": lane, "KV_RING": kv_ring and lane and "KV_SPLIT" in cx
+            and kv_ring_fits(cx, geo)}
 
 
-def check_supported(enc: Encoded, lanes: bool | None) -> None:
+def check_supported(enc: Encoded, lanes: bool | None, geo: "Geometry") -> None:
     """Raise ValueError naming every opcode the CUDA backend does not build (with the
     backend's own knobs, ``knobs_of``, beside the opcodes' constexprs)."""
     missing = []
     for op, kind, cx, _ in enc.variants:
         spec = CUDA_OPS.get(kind)
-        why = "no CUDA body" if spec is None else spec.unsupported(cx | knobs_of(cx, lanes))
+        why = "no CUDA body" if spec is None else spec.unsupported(
+            cx | knobs_of(cx, lanes, False, geo))
         if why:
             missing.append(f"opcode {op} ({kind}): {why}")
     if missing:
@@ -167,7 +178,8 @@ class Geometry:
 def geometry(enc: Encoded, batch: int) -> Geometry:
     """Ring pages long enough for the longest weight row, as many as fit RING_BYTES and the
     block's shared memory with the scratch the opcodes need."""
-    proj = [(kind, cx) for _, kind, cx, _ in enc.variants if CUDA_OPS[kind].rows(cx)]
+    proj = [(kind, cx) for _, kind, cx, _ in enc.variants
+            if kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)]
     longest = max((cx["K"] for _, cx in proj), default=8)
     page = max(MIN_PAGE, -(-2 * longest // 1024) * 1024)
     acc = max((CUDA_OPS[kind].rows(cx) * page_rows(cx["K"], page)[1] * batch
@@ -188,22 +200,24 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
 
 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
-                  flight: int = FLIGHT, lanes: bool | None = None) -> CudaSource:
-    """``flight``: copies a worker's producer keeps issued and not landed, at most; ``lanes``:
-    attention a key a lane
+                  flight: int = FLIGHT, lanes: bool | None = None,
+                  kv_ring: bool = False) -> CudaSource:
+    """``flight``: copies a worker's producer keeps issued and not landed, at most; ``kv_ring``:
+    attention's keys and values copied into the ring by the producer where they fit (a key a
+    lane only); ``lanes``: attention a key a lane
     (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane where the head dim builds
     it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
-    check_supported(enc, lanes)
     geo = geometry(enc, batch)
+    check_supported(enc, lanes, geo)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True)
     variants = []
     for op, kind, cx, units in enc.variants:
         spec = CUDA_OPS[kind]
-        full = cx | knobs_of(cx, lanes)
+        full = cx | knobs_of(cx, lanes, kv_ring, geo)
         struct = f"{spec.struct}<{', '.join(_literal(full[p]) for p in spec.params)}>"
         variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units)))
     source = env.get_template("megakernel.cu.jinja").render(

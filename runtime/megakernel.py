@@ -307,11 +307,11 @@ def tuned_kernel(model, batch: int, seq: int, target: str):
 
 
 def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, kernel: str = "triton",
-                       **options):
+                       cuda: dict | None = None, **options):
     """Backend factory: the autotuned kernel for the cache's batch size and length when there is
     one and no options are given, else compile (or reuse) one; bind; return the step. ``kernel``:
     run the compiled tables with the Triton kernel or (``"cuda"``, GPU only) the CUDA
-    backend's (``cuda_step``)."""
+    backend's (``cuda_step``; ``cuda``: its knobs, e.g. ``{"kv_ring": True}``)."""
     if kernel not in ("triton", "cuda"):
         raise ValueError(f"kernel {kernel!r} unknown; choose triton or cuda")
     from megakernel.compiler.artifact import compile_cached
@@ -326,7 +326,7 @@ def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, kerne
     if kernel == "cuda":
         from .cuda_step import CudaStep
 
-        return CudaStep(compiled, model, kv_cache, trace=trace)
+        return CudaStep(compiled, model, kv_cache, trace=trace, **(cuda or {}))
     return MegakernelStep(compiled, model, kv_cache, trace=trace)
 
 

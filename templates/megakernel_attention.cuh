@@ -32,9 +32,13 @@ __device__ bool last_ticket(C& c, int* ticket, int total) {
 // body's dot takes them. Keys of a warp, two forms (LANES): each warp every NCW-th key, a key's
 // scores reduced across the warp (``warp_keys``); or a key a lane (LPK lanes a key for D > 32),
 // each warp a run of 32 / LPK keys at a time, one reduction a run (``lane_keys``).
+// KV_RING (with LANES): the producer copies the whole cache blocks the key range meets, K and V
+// a page each, into the ring ahead of the task (they depend on nothing of this step but the key
+// at the row's position, which the consumers read from L2 after the wait instead).
 template <int B, int HQ, int HKV, int S, int D, int G, int BS, bool DIRECT, bool FUSED,
-          bool LANES = false>
+          bool LANES = false, bool KV_RING = false>
 struct AttnPartial {
+  static_assert(!KV_RING || LANES, "keys through the ring: a key a lane only");
   static constexpr int DL = (D + 31) / 32;
   static constexpr int LPK = D > 32 ? D / 32 : 1;     // lanes a key (lane_keys)
   static constexpr int DPL = D / LPK;                 // dims a lane scores (lane_keys)
@@ -61,10 +65,34 @@ struct AttnPartial {
                                         int layer, int kv_head) {
     return cache + cache_slot<B, HKV, S, D, BS>(bt, row, min(s, S - 1), layer, 0, kv_head);
   }
+  // ring pages of keys [lo, lo + span): K and V of each cache block met
+  __device__ static int ring_pages(int lo, int span) {
+    return KV_RING ? 2 * ((lo + span - 1) / BS - lo / BS + 1) : 0;
+  }
   template <class P>
-  __device__ static void pages(P&, const bf16*, const bf16*, const int64_t*, const int*, float*,
-                               float*, bf16*, int, int, int, int, int, int, int*, int, int, int,
-                               int, float) {}
+  __device__ static void pages(P& p, const bf16*, const bf16* cache, const int64_t*,
+                               const int* bt, float*, float*, bf16*, int row, int kv_head, int,
+                               int lo, int span, int layer, int*, int, int, int, int, float) {
+    if (!KV_RING) return;
+    for (int blk = lo / BS; blk <= (lo + span - 1) / BS; ++blk) {
+      const bf16* k = cache + cache_slot<B, HKV, S, D, BS>(bt, row, blk * BS, layer, 0, kv_head);
+      p.page(k, BS * D * 2);
+      p.page(k + V_SHIFT, BS * D * 2);
+    }
+  }
+  // The task's ring pages: wait until all have landed, or give them back (each warp).
+  template <class C>
+  __device__ static void wait_pages(C& c, int n) {
+    for (int k = 0; k < n; ++k) mbar_wait(c.ring.full_at(k), c.ring.phase_at(k));
+  }
+  template <class C>
+  __device__ static void release_pages(C& c, int n) {
+    __syncwarp();
+    for (int k = 0; k < n; ++k) {
+      if (c.lane == 0) mbar_arrive(c.ring.empty_at(k));
+    }
+    for (int k = 0; k < n; ++k) c.ring.advance();
+  }
   // FUSED: after the partial slot, the unit's ticket; the piece that takes its last (`count`
   // pieces a launch) merges slots [first, first + count) into out (AttnCombine).
   template <class C>
@@ -72,7 +100,12 @@ struct AttnPartial {
                              const int* bt, float* acc_out, float* ml, bf16* out, int row,
                              int kv_head, int slot, int lo, int span, int layer, int* counters,
                              int epoch, int ticket, int first, int count, float scale) {
-    if (c.drain) return;
+    const int npages = ring_pages(lo, span);
+    wait_pages(c, npages);
+    if (c.drain) {
+      release_pages(c, npages);
+      return;
+    }
     const int hi = min(lo + span, (int)positions[row] + 1);
     const bf16* qrow = q + (int64_t)row * HQ * D + kv_head * G * D;   // [G, D]
     float acc[G][DL], m[G], l[G];
@@ -83,9 +116,10 @@ struct AttnPartial {
 #pragma unroll
       for (int d = 0; d < DL; ++d) acc[g][d] = 0.f;
     }
-    if (LANES)
+    if (LANES) {
       lane_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
-    else
+      release_pages(c, npages);
+    } else
       warp_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
     merge(c, m, l, acc, acc_out, ml, out, row, kv_head, slot);
     if (FUSED && last_ticket(c, counters + ticket, count * epoch))
@@ -174,21 +208,44 @@ struct AttnPartial {
     uint4 k[DPL / 8];         // this lane's dims of its key
     float v[32 / LPK][DL];    // the run's values, this lane's dims
   };
+  // (KV_RING: from the ring's pages, `ring` at the task's first, but the key at hi - 1, the
+  // row's newest where the range holds it, from L2)
+  template <class R>
   __device__ static void load_run(Run& r, const bf16* cache, const int* bt, int row, int layer,
-                                  int kv_head, int base, int hi, int lane) {
+                                  int kv_head, int lo, int base, int hi, int lane, const R& ring) {
     constexpr int KPW = 32 / LPK;
-    const uint4* kp = reinterpret_cast<const uint4*>(
-        key_row(cache, bt, row, base + lane / LPK, layer, kv_head) + (lane % LPK) * DPL);
+    const int s = base + lane / LPK;
+    const bf16* row_k = key_row(cache, bt, row, s, layer, kv_head) + (lane % LPK) * DPL;
+    if (KV_RING && s != hi - 1) {
+      const uint4* kp = reinterpret_cast<const uint4*>(
+          ring_row(ring, lo, s, 0) + (lane % LPK) * DPL);
 #pragma unroll
-    for (int j = 0; j < DPL / 8; ++j) r.k[j] = __ldcg(kp + j);
+      for (int j = 0; j < DPL / 8; ++j) r.k[j] = kp[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < DPL / 8; ++j)
+        r.k[j] = __ldcg(reinterpret_cast<const uint4*>(row_k) + j);
+    }
 #pragma unroll
     for (int j = 0; j < KPW; ++j) {
       float vd[DL];
-      load_dims(key_row(cache, bt, row, base + j, layer, kv_head) + V_SHIFT + lane * DL, lane,
-                vd);
+      if (KV_RING && base + j != hi - 1) {
+        const bf16* vp = ring_row(ring, lo, base + j, 1) + lane * DL;
+#pragma unroll
+        for (int d = 0; d < DL; ++d) vd[d] = has(lane, d) ? __bfloat162float(vp[d]) : 0.f;
+      } else {
+        load_dims(key_row(cache, bt, row, base + j, layer, kv_head) + V_SHIFT + lane * DL, lane,
+                  vd);
+      }
 #pragma unroll
       for (int d = 0; d < DL; ++d) r.v[j][d] = base + j < hi ? vd[d] : 0.f;
     }
+  }
+  // key s's K (kv 0) or V (kv 1) row in the task's ring pages (keys from lo on)
+  template <class R>
+  __device__ static const bf16* ring_row(const R& ring, int lo, int s, int kv) {
+    const int blk = min(s, S - 1) / BS - lo / BS;
+    return reinterpret_cast<const bf16*>(ring.page_at(2 * blk + kv)) + (min(s, S - 1) % BS) * D;
   }
   template <class C>
   __device__ static void lane_keys(C& c, const bf16* qrow, const bf16* cache, const int* bt,
@@ -199,12 +256,14 @@ struct AttnPartial {
     float* qs = c.tmp + NCW * G * (2 + D);            // [G, D] after the merge's scratch
     const int first = lo + c.warp * KPW;
     Run r;
-    if (first < lo + span) load_run(r, cache, bt, row, layer, kv_head, first, hi, c.lane);
+    if (first < lo + span)
+      load_run(r, cache, bt, row, layer, kv_head, lo, first, hi, c.lane, c.ring);
     for (int i = c.t; i < G * D; i += C::NT) qs[i] = load_act(qrow + i);
     c.sync();
     const int part = c.lane % LPK;
     for (int base = first; base < lo + span; base += NCW * KPW) {
-      if (base != first) load_run(r, cache, bt, row, layer, kv_head, base, hi, c.lane);
+      if (base != first)
+        load_run(r, cache, bt, row, layer, kv_head, lo, base, hi, c.lane, c.ring);
       const int s = base + c.lane / LPK;
       const uint4* kv = r.k;
       const float(&v)[KPW][DL] = r.v;

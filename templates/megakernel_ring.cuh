@@ -123,6 +123,13 @@ struct Ring {
     }
   }
   __device__ unsigned char* page() const { return pages + (size_t)slot * PAGE; }
+  // the page k places ahead, and its full barrier's parity
+  __device__ unsigned char* page_at(int k) const {
+    return pages + (size_t)((slot + k) % NPAGE) * PAGE;
+  }
+  __device__ uint64_t* full_at(int k) const { return full + (slot + k) % NPAGE; }
+  __device__ uint64_t* empty_at(int k) const { return empty + (slot + k) % NPAGE; }
+  __device__ uint32_t phase_at(int k) const { return phase ^ (((slot + k) / NPAGE) & 1); }
 };
 
 // How a weight matrix of row length K lies in the ring: ROWS whole rows a page (a power of two
@@ -149,18 +156,20 @@ struct Producer {
   template <int K>
   __device__ void stream(const bf16* src, int rows) {
     constexpr int R = PageRows<K, PAGE, NCW>::ROWS;
-    for (int r0 = 0; r0 < rows; r0 += R) {
-      const uint32_t bytes = (uint32_t)min(R, rows - r0) * K * 2;
-      if (FLIGHT < NPAGE && issued >= FLIGHT) {     // the copy FLIGHT places back has landed
-        const uint32_t old = issued - FLIGHT;
-        mbar_wait(ring.full + old % NPAGE, (old / NPAGE) & 1);
-      }
-      ++issued;
-      mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
-      mbar_expect(ring.full + ring.slot, bytes);
-      bulk_copy(ring.page(), src + (int64_t)r0 * K, bytes, ring.full + ring.slot);
-      ring.advance();
+    for (int r0 = 0; r0 < rows; r0 += R)
+      page(src + (int64_t)r0 * K, (uint32_t)min(R, rows - r0) * K * 2);
+  }
+  // `bytes` (at most PAGE, a multiple of 16) from `src` into the next page.
+  __device__ void page(const void* src, uint32_t bytes) {
+    if (FLIGHT < NPAGE && issued >= FLIGHT) {     // the copy FLIGHT places back has landed
+      const uint32_t old = issued - FLIGHT;
+      mbar_wait(ring.full + old % NPAGE, (old / NPAGE) & 1);
     }
+    ++issued;
+    mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
+    mbar_expect(ring.full + ring.slot, bytes);
+    bulk_copy(ring.page(), src, bytes, ring.full + ring.slot);
+    ring.advance();
   }
 };
 

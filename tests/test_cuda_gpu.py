@@ -18,13 +18,19 @@ pytestmark = pytest.mark.gpu
 CUDA_TILE = TileConfig(norm_first=True, norm_sums=True, split_k=1, kv_split=128, kv_block=128)
 
 
-@pytest.mark.parametrize("batch,tile", [(1, CUDA_TILE), (2, CUDA_TILE), (5, CUDA_TILE),
-                                        (1, replace(CUDA_TILE, fuse_combine=True)),
-                                        (3, replace(CUDA_TILE, fuse_combine=True))])
-def test_cuda_backend_is_as_accurate_as_bf16_eager(batch, tile):
-    """tile: also with fused combines (each unit merged by its last attention piece)."""
+FUSED = replace(CUDA_TILE, fuse_combine=True)
+
+
+@pytest.mark.parametrize("batch,tile,knobs", [(1, CUDA_TILE, {}), (2, CUDA_TILE, {}),
+                                              (5, CUDA_TILE, {}), (1, FUSED, {}), (3, FUSED, {}),
+                                              (1, FUSED, {"kv_ring": True}),
+                                              (3, CUDA_TILE, {"kv_ring": True})])
+def test_cuda_backend_is_as_accurate_as_bf16_eager(batch, tile, knobs):
+    """tile: also with fused combines (each unit merged by its last attention piece); knobs:
+    the CUDA kernel's own (keys and values through the ring; the cache's unwritten rows are NaN,
+    so a stale row read from a page would show)."""
     assert_as_accurate_as_eager(teacher_forced("llama-3.2-1b", batch, kernel="cuda",
-                                               tile=tile), batch)
+                                               cuda=knobs, tile=tile), batch)
 
 
 def test_cuda_backend_dropped_signal_raises_watchdog_quickly():
