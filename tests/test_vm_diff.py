@@ -163,10 +163,12 @@ def check_kernel_against_vm(name, tiles, noinline: bool = False) -> list[str]:
     ("tiny-llama", 64, 1, 1, "cross"), ("tiny-qwen3", 5, 1, 1, "pairs"),
     ("tiny-llama-kv4", 7, 1, 1, "groups"), ("tiny-llama-kv4", 64, 1, 1, "pair parts"),
     ("tiny-qwen3", 7, 1, 1, "cross"), ("tiny-llama", 5, 1, 1, "spill"),
-    ("tiny-qwen3", 32, 1, 2, "sums"), ("tiny-llama", 7, 1, 2, "long sums")])
+    ("tiny-qwen3", 32, 1, 2, "sums"), ("tiny-llama", 7, 1, 2, "long sums"),
+    ("tiny-llama", 7, 1, 1, "fused"), ("tiny-qwen3", 32, 1, 1, "fused")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
     model = load(name)
     stream, cross, groups = balance == "stream", balance == "cross", balance == "groups"
+    fused = balance == "fused"
     parts, spill = balance == "pair parts", balance == "spill"
     sums, long = balance in ("sums", "long sums"), balance == "long sums"
     pairs = balance == "pairs" or groups or parts
@@ -179,8 +181,11 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
                                           attn_group=4 if groups else 2,
                                           attn_pair_ranges=parts, attn_spill=spill,
                                           norm_first=True if sums else None, norm_sums=sums,
-                                          split_long=long))
+                                          split_long=long, fuse_combine=fused))
     compiled = compile_model(model, opts, name)
+    if fused:       # every unit merged by its last piece: no combine task
+        kinds = [t.kind for t in compiled.tasks.tasks]
+        assert "attn_combine" not in kinds and compiled.sync.num_tickets > 0
     if cross:       # pieces across heads in one wave (not where heads have a head norm)
         qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
         per_layer = len(qkv) // compiled.ops.dims.layers
