@@ -22,6 +22,7 @@ def summary(c: Compiled) -> str:
         "  makespans: " + ", ".join(f"{name} {ms:.1f} us" for name, ms in sched.rated)
         + f" -> {sched.scheduler} kept",
         f"  sync: {sync.num_counters} counters, {sum(map(len, sync.waits))} waits "
-        f"({sum(1 for w in sync.waits if not w)} tasks wait on nothing)",
+        f"({sum(1 for w in sync.waits if not w)} tasks wait on nothing)"
+        + (f", {sync.num_tickets} attention tickets" if sync.num_tickets else ""),
     ]
     return "\n".join(lines)
