@@ -3,13 +3,14 @@
 //
 // A worker is one block of NCW consumer warps and one producer warp. The producer walks the
 // worker's queue and copies each task's weight rows (nothing a task waits for; with kv_ring also
-// attention's cache blocks) into a ring of NPAGE shared-memory pages with bulk copies, running ahead of the consumers by as many pages as
-// the ring holds, across task boundaries and across the consumers' counter waits. The consumers
-// wait for a task's input counters, run its body, reading weight pages in the order they were
-// copied, and signal its counter. Invariants: both sides derive the same page sequence from the
-// same instruction words (``pages`` and ``run`` of an op take the same arguments); a page holds
-// whole weight rows (or one cache block's K or V); every page copied is consumed, also after a watchdog trip (consumers then
-// drain pages without computing), so no copy is left in flight when a block exits.
+// attention's cache blocks) into a ring of NPAGE shared-memory pages with bulk copies, running
+// ahead of the consumers by as many pages as the ring holds, across task boundaries and across
+// the consumers' counter waits. The consumers wait for a task's input counters, run its body,
+// reading pages in the order they were copied, and signal its counter. Invariants: both sides
+// derive the same page sequence from the same instruction words (``pages`` and ``run`` of an op
+// take the same arguments); a page holds whole weight rows (or one cache block's K or V); every
+// page copied is consumed, also after a watchdog trip (consumers then drain pages without
+// computing), so no copy is left in flight when a block exits.
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
