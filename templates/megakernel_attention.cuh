@@ -215,16 +215,16 @@ struct AttnPartial {
                                   int kv_head, int lo, int base, int hi, int lane, const R& ring) {
     constexpr int KPW = 32 / LPK;
     const int s = base + lane / LPK;
-    const bf16* row_k = key_row(cache, bt, row, s, layer, kv_head) + (lane % LPK) * DPL;
+    const int off = (lane % LPK) * DPL;
     if (KV_RING && s != hi - 1) {
-      const uint4* kp = reinterpret_cast<const uint4*>(
-          ring_row(ring, lo, s, 0) + (lane % LPK) * DPL);
+      const uint4* kp = reinterpret_cast<const uint4*>(ring_row(ring, lo, s, 0) + off);
 #pragma unroll
       for (int j = 0; j < DPL / 8; ++j) r.k[j] = kp[j];
-    } else {
+    } else {     // the block-table lookup only here: a page needs none
+      const uint4* kp = reinterpret_cast<const uint4*>(
+          key_row(cache, bt, row, s, layer, kv_head) + off);
 #pragma unroll
-      for (int j = 0; j < DPL / 8; ++j)
-        r.k[j] = __ldcg(reinterpret_cast<const uint4*>(row_k) + j);
+      for (int j = 0; j < DPL / 8; ++j) r.k[j] = __ldcg(kp + j);
     }
 #pragma unroll
     for (int j = 0; j < KPW; ++j) {
