@@ -91,17 +91,27 @@ def decode_state(model: CausalLM, batch: int, context: int):
     return tokens, positions, cache
 
 
-def megakernel_step(model: CausalLM, cache, kernels: str | None):
+MEGAKERNELS = ("megakernel", "megakernel-cuda")
+
+
+def megakernel_step(model: CausalLM, cache, kernels: str | None, name: str = "megakernel"):
     """The default kernel for the cache, or with ``kernels`` the one compiled (or autotuned)
-    for exactly this batch size in that folder."""
-    from megakernel.runtime.megakernel import KernelLibrary, megakernel_backend
+    for exactly this batch size in that folder; ``megakernel-cuda``: its variant in the form
+    the CUDA backend builds, run by that backend."""
+    from megakernel.runtime.megakernel import KernelLibrary
 
     if kernels is None:
-        return megakernel_backend(model, cache)
+        return get_backend(name)(model, cache)
     library, batch = KernelLibrary(kernels, model), cache.shape[2]
     if batch not in library.batch_sizes:
         raise ValueError(f"no kernel for batch {batch} in {kernels} (has {library.batch_sizes})")
-    return library.step(library.pick(batch, cache.shape[4]), model, cache)
+    compiled = library.pick(batch, cache.shape[4])
+    if name == "megakernel":
+        return library.step(compiled, model, cache)
+    from megakernel.runtime.cuda_step import CudaStep, cuda_compiled
+
+    sms = torch.cuda.get_device_properties(cache.device).multi_processor_count
+    return CudaStep(cuda_compiled(compiled, model, sms), model, cache)
 
 
 def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
@@ -113,9 +123,9 @@ def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
     p = next(model.parameters())
     times = {}
     for name in backends:
-        step = (megakernel_step(model, cache, kernels) if name == "megakernel"
+        step = (megakernel_step(model, cache, kernels, name) if name in MEGAKERNELS
                 else get_backend(name)(model, cache))
-        label = variant_of(step.compiled).label if name == "megakernel" else None
+        label = variant_of(step.compiled).label if name in MEGAKERNELS else None
         with torch.inference_mode():
             times[name] = (median_step_ms(lambda: step(tokens, positions, cache), p.device,
                                           warmup, iters), label)

@@ -43,10 +43,19 @@ def megakernel_backend(model: CausalLM, kv_cache: torch.Tensor, **options) -> St
     return build(model, kv_cache, **options)
 
 
+def megakernel_cuda_backend(model: CausalLM, kv_cache: torch.Tensor) -> Step:
+    """The megakernel's tables (the autotuned kernel's variant, or the default, in the form the
+    CUDA backend builds) run by the CUDA C++ kernel (``runtime.cuda_step``); GPU only."""
+    from .megakernel import megakernel_backend as build
+
+    return build(model, kv_cache, kernel="cuda")
+
+
 BACKENDS: dict[str, BackendFactory] = {
     "eager": eager_backend,
     "torch-compile": torch_compile_backend,
     "megakernel": megakernel_backend,
+    "megakernel-cuda": megakernel_cuda_backend,
 }
 
 

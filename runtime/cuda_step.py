@@ -87,6 +87,21 @@ class Driver:
                    "cuLaunchKernel")
 
 
+def cuda_compiled(compiled, model, sms: int):
+    """The tables of ``compiled``'s variant in the form the CUDA backend builds
+    (``variant.cuda_form``), compiled or reused from the artifact cache."""
+    from megakernel.compiler.artifact import compile_cached
+    from megakernel.compiler.pipeline import CompileOptions
+
+    from .variant import cuda_form, variant_of
+
+    dims = compiled.ops.dims
+    v = cuda_form(variant_of(compiled), sms)
+    opts = CompileOptions(dims.batch, dims.max_seq_len, target=compiled.options.target,
+                          **v.options(sms))
+    return compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")[0]
+
+
 class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, flight: int | None = None,

@@ -311,7 +311,8 @@ def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, kerne
     """Backend factory: the autotuned kernel for the cache's batch size and length when there is
     one and no options are given, else compile (or reuse) one; bind; return the step. ``kernel``:
     run the compiled tables with the Triton kernel or (``"cuda"``, GPU only) the CUDA
-    backend's (``cuda_step``; ``cuda``: its knobs, e.g. ``{"kv_ring": True}``)."""
+    backend's (``cuda_step``; ``cuda``: its knobs, e.g. ``{"kv_ring": True}``; without
+    ``options``, the tuned or default kernel's variant in the form that backend builds)."""
     if kernel not in ("triton", "cuda"):
         raise ValueError(f"kernel {kernel!r} unknown; choose triton or cuda")
     from megakernel.compiler.artifact import compile_cached
@@ -324,8 +325,11 @@ def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, kerne
         opts = CompileOptions(batch, seq, target=target, **options)
         compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     if kernel == "cuda":
-        from .cuda_step import CudaStep
+        from .cuda_step import CudaStep, cuda_compiled
 
+        if not options:     # the tuned (or default) kernel's variant as the CUDA backend builds it
+            sms = torch.cuda.get_device_properties(kv_cache.device).multi_processor_count
+            compiled = cuda_compiled(compiled, model, sms)
         return CudaStep(compiled, model, kv_cache, trace=trace, **(cuda or {}))
     return MegakernelStep(compiled, model, kv_cache, trace=trace)
 

@@ -62,3 +62,23 @@ def test_builds_for_sm90a_without_spills(batch, lanes, tile, kv_ring, tmp_path, 
     assert cubin.stat().st_size > 0
     log = cubin.with_suffix(".log").read_text()
     assert "0 bytes spill stores" in log, log
+
+
+@pytest.mark.parametrize("label", ["64x256x4x16xs3xkv16xkb16xnf0xsk4",
+                                   "64x256x4x16xs3xkv16xkb16xafxrnxsk4",
+                                   "64x256x4x24xs3xkv16xkb16xnfxapxqcxsk1"])
+def test_any_variant_in_cuda_form_is_built(label):
+    """The bench's megakernel-cuda row: a tuned variant the CUDA backend refuses, put in the
+    form it builds (``cuda_form``), builds (at most one worker an SM, combines fused)."""
+    from megakernel.runtime.variant import cuda_form, parse_variant
+
+    model = load_model("tiny-llama", progress=False, dtype="bfloat16").model
+    given = parse_variant(label)
+    c = compile_model(model, CompileOptions(3, 64, **given.options(16)))
+    with pytest.raises(ValueError, match="the CUDA backend cannot build this kernel"):
+        generate_cuda(c.encoded, "tiny", 3, len(c.tasks.tasks))
+    form = cuda_form(given, sms=16)
+    c = compile_model(model, CompileOptions(3, 64, **form.options(16)))
+    src = generate_cuda(c.encoded, "tiny", 3, len(c.tasks.tasks))
+    assert src.num_workers == 16
+    assert "attn_combine" not in {kind for _, kind, _, _ in c.encoded.variants}
