@@ -10,6 +10,11 @@
 #pragma once
 #include "megakernel_ring.cuh"
 
+#ifndef MK_PROBE
+#define MK_PROBE 0   // a trace's end stamp at a mark of the task (1: a projection's first
+                     // page reduced, 2: its last, 3: the body done) instead of after its signal
+#endif
+
 namespace mk {
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -74,6 +79,11 @@ struct Ctx {
   float* tmp;     // scratch of the epilogues and of attention's merge
   int t, warp, lane;
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
+  int64_t probe_t = 0;  // MK_PROBE > 0 (traces only): when thread 0 passed mark MK_PROBE
+
+  __device__ void mark(int k) {
+    if (MK_PROBE == k && t == 0) probe_t = globaltimer();
+  }
 
   __device__ void sync() const { consumers_sync(NT); }
 
@@ -119,12 +129,14 @@ struct Ctx {
             const float v = warp_sum(s[b]);
             if (lane == 0) out[b] = v;
           }
+          if (seg == 0 && r0 == 0) mark(1);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(ring.empty + ring.slot);
         ring.advance();
       }
     sync();
+    mark(2);
   }
 
   // ``project`` with a norm's row RMS from the sums of squares ss around it (HAS_NORM): rs[b]

@@ -82,3 +82,22 @@ def test_any_variant_in_cuda_form_is_built(label):
     src = generate_cuda(c.encoded, "tiny", 3, len(c.tasks.tasks))
     assert src.num_workers == 16
     assert "attn_combine" not in {kind for _, kind, _, _ in c.encoded.variants}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_narrow_flight_and_probe_build(tmp_path, monkeypatch):
+    """Narrow tasks (q/k/v, o: at most NARROW bytes of weights) get their own copies in flight;
+    a probe kernel stamps a mark of the body; both build for sm_90a without spills."""
+    from megakernel.compiler.cuda_codegen import FLIGHT
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    c = compiled(batch=1, tile=FUSED_TILE)
+    src = generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), narrow_flight=7, probe=2)
+    flights = dict(re.findall(r"case \d+:  // (\w+)\n\s+p\.flight = (\d+);", src.source))
+    assert flights["qkv_rope"] == "7" and flights["attn_partial"] == str(FLIGHT)
+    assert "#define MK_PROBE 2" in src.source
+    log = build_cubin(src.source).with_suffix(".log").read_text()
+    assert "0 bytes spill stores" in log, log
+    with pytest.raises(ValueError, match="probe=4"):
+        generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), probe=4)
