@@ -28,7 +28,6 @@ MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight 
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
 XMAX = 0                   # x's 16-byte groups a lane of a projection warp, at most (PageSplit)
-XSTAGE = False             # x through shared memory, loaded once a worker (Ctx::stage_x)
 NARROW = 128 * 1024        # a narrow task's weight bytes, at most (``narrow_flight``)
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_ARGS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr", "counters_ptr",
@@ -177,14 +176,12 @@ class Geometry:
     npage: int
     acc: int      # floats of a task's row parts
     tmp: int      # floats of epilogue / attention-merge scratch
-    xs: int = 0   # bytes of a projection's x and sums of squares (0: read from L2 a warp)
 
     def smem(self, batch: int) -> int:
-        return (self.page * self.npage + self.xs + 16 * self.npage
-                + 4 * (self.acc + self.tmp + 1))
+        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + 1)
 
 
-def geometry(enc: Encoded, batch: int, xmax: int = 0, xstage: bool = False) -> Geometry:
+def geometry(enc: Encoded, batch: int, xmax: int = 0) -> Geometry:
     """Ring pages long enough for the longest weight row, as many as fit RING_BYTES and the
     block's shared memory with the scratch the opcodes need."""
     proj = [(kind, cx) for _, kind, cx, _ in enc.variants
@@ -199,11 +196,9 @@ def geometry(enc: Encoded, batch: int, xmax: int = 0, xstage: bool = False) -> G
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
-    xs = max((-(-(batch * cx["K"] * 2 + cx.get("SUMS", 0) * batch * 4) // 16) * 16
-              for _, cx in proj), default=0) if xstage else 0
-    geo = Geometry(page, RING_BYTES // page, acc, tmp, xs)
+    geo = Geometry(page, RING_BYTES // page, acc, tmp)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
-        geo = Geometry(page, geo.npage - 1, acc, tmp, xs)
+        geo = Geometry(page, geo.npage - 1, acc, tmp)
     if geo.smem(batch) > SMEM_LIMIT:
         raise ValueError(f"the CUDA kernel needs {geo.smem(batch)} bytes of shared memory a "
                          f"worker, more than {SMEM_LIMIT}")
@@ -222,13 +217,12 @@ def task_flight(kind: str, cx: dict, flight: int, narrow_flight: int | None) -> 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int = FLIGHT, lanes: bool | None = None,
                   kv_ring: bool = False, narrow_flight: int | None = None,
-                  probe: int = 0, xmax: int = XMAX, xstage: bool = XSTAGE) -> CudaSource:
+                  probe: int = 0, xmax: int = XMAX) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most
     (``narrow_flight``: for narrow tasks, ``task_flight``); ``probe``: traces stamp a task's
     end at a mark of its body (``MK_PROBE`` in megakernel_ctx.cuh) instead of its signal;
     ``xmax``: x's 16-byte groups a lane of a projection warp holds, at most, and so how the
-    warps share pages (``PageSplit``; 0: every warp on every page); ``xstage``: x and its
-    sums of squares loaded once a worker into shared memory (``Ctx::stage_x``); ``lanes``:
+    warps share pages (``PageSplit``; 0: every warp on every page); ``lanes``:
     attention a key a lane (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane
     where the head dim builds it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865);
     ``kv_ring``: attention's keys and values copied into the ring by the producer where they
@@ -238,7 +232,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                          f"must be in flight")
     if probe not in range(4):
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-3")
-    geo = geometry(enc, batch, xmax, xstage)
+    geo = geometry(enc, batch, xmax)
     check_supported(enc, lanes, geo)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
@@ -254,6 +248,6 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
-        xmax=xmax, xs=geo.xs,
+        xmax=xmax,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

@@ -107,14 +107,13 @@ class CudaStep(MegakernelStep):
                  trace: bool = False, flight: int | None = None,
                  lanes: bool | None = None, kv_ring: bool = False,
                  narrow_flight: int | None = None, probe: int = 0,
-                 xmax: int | None = None, xstage: bool | None = None):
+                 xmax: int | None = None):
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
         self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "narrow_flight": narrow_flight,
                       "probe": probe} | ({} if flight is None else {"flight": flight}) | (
-                          {} if xmax is None else {"xmax": xmax}) | (
-                          {} if xstage is None else {"xstage": xstage})
+                          {} if xmax is None else {"xmax": xmax})
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")

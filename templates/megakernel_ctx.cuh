@@ -47,13 +47,12 @@ __device__ __forceinline__ float load_act(const bf16* p) {
 // them (``rms_finish``): every thread then holds each row's 1 / sqrt(mean square + eps), with
 // no shared memory or barrier, and the loads' latency hides behind the x loads'.
 template <int B, int SUMS>
-__device__ __forceinline__ void sums_begin(const float* ss, int lane, float (&part)[B],
-                                           bool shared = false) {
+__device__ __forceinline__ void sums_begin(const float* ss, int lane, float (&part)[B]) {
 #pragma unroll
   for (int b = 0; b < B; ++b) {
     part[b] = 0.f;
     if (ss != nullptr)
-      for (int g = lane; g < SUMS; g += 32) part[b] += shared ? ss[g * B + b] : __ldcg(ss + g * B + b);
+      for (int g = lane; g < SUMS; g += 32) part[b] += __ldcg(ss + g * B + b);
   }
 }
 
@@ -72,13 +71,12 @@ __device__ __forceinline__ float pick(const float (&v)[B], int b) {
   return r;
 }
 
-template <int NCW, int NPAGE, int PAGE, int B, int XMAX, int XS>
+template <int NCW, int NPAGE, int PAGE, int B, int XMAX>
 struct Ctx {
   static constexpr int NT = NCW * 32;   // consumer threads
   Ring<NPAGE, PAGE> ring;
   float* acc;     // [rows, WPR, B] a task's row parts
   float* tmp;     // scratch of the epilogues and of attention's merge
-  unsigned char* xs;   // [XS] a projection's x and sums of squares (``stage_x``)
   int t, warp, lane;
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
   int64_t probe_t = 0;  // MK_PROBE > 0 (traces only): when thread 0 passed mark MK_PROBE
@@ -90,27 +88,22 @@ struct Ctx {
   __device__ void sync() const { consumers_sync(NT); }
 
   // acc parts of x[b] . W_seg[r] for SEGS segments of `rows` rows (``result`` adds them), the
-  // pages shared as PageSplit<..., XMAX> says; with a stage (XS bytes), x and the sums of
-  // squares ss [S, B] (S > 0; their lane partials into rs) pass through shared memory.
-  template <int K, int SEGS, int S>
-  __device__ void project(const bf16* x, int rows, const float* ss, float (&rs)[B]) {
+  // pages shared as PageSplit<..., XMAX> says.
+  template <int K, int SEGS>
+  __device__ void project(const bf16* x, int rows) {
     typedef PageSplit<K, PAGE, NCW, B, XMAX> L;
     constexpr int KV = L::KV, R = L::ROWS, WPR = L::WPR, RG = L::RG, XJ = L::XJ;
     static_assert(K % 8 == 0, "rows must be whole 16-byte groups");
-    static_assert(XS == 0 || B * K * 2 + S * B * 4 <= XS, "x's stage is too small");
     const int group = warp / (WPR * RG), rsub = warp % (WPR * RG) / WPR, part = warp % WPR;
     uint4 xr[B][XJ];
     if (!drain) {
-      const uint4* xg = reinterpret_cast<const uint4*>(x);
-      if (XS) stage_x<KV, S>(xg, ss);
-      sums_begin<B, S>(S == 0 ? nullptr : XS ? stage_sums(KV) : ss, lane, rs, XS > 0);
 #pragma unroll
       for (int b = 0; b < B; ++b)
 #pragma unroll
         for (int j = 0; j < XJ; ++j) {
           const int v = part * 32 + lane + 32 * WPR * j;
-          xr[b][j] = v >= KV ? make_uint4(0, 0, 0, 0)
-                     : XS ? reinterpret_cast<const uint4*>(xs)[b * KV + v] : __ldcg(xg + b * KV + v);
+          xr[b][j] = (v < KV) ? __ldcg(reinterpret_cast<const uint4*>(x + (int64_t)b * K) + v)
+                              : make_uint4(0, 0, 0, 0);
         }
     }
     const int pages = (rows + R - 1) / R;     // a segment's
@@ -130,8 +123,7 @@ struct Ctx {
   }
 
   // This warp's part of rows r, r + RG, ... (< rows, within the page) of the ring's current
-  // page dotted with x: one warp sum each, into acc[((row0 + r) * WPR + part) * B + b]. Rows
-  // past `rows` are read (the page's own bytes) and not stored: no branch in the loop.
+  // page dotted with x: one warp sum each, into acc[((row0 + r) * WPR + part) * B + b].
   template <int K, int R, int WPR, int RG, int XJ>
   __device__ void page_dot(const uint4 (&xr)[B][XJ], int rows, int row0, int r, int part) {
     constexpr int KV = K / 8, RW = R / RG;           // rows this warp reduces
@@ -144,37 +136,28 @@ struct Ctx {
 #pragma unroll
     for (int j = 0; j < XJ; ++j) {
       const int v = part * 32 + lane + 32 * WPR * j;
-      if (KV % (32 * WPR) == 0 || v < KV) {
+      if (v < KV) {
 #pragma unroll
         for (int i = 0; i < RW; ++i) {
-          const uint4 w = pg[i * RG * KV + v];
+          if (r + i * RG < rows) {
+            const uint4 w = pg[i * RG * KV + v];
 #pragma unroll
-          for (int b = 0; b < B; ++b) s[i][b] += dot8(w, xr[b][j]);
+            for (int b = 0; b < B; ++b) s[i][b] += dot8(w, xr[b][j]);
+          }
         }
       }
     }
 #pragma unroll
     for (int i = 0; i < RW; ++i) {
-      float* out = acc + ((row0 + r + i * RG) * WPR + part) * B;
+      if (r + i * RG < rows) {
+        float* out = acc + ((row0 + r + i * RG) * WPR + part) * B;
 #pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const float v = warp_sum(s[i][b]);
-        if (lane == 0 && r + i * RG < rows) out[b] = v;
+        for (int b = 0; b < B; ++b) {
+          const float v = warp_sum(s[i][b]);
+          if (lane == 0) out[b] = v;
+        }
       }
     }
-  }
-
-  // x [B, K] (KV 16-byte groups a row) and ss [S, B] into the stage, each line asked of L2
-  // once a worker (not once a warp: every worker reads the same x at once), then a barrier.
-  template <int KV, int S>
-  __device__ void stage_x(const uint4* x, const float* ss) {
-    uint4* xv = reinterpret_cast<uint4*>(xs);
-    for (int i = t; i < B * KV; i += NT) xv[i] = __ldcg(x + i);
-    for (int i = t; i < S * B; i += NT) stage_sums(KV)[i] = __ldcg(ss + i);
-    sync();
-  }
-  __device__ float* stage_sums(int kv) const {
-    return reinterpret_cast<float*>(reinterpret_cast<uint4*>(xs) + B * kv);
   }
 
   // ``project`` with a norm's row RMS from the sums of squares ss around it (HAS_NORM): rs[b]
@@ -182,7 +165,8 @@ struct Ctx {
   template <int K, int SEGS, bool HAS_NORM, int SUMS>
   __device__ void project_normed(const bf16* x, int rows, const float* ss, float eps,
                                  float (&rs)[B]) {
-    project<K, SEGS, HAS_NORM ? SUMS : 0>(x, rows, ss, rs);
+    sums_begin<B, SUMS>(HAS_NORM && !drain ? ss : nullptr, lane, rs);
+    project<K, SEGS>(x, rows);
     if (HAS_NORM && !drain) rms_finish<B>(rs, K, eps);
   }
 
