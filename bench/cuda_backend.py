@@ -2,11 +2,11 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--narrow-flights 0,8] [--xmax 0,8] [--lanes 0,1] [--kv-rings 0,1] [--probes 1,2,3]
+        [--flights 2,4] [--narrow-flights 0,8] [--lanes 0,1] [--kv-rings 0,1] [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, for narrow tasks, attention a key a
-lane, its keys and values through the ring, x's share a projection warp holds) against eager's (relative norm of the difference,
+lane, its keys and values through the ring) against eager's (relative norm of the difference,
 top-1 agreement), then their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
@@ -27,8 +27,7 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
             trace: str | None, flights: list[int], lanes: list[bool],
-            kv_rings: list[bool], narrow: list[int], probes: list[int],
-            xmaxes: list[int]) -> dict:
+            kv_rings: list[bool], narrow: list[int], probes: list[int]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -43,11 +42,9 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}{f'_nf{n}' * bool(n)}_x{x}{'_lanes' * a}{'_kvring' * r}": CudaStep(
-                 compiled, model, cache, flight=f, lanes=a, kv_ring=r, narrow_flight=n or None,
-                 xmax=x)
-                for f in flights for n in narrow for x in xmaxes for a in lanes
-                for r in kv_rings}}
+             **{f"cuda_f{f}{f'_nf{n}' * bool(n)}{'_lanes' * a}{'_kvring' * r}": CudaStep(
+                 compiled, model, cache, flight=f, lanes=a, kv_ring=r, narrow_flight=n or None)
+                for f in flights for n in narrow for a in lanes for r in kv_rings}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -64,7 +61,7 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
     knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0],
-                 narrow_flight=narrow[0] or None, xmax=xmaxes[0])
+                 narrow_flight=narrow[0] or None)
     for probe in [0, *probes] if trace else []:
         print(f"trace, end stamps at mark {probe}" if probe else "trace", flush=True)
         draw(compiled, model, cache, (tokens, positions), trace, batch, knobs | {"probe": probe})
@@ -108,9 +105,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA kernels with at most these many ring copies in flight")
     ap.add_argument("--narrow-flights", default="0",
                     help="... and at most these many while copying narrow tasks (0: as others)")
-    ap.add_argument("--xmax", default="0",
-                    help="... and projection warps holding at most these many 16-byte groups "
-                         "of x a lane (0: every warp on every page)")
     ap.add_argument("--probes", default="",
                     help="with --trace: also trace with end stamps at these marks (1,2,3)")
     ap.add_argument("--lanes", default="1",
@@ -125,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                       [bool(int(a)) for a in args.lanes.split(",")],
                       [bool(int(r)) for r in args.kv_rings.split(",")],
                       [int(n) for n in args.narrow_flights.split(",")],
-                      [int(p) for p in args.probes.split(",") if p],
-                      [int(x) for x in args.xmax.split(",")])
+                      [int(p) for p in args.probes.split(",") if p])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

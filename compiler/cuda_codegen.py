@@ -27,7 +27,6 @@ RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
-XMAX = 0                   # x's 16-byte groups a lane of a projection warp, at most (PageSplit)
 NARROW = 128 * 1024        # a narrow task's weight bytes, at most (``narrow_flight``)
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_ARGS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr", "counters_ptr",
@@ -159,15 +158,12 @@ def call_args(kind: str, cx: dict, units: dict) -> str:
     return ", ".join(args)
 
 
-def page_rows(k: int, page: int, batch: int = 1, xmax: int = 0) -> tuple[int, int]:
-    """Rows of K elements a ring page holds and the parts (warps) each row is reduced in
-    (megakernel_ring.cuh's PageRows and PageSplit)."""
+def page_rows(k: int, page: int) -> tuple[int, int]:
+    """Rows of K elements a ring page holds and warps reading each (megakernel_ring.cuh's
+    PageRows)."""
     fit = page // (2 * k)
     rows = next(r for r in (8, 4, 2, 1) if (fit >= r and NCW >= r) or r == 1)
-    if not xmax:
-        return rows, NCW // rows
-    xj = lambda wpr: -(-k // 8 // (32 * wpr))
-    return rows, next((w for w in (1, 2, 4) if batch * xj(w) <= xmax), NCW)
+    return rows, NCW // rows
 
 
 @dataclass(frozen=True)
@@ -181,14 +177,14 @@ class Geometry:
         return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + 1)
 
 
-def geometry(enc: Encoded, batch: int, xmax: int = 0) -> Geometry:
+def geometry(enc: Encoded, batch: int) -> Geometry:
     """Ring pages long enough for the longest weight row, as many as fit RING_BYTES and the
     block's shared memory with the scratch the opcodes need."""
     proj = [(kind, cx) for _, kind, cx, _ in enc.variants
             if kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)]
     longest = max((cx["K"] for _, cx in proj), default=8)
     page = max(MIN_PAGE, -(-2 * longest // 1024) * 1024)
-    acc = max((CUDA_OPS[kind].rows(cx) * page_rows(cx["K"], page, batch, xmax)[1] * batch
+    acc = max((CUDA_OPS[kind].rows(cx) * page_rows(cx["K"], page)[1] * batch
                for kind, cx in proj), default=1)
     tmp = max((CUDA_OPS[kind].rows(cx) * batch for kind, cx in proj), default=1)
     for _, kind, cx, _ in enc.variants:
@@ -217,12 +213,10 @@ def task_flight(kind: str, cx: dict, flight: int, narrow_flight: int | None) -> 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int = FLIGHT, lanes: bool | None = None,
                   kv_ring: bool = False, narrow_flight: int | None = None,
-                  probe: int = 0, xmax: int = XMAX) -> CudaSource:
+                  probe: int = 0) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most
     (``narrow_flight``: for narrow tasks, ``task_flight``); ``probe``: traces stamp a task's
-    end at a mark of its body (``MK_PROBE`` in megakernel_ctx.cuh) instead of its signal;
-    ``xmax``: x's 16-byte groups a lane of a projection warp holds, at most, and so how the
-    warps share pages (``PageSplit``; 0: every warp on every page); ``lanes``:
+    end at a mark of its body (``MK_PROBE`` in megakernel_ctx.cuh) instead of its signal; ``lanes``:
     attention a key a lane (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane
     where the head dim builds it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865);
     ``kv_ring``: attention's keys and values copied into the ring by the producer where they
@@ -232,7 +226,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                          f"must be in flight")
     if probe not in range(4):
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-3")
-    geo = geometry(enc, batch, xmax)
+    geo = geometry(enc, batch)
     check_supported(enc, lanes, geo)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
@@ -248,6 +242,5 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
-        xmax=xmax,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

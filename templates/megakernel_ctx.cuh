@@ -71,7 +71,7 @@ __device__ __forceinline__ float pick(const float (&v)[B], int b) {
   return r;
 }
 
-template <int NCW, int NPAGE, int PAGE, int B, int XMAX>
+template <int NCW, int NPAGE, int PAGE, int B>
 struct Ctx {
   static constexpr int NT = NCW * 32;   // consumer threads
   Ring<NPAGE, PAGE> ring;
@@ -87,77 +87,56 @@ struct Ctx {
 
   __device__ void sync() const { consumers_sync(NT); }
 
-  // acc parts of x[b] . W_seg[r] for SEGS segments of `rows` rows (``result`` adds them), the
-  // pages shared as PageSplit<..., XMAX> says.
+  // acc parts of x[b] . W_seg[r] for SEGS segments of `rows` rows (``result`` adds them).
   template <int K, int SEGS>
   __device__ void project(const bf16* x, int rows) {
-    typedef PageSplit<K, PAGE, NCW, B, XMAX> L;
-    constexpr int KV = L::KV, R = L::ROWS, WPR = L::WPR, RG = L::RG, XJ = L::XJ;
+    typedef PageRows<K, PAGE, NCW> L;
+    constexpr int KV = K / 8;                            // 16-byte groups a row
+    constexpr int XJ = (KV + 32 * L::WPR - 1) / (32 * L::WPR);
     static_assert(K % 8 == 0, "rows must be whole 16-byte groups");
-    const int group = warp / (WPR * RG), rsub = warp % (WPR * RG) / WPR, part = warp % WPR;
+    const int rr = warp / L::WPR, part = warp % L::WPR;
     uint4 xr[B][XJ];
     if (!drain) {
 #pragma unroll
       for (int b = 0; b < B; ++b)
 #pragma unroll
         for (int j = 0; j < XJ; ++j) {
-          const int v = part * 32 + lane + 32 * WPR * j;
+          const int v = part * 32 + lane + 32 * L::WPR * j;
           xr[b][j] = (v < KV) ? __ldcg(reinterpret_cast<const uint4*>(x + (int64_t)b * K) + v)
                               : make_uint4(0, 0, 0, 0);
         }
     }
-    const int pages = (rows + R - 1) / R;     // a segment's
-    for (int seg = 0, q = 0; seg < SEGS; ++seg)
-      for (int pq = 0; pq < pages; ++pq, ++q) {
-        if (q % L::GROUPS == group) {
-          mbar_wait(ring.full + ring.slot, ring.phase);
-          if (!drain) page_dot<K, R, WPR, RG, XJ>(xr, rows, seg * rows, pq * R + rsub, part);
-          if (q == 0) mark(1);
-          __syncwarp();
-          if (lane == 0) mbar_arrive(ring.empty + ring.slot, L::GROUPS);
+    for (int seg = 0; seg < SEGS; ++seg)
+      for (int r0 = 0; r0 < rows; r0 += L::ROWS) {
+        mbar_wait(ring.full + ring.slot, ring.phase);
+        if (!drain && r0 + rr < rows) {
+          const uint4* pg = reinterpret_cast<const uint4*>(ring.page()) + rr * KV;
+          float s[B];
+#pragma unroll
+          for (int b = 0; b < B; ++b) s[b] = 0.f;
+#pragma unroll
+          for (int j = 0; j < XJ; ++j) {
+            const int v = part * 32 + lane + 32 * L::WPR * j;
+            if (v < KV) {
+              const uint4 w = pg[v];
+#pragma unroll
+              for (int b = 0; b < B; ++b) s[b] += dot8(w, xr[b][j]);
+            }
+          }
+          float* out = acc + ((seg * rows + r0 + rr) * L::WPR + part) * B;
+#pragma unroll
+          for (int b = 0; b < B; ++b) {
+            const float v = warp_sum(s[b]);
+            if (lane == 0) out[b] = v;
+          }
+          if (seg == 0 && r0 == 0) mark(1);
         }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(ring.empty + ring.slot);
         ring.advance();
       }
     sync();
     mark(2);
-  }
-
-  // This warp's part of rows r, r + RG, ... (< rows, within the page) of the ring's current
-  // page dotted with x: one warp sum each, into acc[((row0 + r) * WPR + part) * B + b].
-  template <int K, int R, int WPR, int RG, int XJ>
-  __device__ void page_dot(const uint4 (&xr)[B][XJ], int rows, int row0, int r, int part) {
-    constexpr int KV = K / 8, RW = R / RG;           // rows this warp reduces
-    const uint4* pg = reinterpret_cast<const uint4*>(ring.page()) + (r % R) * KV;
-    float s[RW][B];
-#pragma unroll
-    for (int i = 0; i < RW; ++i)
-#pragma unroll
-      for (int b = 0; b < B; ++b) s[i][b] = 0.f;
-#pragma unroll
-    for (int j = 0; j < XJ; ++j) {
-      const int v = part * 32 + lane + 32 * WPR * j;
-      if (v < KV) {
-#pragma unroll
-        for (int i = 0; i < RW; ++i) {
-          if (r + i * RG < rows) {
-            const uint4 w = pg[i * RG * KV + v];
-#pragma unroll
-            for (int b = 0; b < B; ++b) s[i][b] += dot8(w, xr[b][j]);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-      if (r + i * RG < rows) {
-        float* out = acc + ((row0 + r + i * RG) * WPR + part) * B;
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-          const float v = warp_sum(s[i][b]);
-          if (lane == 0) out[b] = v;
-        }
-      }
-    }
   }
 
   // ``project`` with a norm's row RMS from the sums of squares ss around it (HAS_NORM): rs[b]
@@ -173,7 +152,7 @@ struct Ctx {
   // Row i's product with x[b], after ``project``: its parts added in order.
   template <int K>
   __device__ float result(int i, int b) const {
-    constexpr int WPR = PageSplit<K, PAGE, NCW, B, XMAX>::WPR;
+    constexpr int WPR = PageRows<K, PAGE, NCW>::WPR;
     float s = 0.f;
 #pragma unroll
     for (int p = 0; p < WPR; ++p) s += acc[(i * WPR + p) * B + b];

@@ -36,10 +36,6 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
-               : "memory");
-}
 __device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
                "r"(bytes) : "memory");
@@ -148,26 +144,6 @@ struct PageRows {
   static constexpr int WPR = NCW / ROWS;
   static_assert(fit >= 1, "a weight row is longer than a ring page");
   static_assert(NCW % ROWS == 0, "page rows must divide the consumer warps");
-};
-
-// How a projection's pages are shared by the consumer warps: each row in WPR parts (warp part
-// w % WPR: 16-byte groups part * 32 + lane + 32 * WPR * j, XJ of them, x's held in registers);
-// a group of WPR * RG warps takes whole pages, its row subgroup w / WPR rows rsub, rsub + RG,
-// ...; the GROUPS groups take the task's pages in turn (page q: group q % GROUPS), so that that
-// many pages are reduced at once. XMAX = 0: every warp on every page (one row part each, the
-// first form); else the fewest parts a row that keep x within XMAX 16-byte groups a lane.
-template <int K, int PAGE, int NCW, int B, int XMAX>
-struct PageSplit {
-  static constexpr int ROWS = PageRows<K, PAGE, NCW>::ROWS;
-  static constexpr int KV = K / 8;
-  static constexpr int xj(int wpr) { return (KV + 32 * wpr - 1) / (32 * wpr); }
-  static constexpr int fits(int wpr) { return B * xj(wpr) <= XMAX; }
-  static constexpr int WPR = XMAX == 0 ? NCW / ROWS
-                             : fits(1) ? 1 : fits(2) ? 2 : fits(4) ? 4 : NCW;
-  static constexpr int RG = XMAX == 0 ? ROWS : 1;
-  static constexpr int GROUPS = NCW / (WPR * RG);
-  static constexpr int XJ = xj(WPR);
-  static_assert(WPR * RG * GROUPS == NCW, "the page split must use every consumer warp");
 };
 
 // The producer's side: copy `rows` rows of K bf16 elements from `src` into the next pages,
