@@ -2,11 +2,11 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--narrow-flights 0,8] [--lanes 0,1] [--kv-rings 0,1] [--probes 1,2,3]
+        [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
-combination of the backend's knobs (ring copies in flight, for narrow tasks, attention a key a
-lane, its keys and values through the ring) against eager's (relative norm of the difference,
+combination of the backend's knobs (ring copies in flight, attention a key a lane, its keys
+and values through the ring) against eager's (relative norm of the difference,
 top-1 agreement), then their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
@@ -27,7 +27,7 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
             trace: str | None, flights: list[int], lanes: list[bool],
-            kv_rings: list[bool], narrow: list[int], probes: list[int]) -> dict:
+            kv_rings: list[bool], probes: list[int]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -42,9 +42,9 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}{f'_nf{n}' * bool(n)}{'_lanes' * a}{'_kvring' * r}": CudaStep(
-                 compiled, model, cache, flight=f, lanes=a, kv_ring=r, narrow_flight=n or None)
-                for f in flights for n in narrow for a in lanes for r in kv_rings}}
+             **{f"cuda_f{f}{'_lanes' * a}{'_kvring' * r}": CudaStep(
+                 compiled, model, cache, flight=f, lanes=a, kv_ring=r)
+                for f in flights for a in lanes for r in kv_rings}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -60,8 +60,7 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
         for name, step in steps.items():
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
-    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0],
-                 narrow_flight=narrow[0] or None)
+    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0])
     for probe in [0, *probes] if trace else []:
         print(f"trace, end stamps at mark {probe}" if probe else "trace", flush=True)
         draw(compiled, model, cache, (tokens, positions), trace, batch, knobs | {"probe": probe})
@@ -103,8 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, help="folder for the (first) CUDA kernel's timeline")
     ap.add_argument("--flights", default="2",
                     help="CUDA kernels with at most these many ring copies in flight")
-    ap.add_argument("--narrow-flights", default="0",
-                    help="... and at most these many while copying narrow tasks (0: as others)")
     ap.add_argument("--probes", default="",
                     help="with --trace: also trace with end stamps at these marks (1,2,3)")
     ap.add_argument("--lanes", default="1",
@@ -118,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
                       args.trace, [int(f) for f in args.flights.split(",")],
                       [bool(int(a)) for a in args.lanes.split(",")],
                       [bool(int(r)) for r in args.kv_rings.split(",")],
-                      [int(n) for n in args.narrow_flights.split(",")],
                       [int(p) for p in args.probes.split(",") if p])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)

@@ -27,7 +27,6 @@ RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
-NARROW = 128 * 1024        # a narrow task's weight bytes, at most (``narrow_flight``)
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_ARGS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr", "counters_ptr",
                "epoch")                      # kernel fields the op bodies take by name
@@ -201,29 +200,18 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
     return geo
 
 
-def task_flight(kind: str, cx: dict, flight: int, narrow_flight: int | None) -> int:
-    """Copies in flight while the producer copies a task of this opcode: ``narrow_flight``
-    for a projection task of at most NARROW bytes of weights (q/k/v, o at batch 1), where
-    given, else ``flight``."""
-    rows = CUDA_OPS[kind].rows(cx)
-    narrow = rows and rows * cx["K"] * 2 <= NARROW
-    return narrow_flight if narrow and narrow_flight else flight
-
-
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int = FLIGHT, lanes: bool | None = None,
-                  kv_ring: bool = False, narrow_flight: int | None = None,
-                  probe: int = 0) -> CudaSource:
-    """``flight``: copies a worker's producer keeps issued and not landed, at most
-    (``narrow_flight``: for narrow tasks, ``task_flight``); ``probe``: traces stamp a task's
+                  kv_ring: bool = False, probe: int = 0) -> CudaSource:
+    """``flight``: copies a worker's producer keeps issued and not landed, at most (2 4 8 for
+    q/k/v and o only, the rest 2: 0.820 0.825 0.825 ms, llama-3.2-1b, batch 1); ``probe``: traces stamp a task's
     end at a mark of its body (``MK_PROBE`` in megakernel_ctx.cuh) instead of its signal; ``lanes``:
     attention a key a lane (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane
     where the head dim builds it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865);
     ``kv_ring``: attention's keys and values copied into the ring by the producer where they
     fit (a key a lane only; 0.838 against 0.833 without)."""
-    if flight < 1 or (narrow_flight is not None and narrow_flight < 1):
-        raise ValueError(f"flight={flight}, narrow_flight={narrow_flight}: at least one copy "
-                         f"must be in flight")
+    if flight < 1:
+        raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if probe not in range(4):
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-3")
     geo = geometry(enc, batch)
@@ -236,8 +224,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         spec = CUDA_OPS[kind]
         full = cx | knobs_of(cx, lanes, kv_ring, geo)
         struct = f"{spec.struct}<{', '.join(_literal(full[p]) for p in spec.params)}>"
-        variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units),
-                             flight=task_flight(kind, cx, flight, narrow_flight)))
+        variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units)))
     source = env.get_template("megakernel.cu.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,

@@ -147,14 +147,12 @@ struct PageRows {
 };
 
 // The producer's side: copy `rows` rows of K bf16 elements from `src` into the next pages,
-// with at most `flight` copies issued and not yet landed (the ring may hold more landed pages):
-// every byte in flight lengthens the queue that the consumers' own loads wait in. The
-// generated loop sets `flight` a task (FLIGHT, or more for narrow tasks).
+// with at most FLIGHT copies issued and not yet landed (the ring may hold more landed pages):
+// every byte in flight lengthens the queue that the consumers' own loads wait in.
 template <int NPAGE, int PAGE, int NCW, int FLIGHT>
 struct Producer {
   Ring<NPAGE, PAGE> ring;
   uint32_t issued = 0;
-  int flight = FLIGHT;
 
   template <int K>
   __device__ void stream(const bf16* src, int rows) {
@@ -164,8 +162,8 @@ struct Producer {
   }
   // `bytes` (at most PAGE, a multiple of 16) from `src` into the next page.
   __device__ void page(const void* src, uint32_t bytes) {
-    if (flight < NPAGE && issued >= (uint32_t)flight) {   // the copy `flight` back has landed
-      const uint32_t old = issued - flight;
+    if (FLIGHT < NPAGE && issued >= FLIGHT) {     // the copy FLIGHT places back has landed
+      const uint32_t old = issued - FLIGHT;
       mbar_wait(ring.full + old % NPAGE, (old / NPAGE) & 1);
     }
     ++issued;
