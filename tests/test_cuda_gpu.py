@@ -33,6 +33,13 @@ def test_cuda_backend_is_as_accurate_as_bf16_eager(batch, tile, knobs):
                                                cuda=knobs, tile=tile), batch)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_megakernel_cuda_backend_is_as_accurate_as_bf16_eager(batch):
+    """The ``megakernel-cuda`` backend (no compile options): the tuned or default kernel's
+    variant in the form the CUDA backend builds (``variant.cuda_form``)."""
+    assert_as_accurate_as_eager(teacher_forced("llama-3.2-1b", batch, kernel="cuda"), batch)
+
+
 def test_cuda_backend_dropped_signal_raises_watchdog_quickly():
     model = load_model("tiny-llama", device="cuda", dtype="bfloat16", progress=False).model
     cache = allocate_kv_cache(model.config, 2, 64, dtype=torch.bfloat16, device="cuda")
