@@ -251,7 +251,9 @@ def _add_generate(sub) -> None:
     gen.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     gen.add_argument("--max-new-tokens", type=int, default=32)
     gen.add_argument("--max-seq-len", type=int, default=None)
-    gen.add_argument("--backend", default="eager", help="eager | torch-compile | megakernel")
+    gen.add_argument("--backend", default="eager",
+                     help="eager | torch-compile | megakernel | megakernel-cuda (GPU: the "
+                          "megakernel's tables run by the CUDA C++ kernel)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)

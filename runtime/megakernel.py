@@ -315,6 +315,9 @@ def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, kerne
     ``options``, the tuned or default kernel's variant in the form that backend builds)."""
     if kernel not in ("triton", "cuda"):
         raise ValueError(f"kernel {kernel!r} unknown; choose triton or cuda")
+    if kernel == "cuda" and not kv_cache.is_cuda:
+        raise ValueError("the CUDA backend (megakernel-cuda) runs on a CUDA device; on the CPU "
+                         "use the Triton kernel (megakernel) under the interpreter")
     from megakernel.compiler.artifact import compile_cached
     from megakernel.compiler.pipeline import CompileOptions
 

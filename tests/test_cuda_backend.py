@@ -5,6 +5,7 @@ import re
 import shutil
 
 import pytest
+import torch
 
 from megakernel.compiler.cuda_codegen import CUDA_OPS, generate_cuda
 from megakernel.compiler.pipeline import CompileOptions, compile_model
@@ -98,3 +99,13 @@ def test_probe_kernels_build(tmp_path, monkeypatch):
     assert "0 bytes spill stores" in log, log
     with pytest.raises(ValueError, match="probe=4"):
         generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), probe=4)
+
+
+def test_megakernel_cuda_backend_on_the_cpu_is_refused_by_name():
+    from megakernel.runtime import allocate_kv_cache
+    from megakernel.runtime.backends import get_backend
+
+    model = load_model("tiny-llama", progress=False).model
+    cache = allocate_kv_cache(model.config, 1, 64, dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="megakernel-cuda.*CUDA device"):
+        get_backend("megakernel-cuda")(model, cache)
