@@ -71,7 +71,7 @@ __device__ __forceinline__ float pick(const float (&v)[B], int b) {
   return r;
 }
 
-template <int NCW, int NPAGE, int PAGE, int B>
+template <int NCW, int NPAGE, int PAGE, int B, int DEFER>
 struct Ctx {
   static constexpr int NT = NCW * 32;   // consumer threads
   Ring<NPAGE, PAGE> ring;
@@ -87,56 +87,80 @@ struct Ctx {
 
   __device__ void sync() const { consumers_sync(NT); }
 
-  // acc parts of x[b] . W_seg[r] for SEGS segments of `rows` rows (``result`` adds them).
+  // acc parts of x[b] . W_seg[r] for SEGS segments of `rows` rows (``result`` adds them). Each
+  // warp dots its row part of a page with x into lane partials and frees the page; the partials
+  // of up to DEFER pages are then reduced across the warp together (independent shuffles),
+  // so that no page waits for the previous page's warp sums (DEFER 1: each page's at once).
   template <int K, int SEGS>
   __device__ void project(const bf16* x, int rows) {
     typedef PageRows<K, PAGE, NCW> L;
-    constexpr int KV = K / 8;                            // 16-byte groups a row
-    constexpr int XJ = (KV + 32 * L::WPR - 1) / (32 * L::WPR);
+    constexpr int XJ = (K / 8 + 32 * L::WPR - 1) / (32 * L::WPR);
     static_assert(K % 8 == 0, "rows must be whole 16-byte groups");
     const int rr = warp / L::WPR, part = warp % L::WPR;
     uint4 xr[B][XJ];
-    if (!drain) {
+    if (!drain) load_x<K, XJ>(x, part, xr);
+    const int pages = (rows + L::ROWS - 1) / L::ROWS, total = SEGS * pages;   // a segment's, all
+    for (int q0 = 0; q0 < total; q0 += DEFER) {
+      float s[DEFER][B];
 #pragma unroll
-      for (int b = 0; b < B; ++b)
-#pragma unroll
-        for (int j = 0; j < XJ; ++j) {
-          const int v = part * 32 + lane + 32 * L::WPR * j;
-          xr[b][j] = (v < KV) ? __ldcg(reinterpret_cast<const uint4*>(x + (int64_t)b * K) + v)
-                              : make_uint4(0, 0, 0, 0);
+      for (int k = 0; k < DEFER; ++k) {
+        if (q0 + k < total) {
+          mbar_wait(ring.full + ring.slot, ring.phase);
+          if (!drain) page_part<K, XJ>(xr, part, rr * (K / 8), s[k]);
+          if (q0 + k == 0) mark(1);
+          __syncwarp();
+          if (lane == 0) mbar_arrive(ring.empty + ring.slot);
+          ring.advance();
         }
-    }
-    for (int seg = 0; seg < SEGS; ++seg)
-      for (int r0 = 0; r0 < rows; r0 += L::ROWS) {
-        mbar_wait(ring.full + ring.slot, ring.phase);
-        if (!drain && r0 + rr < rows) {
-          const uint4* pg = reinterpret_cast<const uint4*>(ring.page()) + rr * KV;
-          float s[B];
+      }
 #pragma unroll
-          for (int b = 0; b < B; ++b) s[b] = 0.f;
-#pragma unroll
-          for (int j = 0; j < XJ; ++j) {
-            const int v = part * 32 + lane + 32 * L::WPR * j;
-            if (v < KV) {
-              const uint4 w = pg[v];
-#pragma unroll
-              for (int b = 0; b < B; ++b) s[b] += dot8(w, xr[b][j]);
-            }
-          }
-          float* out = acc + ((seg * rows + r0 + rr) * L::WPR + part) * B;
+      for (int k = 0; k < DEFER; ++k) {
+        const int q = q0 + k, row = q % pages * L::ROWS + rr;
+        if (q < total && !drain && row < rows) {
+          float* out = acc + ((q / pages * rows + row) * L::WPR + part) * B;
 #pragma unroll
           for (int b = 0; b < B; ++b) {
-            const float v = warp_sum(s[b]);
+            const float v = warp_sum(s[k][b]);
             if (lane == 0) out[b] = v;
           }
-          if (seg == 0 && r0 == 0) mark(1);
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(ring.empty + ring.slot);
-        ring.advance();
       }
+    }
     sync();
     mark(2);
+  }
+
+  // This warp's part of x [B, K] (16-byte groups part * 32 + lane + 32 * WPR * j) into registers.
+  template <int K, int XJ>
+  __device__ void load_x(const bf16* x, int part, uint4 (&xr)[B][XJ]) const {
+    constexpr int KV = K / 8, WPR = PageRows<K, PAGE, NCW>::WPR;
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+#pragma unroll
+      for (int j = 0; j < XJ; ++j) {
+        const int v = part * 32 + lane + 32 * WPR * j;
+        xr[b][j] = (v < KV) ? __ldcg(reinterpret_cast<const uint4*>(x + (int64_t)b * K) + v)
+                            : make_uint4(0, 0, 0, 0);
+      }
+  }
+
+  // Lane partials s[b] of this warp's part of the current page's row at element offset `off`
+  // (16-byte groups) with x (a row past the task's is read and never stored).
+  template <int K, int XJ>
+  __device__ void page_part(const uint4 (&xr)[B][XJ], int part, int off, float (&s)[B]) const {
+    constexpr int KV = K / 8, WPR = PageRows<K, PAGE, NCW>::WPR;
+    const uint4* pg = reinterpret_cast<const uint4*>(ring.page()) + off;
+#pragma unroll
+    for (int b = 0; b < B; ++b) s[b] = 0.f;
+#pragma unroll
+    for (int j = 0; j < XJ; ++j) {
+      const int v = part * 32 + lane + 32 * WPR * j;
+      if (KV % (32 * WPR) == 0 || v < KV) {
+        const uint4 w = pg[v];
+#pragma unroll
+        for (int b = 0; b < B; ++b) s[b] += dot8(w, xr[b][j]);
+      }
+    }
   }
 
   // ``project`` with a norm's row RMS from the sums of squares ss around it (HAS_NORM): rs[b]

@@ -86,19 +86,26 @@ def test_any_variant_in_cuda_form_is_built(label):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_probe_kernels_build(tmp_path, monkeypatch):
-    """A probe kernel (a trace's end stamps at a mark of each body, ``--probes``) builds for
-    sm_90a without spills; a mark that does not exist is refused."""
+@pytest.mark.parametrize("knobs,line", [({"probe": 2}, "#define MK_PROBE 2"),
+                                        ({"defer": 8}, "DEFER = 8;")])
+def test_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
+    """A probe kernel (a trace's end stamps at a mark of each body, ``--probes``) and one whose
+    projection warps reduce eight pages' parts together build for sm_90a without spills."""
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
     c = compiled(batch=1, tile=FUSED_TILE)
-    src = generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), probe=2)
-    assert "#define MK_PROBE 2" in src.source and "c.mark(3);" in src.source
+    src = generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), **knobs)
+    assert line in src.source
     log = build_cubin(src.source).with_suffix(".log").read_text()
     assert "0 bytes spill stores" in log, log
-    with pytest.raises(ValueError, match="probe=4"):
-        generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), probe=4)
+
+
+@pytest.mark.parametrize("knobs", [{"probe": 4}, {"defer": 0}, {"flight": 0}])
+def test_knobs_out_of_range_are_refused(knobs):
+    c = compiled(batch=1)
+    with pytest.raises(ValueError, match=f"{next(iter(knobs))}=0|probe=4"):
+        generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), **knobs)
 
 
 def test_megakernel_cuda_backend_on_the_cpu_is_refused_by_name():
