@@ -2,11 +2,11 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--defers 1,8] [--lanes 0,1] [--kv-rings 0,1] [--probes 1,2,3]
+        [--flights 2,4] [--defers 1,8] [--combine-chunks 0,8] [--lanes 0,1] [--kv-rings 0,1] [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, pages a projection warp reduces
-together, attention a key a lane, its keys and values through the ring) against eager's (relative norm of the difference,
+together, partial slots an attention combine loads at once, attention a key a lane, its keys and values through the ring) against eager's (relative norm of the difference,
 top-1 agreement), then their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
@@ -27,7 +27,8 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
             trace: str | None, flights: list[int], lanes: list[bool],
-            kv_rings: list[bool], probes: list[int], defers: list[int]) -> dict:
+            kv_rings: list[bool], probes: list[int], defers: list[int],
+            chunks: list[int]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -42,9 +43,11 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}_d{d}{'_lanes' * a}{'_kvring' * r}": CudaStep(
-                 compiled, model, cache, flight=f, lanes=a, kv_ring=r, defer=d)
-                for f in flights for d in defers for a in lanes for r in kv_rings}}
+             **{f"cuda_f{f}_d{d}_c{ch}{'_lanes' * a}{'_kvring' * r}": CudaStep(
+                 compiled, model, cache, flight=f, lanes=a, kv_ring=r, defer=d,
+                 combine_chunk=ch)
+                for f in flights for d in defers for ch in chunks for a in lanes
+                for r in kv_rings}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -60,7 +63,8 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
         for name, step in steps.items():
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
-    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0], defer=defers[0])
+    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0], defer=defers[0],
+                 combine_chunk=chunks[0])
     for probe in [0, *probes] if trace else []:
         print(f"trace, end stamps at mark {probe}" if probe else "trace", flush=True)
         draw(compiled, model, cache, (tokens, positions), trace, batch, knobs | {"probe": probe})
@@ -105,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--defers", default="1",
                     help="... and projection warps reducing their parts of these many pages "
                          "together")
+    ap.add_argument("--combine-chunks", default="8",
+                    help="... and attention combines loading these many partial slots at once "
+                         "(0: a max pass, then a sum pass)")
     ap.add_argument("--probes", default="",
                     help="with --trace: also trace with end stamps at these marks (1,2,3)")
     ap.add_argument("--lanes", default="1",
@@ -119,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                       [bool(int(a)) for a in args.lanes.split(",")],
                       [bool(int(r)) for r in args.kv_rings.split(",")],
                       [int(p) for p in args.probes.split(",") if p],
-                      [int(d) for d in args.defers.split(",")])
+                      [int(d) for d in args.defers.split(",")],
+                      [int(ch) for ch in args.combine_chunks.split(",")])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

@@ -106,12 +106,13 @@ class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, flight: int | None = None,
                  lanes: bool | None = None, kv_ring: bool = False, probe: int = 0,
-                 defer: int | None = None):
+                 defer: int | None = None, combine_chunk: int | None = None):
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
         self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "probe": probe} | (
-            {} if defer is None else {"defer": defer}) | ({} if flight is None else {"flight": flight})
+            {} if defer is None else {"defer": defer}) | (
+            {} if combine_chunk is None else {"combine_chunk": combine_chunk}) | ({} if flight is None else {"flight": flight})
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")
