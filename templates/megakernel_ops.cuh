@@ -69,6 +69,9 @@ struct Linear {
     float rs[B];
     c.template project_normed<K, 1, HAS_NORM, SUMS>(x, n, ss, eps, rs);
     if (c.drain) return;
+    // one row of at most 32 columns: its sum of squares within warp 0, no barrier
+    const bool in_warp = B == 1 && n <= 32;
+    float sq = 0.f;
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n, col = n0 + i;
       float y = c.template result<K>(i, b);
@@ -79,12 +82,18 @@ struct Linear {
       out[b * N + col] = yo;
       if (OUT_SUMS) {
         const float yr = __bfloat162float(yo);
-        c.tmp[b * n + i] = yr * yr;
+        if (in_warp)
+          sq = yr * yr;
+        else
+          c.tmp[b * n + i] = yr * yr;
         const float nwc = idx == c.t ? onw0 : __bfloat162float(onw[col]);
         osc[b * N + col] = __float2bfloat16(yr * nwc);
       }
     }
-    if (OUT_SUMS) {
+    if (OUT_SUMS && in_warp && c.warp == 0) {   // the lanes row_sums would sum, in its order
+      const float v = warp_sum(sq);
+      if (c.lane == 0) os[g] = v;
+    } else if (OUT_SUMS && !in_warp) {
       c.sync();
       c.row_sums(c.tmp, n, os, g);
     }
