@@ -10,7 +10,7 @@ together, partial slots an attention combine loads at once, attention a key a la
 top-1 agreement), then their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
-stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page reduced,
+stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page dotted,
 2 its last, 3 the body done), where a task's time goes.
 """
 from __future__ import annotations

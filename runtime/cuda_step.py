@@ -110,9 +110,9 @@ class CudaStep(MegakernelStep):
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
-        self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "probe": probe} | (
-            {} if defer is None else {"defer": defer}) | (
-            {} if combine_chunk is None else {"combine_chunk": combine_chunk}) | ({} if flight is None else {"flight": flight})
+        given = {"flight": flight, "defer": defer, "combine_chunk": combine_chunk}
+        self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "probe": probe} | {
+            k: v for k, v in given.items() if v is not None}     # the rest: generate_cuda's
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")

@@ -3,16 +3,16 @@
 //
 // A projection task's weights arrive as SEGS segments of `rows` rows of K elements each, in
 // pages of whole rows (megakernel_ring.cuh's PageRows: each row read by WPR warps). Each warp
-// holds the part of x [B, K] (bf16, row-major) its 16-byte groups meet in registers, reduces
-// its part of a row across its lanes and writes it to acc [SEGS * rows, WPR, B] in shared
-// memory: no barrier a page; the parts are added in a fixed order after the last page
-// (deterministic).
+// holds the part of x [B, K] (bf16, row-major) its 16-byte groups meet in registers, dots its
+// part of a page's row with it, frees the page, reduces the part across its lanes (DEFER pages'
+// at once) and writes it to acc [SEGS * rows, WPR, B] in shared memory: no barrier a page; the
+// parts are added in a fixed order after the last page (deterministic).
 #pragma once
 #include "megakernel_ring.cuh"
 
 #ifndef MK_PROBE
 #define MK_PROBE 0   // a trace's end stamp at a mark of the task (1: a projection's first
-                     // page reduced, 2: its last, 3: the body done) instead of after its signal
+                     // page dotted, 2: all reduced, 3: the body done) instead of after its signal
 #endif
 
 namespace mk {
