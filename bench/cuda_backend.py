@@ -2,16 +2,18 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--defers 1,8] [--combine-chunks 0,8] [--lanes 0,1] [--kv-rings 0,1] [--probes 1,2,3]
+        [--flights 2,4] [--defers 1,8] [--combine-chunks 0,8] [--lanes 0,1] [--kv-rings 0,1] \
+        [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, pages a projection warp reduces
-together, partial slots an attention combine loads at once, attention a key a lane, its keys and values through the ring) against eager's (relative norm of the difference,
-top-1 agreement), then their median step times, measured in alternating rounds (GPU only).
+together, partial slots an attention combine loads at once, attention a key a lane, its keys
+and values through the ring) against eager's (relative norm of the difference, top-1
+agreement), then their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
 stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page dotted,
-2 its last, 3 the body done), where a task's time goes.
+2 all its pages reduced, 3 the body done), where a task's time goes.
 """
 from __future__ import annotations
 

@@ -110,8 +110,7 @@ def megakernel_step(model: CausalLM, cache, kernels: str | None, name: str = "me
         return library.step(compiled, model, cache)
     from megakernel.runtime.cuda_step import CudaStep, cuda_compiled
 
-    sms = torch.cuda.get_device_properties(cache.device).multi_processor_count
-    return CudaStep(cuda_compiled(compiled, model, sms), model, cache)
+    return CudaStep(cuda_compiled(compiled, model, cache.device), model, cache)
 
 
 def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,

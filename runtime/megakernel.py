@@ -331,8 +331,7 @@ def megakernel_backend(model, kv_cache: torch.Tensor, trace: bool = False, kerne
         from .cuda_step import CudaStep, cuda_compiled
 
         if not options:     # the tuned (or default) kernel's variant as the CUDA backend builds it
-            sms = torch.cuda.get_device_properties(kv_cache.device).multi_processor_count
-            compiled = cuda_compiled(compiled, model, sms)
+            compiled = cuda_compiled(compiled, model, kv_cache.device)
         return CudaStep(compiled, model, kv_cache, trace=trace, **(cuda or {}))
     return MegakernelStep(compiled, model, kv_cache, trace=trace)
 

@@ -90,10 +90,12 @@ struct Linear {
         osc[b * N + col] = __float2bfloat16(yr * nwc);
       }
     }
-    if (OUT_SUMS && in_warp && c.warp == 0) {   // the lanes row_sums would sum, in its order
-      const float v = warp_sum(sq);
-      if (c.lane == 0) os[g] = v;
-    } else if (OUT_SUMS && !in_warp) {
+    if (OUT_SUMS && in_warp) {
+      if (c.warp == 0) {        // the lanes row_sums would sum, in its order
+        const float v = warp_sum(sq);
+        if (c.lane == 0) os[g] = v;
+      }
+    } else if (OUT_SUMS) {
       c.sync();
       c.row_sums(c.tmp, n, os, g);
     }
