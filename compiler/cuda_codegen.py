@@ -220,8 +220,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if combine_chunk < 0:
         raise ValueError(f"combine_chunk={combine_chunk}: 0 (two passes) or slots a chunk")
-    if defer < 1:
-        raise ValueError(f"defer={defer}: a warp reduces at least one page at a time")
+    if defer < 0:
+        raise ValueError(f"defer={defer}: 0 (each page reduced before it is freed) or pages")
     if probe not in range(4):
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-3")
     geo = geometry(enc, batch)

@@ -99,9 +99,32 @@ struct Ctx {
     const int rr = warp / L::WPR, part = warp % L::WPR;
     uint4 xr[B][XJ];
     if (!drain) load_x<K, XJ>(x, part, xr);
+    if constexpr (DEFER == 0) {   // each page's row reduced before the page is freed
+      for (int seg = 0; seg < SEGS; ++seg)
+        for (int r0 = 0; r0 < rows; r0 += L::ROWS) {
+          mbar_wait(ring.full + ring.slot, ring.phase);
+          if (!drain && r0 + rr < rows) {
+            float s[B];
+            page_part<K, XJ>(xr, part, rr * (K / 8), s);
+            float* out = acc + ((seg * rows + r0 + rr) * L::WPR + part) * B;
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+              const float v = warp_sum(s[b]);
+              if (lane == 0) out[b] = v;
+            }
+            if (seg == 0 && r0 == 0) mark(1);
+          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(ring.empty + ring.slot);
+          ring.advance();
+        }
+      sync();
+      mark(2);
+      return;
+    }
     const int pages = (rows + L::ROWS - 1) / L::ROWS, total = SEGS * pages;   // a segment's, all
     for (int q0 = 0; q0 < total; q0 += DEFER) {
-      float s[DEFER][B];
+      float s[DEFER > 0 ? DEFER : 1][B];
 #pragma unroll
       for (int k = 0; k < DEFER; ++k) {
         if (q0 + k < total) {
