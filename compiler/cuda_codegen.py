@@ -27,7 +27,7 @@ RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
-DEFER = 1                  # pages whose row parts a projection warp reduces together
+DEFER = 0                  # pages whose row parts a projection warp reduces together
 COMBINE_CHUNK = 8          # partial slots an attention combine loads at once (0: two passes)
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_ARGS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr", "counters_ptr",
