@@ -2,7 +2,7 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--defers 1,8] [--combine-chunks 0,8] [--lanes 0,1] [--kv-rings 0,1] \
+        [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] \
         [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
@@ -12,7 +12,7 @@ and values through the ring) against eager's (relative norm of the difference, t
 agreement), then their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
-stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page dotted,
+stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page reduced,
 2 all its pages reduced, 3 the body done), where a task's time goes.
 """
 from __future__ import annotations
@@ -29,8 +29,7 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
             trace: str | None, flights: list[int], lanes: list[bool],
-            kv_rings: list[bool], probes: list[int], defers: list[int],
-            chunks: list[int]) -> dict:
+            kv_rings: list[bool], probes: list[int]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -45,11 +44,9 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}_d{d}_c{ch}{'_lanes' * a}{'_kvring' * r}": CudaStep(
-                 compiled, model, cache, flight=f, lanes=a, kv_ring=r, defer=d,
-                 combine_chunk=ch)
-                for f in flights for d in defers for ch in chunks for a in lanes
-                for r in kv_rings}}
+             **{f"cuda_f{f}{'_lanes' * a}{'_kvring' * r}": CudaStep(
+                 compiled, model, cache, flight=f, lanes=a, kv_ring=r)
+                for f in flights for a in lanes for r in kv_rings}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -65,8 +62,7 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
         for name, step in steps.items():
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
-    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0], defer=defers[0],
-                 combine_chunk=chunks[0])
+    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0])
     for probe in [0, *probes] if trace else []:
         print(f"trace, end stamps at mark {probe}" if probe else "trace", flush=True)
         draw(compiled, model, cache, (tokens, positions), trace, batch, knobs | {"probe": probe})
@@ -108,12 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, help="folder for the (first) CUDA kernel's timeline")
     ap.add_argument("--flights", default="2",
                     help="CUDA kernels with at most these many ring copies in flight")
-    ap.add_argument("--defers", default="1",
-                    help="... and projection warps reducing their parts of these many pages "
-                         "together")
-    ap.add_argument("--combine-chunks", default="8",
-                    help="... and attention combines loading these many partial slots at once "
-                         "(0: a max pass, then a sum pass)")
     ap.add_argument("--probes", default="",
                     help="with --trace: also trace with end stamps at these marks (1,2,3)")
     ap.add_argument("--lanes", default="1",
@@ -127,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                       args.trace, [int(f) for f in args.flights.split(",")],
                       [bool(int(a)) for a in args.lanes.split(",")],
                       [bool(int(r)) for r in args.kv_rings.split(",")],
-                      [int(p) for p in args.probes.split(",") if p],
-                      [int(d) for d in args.defers.split(",")],
-                      [int(ch) for ch in args.combine_chunks.split(",")])
+                      [int(p) for p in args.probes.split(",") if p])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

@@ -27,8 +27,6 @@ RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
-DEFER = 0                  # pages whose row parts a projection warp reduces together
-COMBINE_CHUNK = 8          # partial slots an attention combine loads at once (0: two passes)
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_ARGS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr", "counters_ptr",
                "epoch")                      # kernel fields the op bodies take by name
@@ -204,24 +202,17 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int = FLIGHT, lanes: bool | None = None,
-                  kv_ring: bool = False, probe: int = 0, defer: int = DEFER,
-                  combine_chunk: int = COMBINE_CHUNK) -> CudaSource:
+                  kv_ring: bool = False, probe: int = 0) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
     ``probe``: traces stamp a task's end at a mark of its body (``MK_PROBE`` in
-    megakernel_ctx.cuh) instead of its signal; ``defer``: pages whose row parts a projection
-    warp holds before reducing them together (``Ctx::project``); ``combine_chunk``: partial
-    slots an attention combine loads at once (0: a max pass, then a sum pass); ``lanes``:
+    megakernel_ctx.cuh) instead of its signal; ``lanes``:
     attention a key a lane (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane
     where the head dim builds it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865);
     ``kv_ring``: attention's keys and values copied into the ring by the producer where they
     fit (a key a lane only; 0.838 against 0.833 without)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
-    if combine_chunk < 0:
-        raise ValueError(f"combine_chunk={combine_chunk}: 0 (two passes) or slots a chunk")
-    if defer < 0:
-        raise ValueError(f"defer={defer}: 0 (each page reduced before it is freed) or pages")
     if probe not in range(4):
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-3")
     geo = geometry(enc, batch)
@@ -239,6 +230,5 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
-        defer=defer, combine_chunk=combine_chunk,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

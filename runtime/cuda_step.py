@@ -106,14 +106,12 @@ def cuda_compiled(compiled, model, device):
 class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, flight: int | None = None,
-                 lanes: bool | None = None, kv_ring: bool = False, probe: int = 0,
-                 defer: int | None = None, combine_chunk: int | None = None):
+                 lanes: bool | None = None, kv_ring: bool = False, probe: int = 0):
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
-        given = {"flight": flight, "defer": defer, "combine_chunk": combine_chunk}
-        self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "probe": probe} | {
-            k: v for k, v in given.items() if v is not None}     # the rest: generate_cuda's
+        self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "probe": probe} | (
+            {} if flight is None else {"flight": flight})         # else generate_cuda's
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")

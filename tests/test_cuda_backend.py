@@ -86,14 +86,10 @@ def test_any_variant_in_cuda_form_is_built(label):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("knobs,line", [({"probe": 2}, "#define MK_PROBE 2"),
-                                        ({"defer": 8}, "DEFER = 8;"),
-                                        ({"defer": 0}, "DEFER = 0;"),
-                                        ({"combine_chunk": 0}, "#define MK_COMBINE_CH 0")])
+@pytest.mark.parametrize("knobs,line", [({"probe": 2}, "#define MK_PROBE 2")])
 def test_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
-    """A probe kernel (a trace's end stamps at a mark of each body, ``--probes``), one whose
-    projection warps reduce eight pages' parts together and one with two-pass attention
-    combines build for sm_90a without spills."""
+    """A probe kernel (a trace's end stamps at a mark of each body, ``--probes``) builds for
+    sm_90a without spills."""
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
@@ -104,8 +100,7 @@ def test_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
     assert "0 bytes spill stores" in log, log
 
 
-@pytest.mark.parametrize("knobs", [{"probe": 4}, {"defer": -1}, {"flight": 0},
-                                   {"combine_chunk": -1}])
+@pytest.mark.parametrize("knobs", [{"probe": 4}, {"flight": 0}])
 def test_knobs_out_of_range_are_refused(knobs):
     c = compiled(batch=1)
     with pytest.raises(ValueError, match=f"{next(iter(knobs))}=(0|-1|4)"):
