@@ -2,7 +2,7 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] \
+        [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] \
         [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
@@ -29,7 +29,7 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
             trace: str | None, flights: list[int], lanes: list[bool],
-            kv_rings: list[bool], probes: list[int]) -> dict:
+            kv_rings: list[bool], probes: list[int], kv_l2s: list[bool]) -> dict:
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -44,9 +44,9 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}{'_lanes' * a}{'_kvring' * r}": CudaStep(
-                 compiled, model, cache, flight=f, lanes=a, kv_ring=r)
-                for f in flights for a in lanes for r in kv_rings}}
+             **{f"cuda_f{f}{'_lanes' * a}{'_kvring' * r}{'_kvl2' * p}": CudaStep(
+                 compiled, model, cache, flight=f, lanes=a, kv_ring=r, kv_l2=p)
+                for f in flights for a in lanes for r in kv_rings for p in kv_l2s}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -62,7 +62,7 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
         for name, step in steps.items():
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
-    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0])
+    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0], kv_l2=kv_l2s[0])
     for probe in [0, *probes] if trace else []:
         print(f"trace, end stamps at mark {probe}" if probe else "trace", flush=True)
         draw(compiled, model, cache, (tokens, positions), trace, batch, knobs | {"probe": probe})
@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
     ap.add_argument("--kv-rings", default="0",
                     help="CUDA kernels with attention's keys and values through the ring (1)")
+    ap.add_argument("--kv-l2s", default="0",
+                    help="CUDA kernels with attention's keys and values prefetched into L2 by "
+                         "the producer (1)")
     args = ap.parse_args(argv)
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in parse_batch_sizes(args.batch_sizes):
@@ -117,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                       args.trace, [int(f) for f in args.flights.split(",")],
                       [bool(int(a)) for a in args.lanes.split(",")],
                       [bool(int(r)) for r in args.kv_rings.split(",")],
-                      [int(p) for p in args.probes.split(",") if p])
+                      [int(p) for p in args.probes.split(",") if p],
+                      [bool(int(p)) for p in args.kv_l2s.split(",")])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

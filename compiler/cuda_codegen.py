@@ -84,7 +84,8 @@ CUDA_OPS: dict[str, CudaOp] = {
                                        "HAS_NORM", "SUMS"), ("eps",), _qkv,
                        lambda cx: 2 * cx["PART"]),
     "attn_partial": CudaOp("mk::AttnPartial", ("B", "HQ", "HKV", "S", "D", "G", "BS", "DIRECT",
-                                               "FUSED", "LANES", "KV_RING"), ("scale",),
+                                               "FUSED", "LANES", "KV_RING", "KV_L2"),
+                           ("scale",),
                            _attention),
     "attn_combine": CudaOp("mk::AttnCombine", ("HQ", "D", "G")),
 }
@@ -106,13 +107,15 @@ def kv_ring_fits(cx: dict, geo: "Geometry") -> bool:
     return cx["BS"] * cx["D"] * 2 <= geo.page and pages <= geo.npage
 
 
-def knobs_of(cx: dict, lanes: bool | None, kv_ring: bool, geo: "Geometry") -> dict:
+def knobs_of(cx: dict, lanes: bool | None, kv_ring: bool, geo: "Geometry",
+             kv_l2: bool = False) -> dict:
     """The backend's own template arguments of an opcode with constexprs ``cx``: attention a key
     a lane where asked, or (``lanes=None``) where its head dim builds it; its keys and values
-    through the ring where asked and they fit (``kv_ring_fits``)."""
+    through the ring where asked and they fit (``kv_ring_fits``), else, where ``kv_l2``,
+    prefetched into L2 by the producer."""
     lane = lanes_fit(cx.get("D", 0)) if lanes is None else lanes
-    return {"LANES": lane, "KV_RING": kv_ring and lane and "KV_SPLIT" in cx
-            and kv_ring_fits(cx, geo)}
+    ring = kv_ring and lane and "KV_SPLIT" in cx and kv_ring_fits(cx, geo)
+    return {"LANES": lane, "KV_RING": ring, "KV_L2": kv_l2 and not ring}
 
 
 def check_supported(enc: Encoded, lanes: bool | None, geo: "Geometry") -> None:
@@ -202,7 +205,7 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int = FLIGHT, lanes: bool | None = None,
-                  kv_ring: bool = False, probe: int = 0) -> CudaSource:
+                  kv_ring: bool = False, probe: int = 0, kv_l2: bool = False) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
     ``probe``: traces stamp a task's end at a mark of its body (``MK_PROBE`` in
@@ -223,7 +226,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     variants = []
     for op, kind, cx, units in enc.variants:
         spec = CUDA_OPS[kind]
-        full = cx | knobs_of(cx, lanes, kv_ring, geo)
+        full = cx | knobs_of(cx, lanes, kv_ring, geo, kv_l2)
         struct = f"{spec.struct}<{', '.join(_literal(full[p]) for p in spec.params)}>"
         variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units)))
     source = env.get_template("megakernel.cu.jinja").render(

@@ -34,9 +34,11 @@ __device__ bool last_ticket(C& c, int* ticket, int total) {
 // each warp a run of 32 / LPK keys at a time, one reduction a run (``lane_keys``).
 // KV_RING (with LANES): the producer copies the whole cache blocks the key range meets, K and V
 // a page each, into the ring ahead of the task (they depend on nothing of this step but the key
-// at the row's position, which the consumers read from L2 after the wait instead).
+// at the row's position, which the consumers read from L2 after the wait instead). KV_L2
+// (without KV_RING): the producer asks for the same blocks in L2 ahead of the task instead,
+// taking no page.
 template <int B, int HQ, int HKV, int S, int D, int G, int BS, bool DIRECT, bool FUSED,
-          bool LANES = false, bool KV_RING = false>
+          bool LANES = false, bool KV_RING = false, bool KV_L2 = false>
 struct AttnPartial {
   static_assert(!KV_RING || LANES, "keys through the ring: a key a lane only");
   static constexpr int DL = (D + 31) / 32;
@@ -73,11 +75,16 @@ struct AttnPartial {
   __device__ static void pages(P& p, const bf16*, const bf16* cache, const int64_t*,
                                const int* bt, float*, float*, bf16*, int row, int kv_head, int,
                                int lo, int span, int layer, int*, int, int, int, int, float) {
-    if (!KV_RING) return;
+    if (!KV_RING && !KV_L2) return;
     for (int blk = lo / BS; blk <= (lo + span - 1) / BS; ++blk) {
       const bf16* k = cache + cache_slot<B, HKV, S, D, BS>(bt, row, blk * BS, layer, 0, kv_head);
-      p.page(k, BS * D * 2);
-      p.page(k + V_SHIFT, BS * D * 2);
+      if (KV_RING) {
+        p.page(k, BS * D * 2);
+        p.page(k + V_SHIFT, BS * D * 2);
+      } else {
+        p.prefetch_l2(k, BS * D * 2);
+        p.prefetch_l2(k + V_SHIFT, BS * D * 2);
+      }
     }
   }
   // The task's ring pages: wait until all have landed, or give them back (each warp).

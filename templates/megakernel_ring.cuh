@@ -160,6 +160,10 @@ struct Producer {
     for (int r0 = 0; r0 < rows; r0 += R)
       page(src + (int64_t)r0 * K, (uint32_t)min(R, rows - r0) * K * 2);
   }
+  // `bytes` (a multiple of 16) from `src` into L2, no page taken, nothing waited for.
+  __device__ void prefetch_l2(const void* src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+  }
   // `bytes` (at most PAGE, a multiple of 16) from `src` into the next page.
   __device__ void page(const void* src, uint32_t bytes) {
     if (FLIGHT < NPAGE && issued >= FLIGHT) {     // the copy FLIGHT places back has landed

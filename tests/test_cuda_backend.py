@@ -45,20 +45,23 @@ FUSED_TILE = TileConfig(norm_first=True, norm_sums=True, split_k=1, kv_block=16,
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("batch,lanes,tile,kv_ring", [
-    (1, False, CUDA_TILE, False), (3, None, CUDA_TILE, False), (1, True, CUDA_TILE, False),
-    (1, None, FUSED_TILE, False), (2, None, FUSED_TILE, True)])
-def test_builds_for_sm90a_without_spills(batch, lanes, tile, kv_ring, tmp_path, monkeypatch):
+@pytest.mark.parametrize("batch,lanes,tile,kv_ring,kv_l2", [
+    (1, False, CUDA_TILE, False, False), (3, None, CUDA_TILE, False, False),
+    (1, True, CUDA_TILE, False, False), (1, None, FUSED_TILE, False, True),
+    (2, None, FUSED_TILE, True, False)])
+def test_builds_for_sm90a_without_spills(batch, lanes, tile, kv_ring, kv_l2, tmp_path,
+                                         monkeypatch):
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
     c = compiled(batch=batch, tile=tile)
     src = generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks), lanes=lanes,
-                        kv_ring=kv_ring)
-    # AttnPartial's last three template arguments: FUSED, LANES, KV_RING
-    form = re.search(r"AttnPartial<[^>]*, (\w+), (\w+), (\w+)>::run", src.source).groups()
+                        kv_ring=kv_ring, kv_l2=kv_l2)
+    # AttnPartial's last four template arguments: FUSED, LANES, KV_RING, KV_L2
+    form = re.search(r"AttnPartial<[^>]*, (\w+), (\w+), (\w+), (\w+)>::run",
+                     src.source).groups()
     assert form == tuple("true" if f else "false"
-                         for f in (tile.fuse_combine, lanes is not False, kv_ring))
+                         for f in (tile.fuse_combine, lanes is not False, kv_ring, kv_l2))
     cubin = build_cubin(src.source)
     assert cubin.stat().st_size > 0
     log = cubin.with_suffix(".log").read_text()
