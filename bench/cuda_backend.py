@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
     ap.add_argument("--kv-rings", default="0",
                     help="CUDA kernels with attention's keys and values through the ring (1)")
-    ap.add_argument("--kv-l2s", default="0",
+    ap.add_argument("--kv-l2s", default="1",
                     help="CUDA kernels with attention's keys and values prefetched into L2 by "
                          "the producer (1)")
     args = ap.parse_args(argv)

@@ -205,7 +205,7 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int = FLIGHT, lanes: bool | None = None,
-                  kv_ring: bool = False, probe: int = 0, kv_l2: bool = False) -> CudaSource:
+                  kv_ring: bool = False, probe: int = 0, kv_l2: bool = True) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
     ``probe``: traces stamp a task's end at a mark of its body (``MK_PROBE`` in

@@ -107,7 +107,7 @@ class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, flight: int | None = None,
                  lanes: bool | None = None, kv_ring: bool = False, probe: int = 0,
-                 kv_l2: bool = False):
+                 kv_l2: bool = True):
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
