@@ -13,7 +13,8 @@ agreement), then their median step times, measured in alternating rounds (GPU on
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
 stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page reduced,
-2 all its pages reduced, 3 the body done), where a task's time goes.
+2 all its pages reduced, 3 the body done, 4 every warp's body done: the signal's
+release is what follows), where a task's time goes.
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flights", default="2",
                     help="CUDA kernels with at most these many ring copies in flight")
     ap.add_argument("--probes", default="",
-                    help="with --trace: also trace with end stamps at these marks (1,2,3)")
+                    help="with --trace: also trace with end stamps at these marks (1-4)")
     ap.add_argument("--lanes", default="1",
                     help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
     ap.add_argument("--kv-rings", default="0",

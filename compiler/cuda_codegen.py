@@ -216,8 +216,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     fit (a key a lane only; 0.838 against 0.833 without)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
-    if probe not in range(4):
-        raise ValueError(f"probe={probe}: 0 (none) or a mark 1-3")
+    if probe not in range(5):
+        raise ValueError(f"probe={probe}: 0 (none) or a mark 1-4")
     geo = geometry(enc, batch)
     check_supported(enc, lanes, geo)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),

@@ -12,7 +12,8 @@
 
 #ifndef MK_PROBE
 #define MK_PROBE 0   // a trace's end stamp at a mark of the task (1: a projection's first
-                     // page reduced, 2: its last, 3: the body done) instead of after its signal
+                     // page reduced, 2: its last, 3: the body done, 4: every warp's body done)
+                     // instead of after its signal
 #endif
 
 namespace mk {
