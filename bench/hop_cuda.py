@@ -20,7 +20,7 @@ that the release's membar meets copies in flight. Rounds alternate between two h
 buffers; a block writes round r + 2 only after it read all of round r + 1, so after every block
 wrote round r + 1 and (by its barrier) read all of round r.
 
-    python -m megakernel.bench.hop_cuda --slices 16,64 --rounds 2000
+    python -m megakernel.bench.hop_cuda --slices 4,16,31 --rounds 2000
 
 Prints microseconds a round for each protocol, slice length and load; every run's last vector
 is checked against a float64 reference.
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     from megakernel.runtime.cuda_step import Driver, build_cubin
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--slices", default="16,64", help="values a block writes a round")
+    ap.add_argument("--slices", default="4,16,31", help="values a block writes a round")
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--loads", default="0,1", help="without (0) and with (1) weight streams")
     args = ap.parse_args(argv)

@@ -118,3 +118,25 @@ def test_megakernel_cuda_backend_on_the_cpu_is_refused_by_name():
     cache = allocate_kv_cache(model.config, 1, 64, dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="megakernel-cuda.*CUDA device"):
         get_backend("megakernel-cuda")(model, cache)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_hop_benchmark_builds_without_spills(tmp_path, monkeypatch):
+    """``bench/hop_cuda.py``'s kernel (a phase boundary by counter or by flagged values, with a
+    producer warp streaming bulk copies) builds for sm_90a without spills."""
+    from megakernel.bench.hop_cuda import SOURCE
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    log = build_cubin(SOURCE).with_suffix(".log").read_text()
+    assert "0 bytes spill stores" in log, log
+
+
+def test_hop_reference_is_a_mean_field_per_round():
+    """The hop benchmark's float64 reference: one round by hand on 2 blocks of 2 values."""
+    from megakernel.bench.hop_cuda import reference
+
+    v = torch.tensor([[0.0, 0.25], [1.0, 1.25]], dtype=torch.float64)
+    b = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    want = 0.5 * v + 0.5 * v.mean() + b % 5
+    assert torch.allclose(reference(2, 2, 1), want.flatten())
