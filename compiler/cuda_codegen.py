@@ -209,11 +209,12 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     """``flight``: copies a worker's producer keeps issued and not landed, at most (2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
     ``probe``: traces stamp a task's end at a mark of its body (``MK_PROBE`` in
-    megakernel_ctx.cuh) instead of its signal; ``lanes``:
-    attention a key a lane (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane
-    where the head dim builds it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865);
-    ``kv_ring``: attention's keys and values copied into the ring by the producer where they
-    fit (a key a lane only; 0.838 against 0.833 without)."""
+    megakernel_ctx.cuh) instead of its signal; ``lanes``: attention a key a lane
+    (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane where the head dim builds
+    it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865); ``kv_ring``: attention's
+    keys and values copied into the ring by the producer where they fit (a key a lane only;
+    0.838 against 0.833 without); ``kv_l2``: else the same cache blocks prefetched into L2 by
+    the producer, no page taken (0.805 against 0.812 without)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if probe not in range(5):
