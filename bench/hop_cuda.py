@@ -33,14 +33,13 @@ import ctypes
 import torch
 
 SOURCE = r"""
-#include "megakernel_ring.cuh"
+#include "megakernel_ctx.cuh"
 using namespace mk;
 constexpr int NCW = 8, NT = NCW * 32, NPAGE = 4, PAGE = 32768, MAXW = 16;
 constexpr int SPINS = 1 << 20;   // polls (or passes over the share) before a wait gives up
 
 __device__ __forceinline__ float block_sum(float v, float* part, int warp, int lane) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   if (lane == 0) part[warp] = v;
   consumers_sync(NT);
   float s = 0.f;
@@ -100,8 +99,9 @@ hop(float* buf, unsigned long long* fbuf, int* counter, const unsigned char* wei
     if (flagged) {
       const unsigned long long tag = (unsigned long long)(r + 1) << 32;
       if (t < slice)
-        asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(fbuf + half + blockIdx.x * slice + t),
-                     "l"(tag | __float_as_uint(v)) : "memory");
+        asm volatile("st.relaxed.gpu.global.b64 [%0], %1;"
+                     ::"l"(fbuf + half + blockIdx.x * slice + t), "l"(tag | __float_as_uint(v))
+                     : "memory");
       unsigned long long w[MAXW];
       bool ok = false;
       for (int spins = 0; !ok && spins < SPINS; ++spins) {
