@@ -2,14 +2,13 @@
 
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
-        [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] \
+        [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] [--acquires none,both] \
         [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
-combination of the backend's knobs (ring copies in flight, pages a projection warp reduces
-together, partial slots an attention combine loads at once, attention a key a lane, its keys
-and values through the ring) against eager's (relative norm of the difference, top-1
-agreement), then their median step times, measured in alternating rounds (GPU only).
+combination of the backend's knobs (ring copies in flight, attention a key a lane, its keys
+and values through the ring or prefetched into L2, which of the waits and the combine's
+ticket acquire) against eager's (relative norm of the difference, top-1 agreement), then their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
 stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page reduced,
@@ -29,8 +28,10 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
-            trace: str | None, flights: list[int], lanes: list[bool],
-            kv_rings: list[bool], probes: list[int], kv_l2s: list[bool]) -> dict:
+            trace: str | None, grid: dict[str, list], probes: list[int]) -> dict:
+    """``grid``: each CudaStep knob's values; a CUDA kernel for every combination."""
+    import itertools
+
     from megakernel.bench.decode import median_step_ms
     from megakernel.bench.sweep import rel_err
     from megakernel.compiler.artifact import compile_cached
@@ -44,10 +45,11 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
     opts = CompileOptions(batch, context, **parse_variant(variant).options(sms))
     compiled, _ = compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")
     (tokens, positions, cache), expected = step_inputs(model, batch, context)
+    combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     steps = {"triton": MegakernelStep(compiled, model, cache),
-             **{f"cuda_f{f}{'_lanes' * a}{'_kvring' * r}{'_kvl2' * p}": CudaStep(
-                 compiled, model, cache, flight=f, lanes=a, kv_ring=r, kv_l2=p)
-                for f in flights for a in lanes for r in kv_rings for p in kv_l2s}}
+             **{"_".join(["cuda"] + [f"{k}{_short(v)}" for k, v in knobs.items()
+                                     if len(grid[k]) > 1]): CudaStep(
+                 compiled, model, cache, **knobs) for knobs in combos}}
     row = {"batch": batch, "variant": variant}
     with torch.inference_mode():
         for name, step in steps.items():
@@ -63,11 +65,15 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
         for name, step in steps.items():
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
-    knobs = dict(flight=flights[0], lanes=lanes[0], kv_ring=kv_rings[0], kv_l2=kv_l2s[0])
     for probe in [0, *probes] if trace else []:
         print(f"trace, end stamps at mark {probe}" if probe else "trace", flush=True)
-        draw(compiled, model, cache, (tokens, positions), trace, batch, knobs | {"probe": probe})
+        draw(compiled, model, cache, (tokens, positions), trace, batch,
+             combos[0] | {"probe": probe})
     return row
+
+
+def _short(value) -> str:
+    return str(int(value)) if isinstance(value, bool) else str(value)
 
 
 def draw(compiled, model, cache, inputs, folder: str, batch: int, knobs: dict) -> None:
@@ -114,15 +120,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-l2s", default="1",
                     help="CUDA kernels with attention's keys and values prefetched into L2 by "
                          "the producer (1)")
+    ap.add_argument("--acquires", default="none",
+                    help="CUDA kernels whose waits' polls and/or fused combine's ticket are "
+                         "acquire operations (none, polls, ticket, both)")
     args = ap.parse_args(argv)
+    grid = {"flight": [int(f) for f in args.flights.split(",")],
+            "lanes": [bool(int(a)) for a in args.lanes.split(",")],
+            "kv_ring": [bool(int(r)) for r in args.kv_rings.split(",")],
+            "kv_l2": [bool(int(p)) for p in args.kv_l2s.split(",")],
+            "acquire": args.acquires.split(",")}
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
-                      args.trace, [int(f) for f in args.flights.split(",")],
-                      [bool(int(a)) for a in args.lanes.split(",")],
-                      [bool(int(r)) for r in args.kv_rings.split(",")],
-                      [int(p) for p in args.probes.split(",") if p],
-                      [bool(int(p)) for p in args.kv_l2s.split(",")])
+                      args.trace, grid, [int(p) for p in args.probes.split(",") if p])
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

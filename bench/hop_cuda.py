@@ -6,21 +6,22 @@ round, sums it across the block and folds the sum into its next slice: the shape
 phase boundary (each q/k/v task reads all of h). Two ways for a reader to know the slices are
 there:
 
-    counter  the block's stores, a barrier, then one thread adds 1 to a counter with
-             ``red.release.gpu`` (the megakernel's ``signal_counter``); one thread of each
-             reader polls the counter as a task's wait does (``poll``), a barrier, then every
-             thread loads its share of the vector from L2
-    flagged  each 4-byte value travels with its round number in one 8-byte relaxed store; each
-             reader thread loads its share until every word carries the round's number: no
-             fence and no counter
+    counter   the block's stores, a barrier, then one thread adds 1 to a counter with
+              ``red.release.gpu`` (the megakernel's ``signal_counter``); one thread of each
+              reader polls the counter as a task's wait does (acquire atomics; ``relaxed``:
+              relaxed loads, as ``poll_until`` without MK_ACQUIRE_POLLS), a barrier, then
+              every thread loads its share of the vector from L2
+    flagged   each 4-byte value travels with its round number in one 8-byte relaxed store; each
+              reader thread loads its share until every word carries the round's number: no
+              fence and no counter
 
-With ``--load 1`` the producer warp streams bulk copies of a 1 GiB buffer into a ring of four
-32 KB shared-memory pages for the whole run, as the megakernel's producer streams weights, so
-that the release's membar meets copies in flight. Rounds alternate between two halves of the
-buffers; a block writes round r + 2 only after it read all of round r + 1, so after every block
-wrote round r + 1 and (by its barrier) read all of round r.
+With ``--loads N`` the producer warp keeps N bulk copies of 16 KB (from a 1 GiB buffer) in
+flight for the whole run, as the megakernel's producer streams weights (two at most), so that
+the release's membar and the polls meet copies in flight. Rounds alternate between two halves
+of the buffers; a block writes round r + 2 only after it read all of round r + 1, so after
+every block wrote round r + 1 and (by its barrier) read all of round r.
 
-    python -m megakernel.bench.hop_cuda --slices 4,16,31 --rounds 2000
+    python -m megakernel.bench.hop_cuda --slices 4,16,31 --rounds 2000 --loads 0,2,8
 
 Prints microseconds a round for each protocol, slice length and load; every run's last vector
 is checked against a float64 reference.
@@ -32,10 +33,11 @@ import ctypes
 
 import torch
 
+SMEM = 8 * 16384   # the stream's ring: NPAGE pages of PAGE bytes
 SOURCE = r"""
 #include "megakernel_ctx.cuh"
 using namespace mk;
-constexpr int NCW = 8, NT = NCW * 32, NPAGE = 4, PAGE = 32768, MAXW = 16;
+constexpr int NCW = 8, NT = NCW * 32, NPAGE = 8, PAGE = 16384, MAXW = 16;
 constexpr int SPINS = 1 << 20;   // polls (or passes over the share) before a wait gives up
 
 __device__ __forceinline__ float block_sum(float v, float* part, int warp, int lane) {
@@ -49,30 +51,41 @@ __device__ __forceinline__ float block_sum(float v, float* part, int warp, int l
   return s;
 }
 
-__device__ void stream(const unsigned char* src, long long bytes, uint64_t* full,
+// The counter protocol's wait for *p >= need by one thread: the megakernel's poll_until with
+// acquire atomics (mode 0) or relaxed loads (mode 1).
+__device__ bool wait_mode(const int* p, int need, int mode, const int* error) {
+  int seen = mode ? load_relaxed(p) : poll(p);
+  for (int spins = 0; seen < need && spins < SPINS; ++spins)
+    seen = mode ? load_relaxed(p) : poll(p);
+  return seen >= need;
+}
+
+// `flight` bulk copies of PAGE bytes kept in flight until *stop (each page re-issued as it
+// lands), as the megakernel's producer keeps at most `flight` weight copies in flight.
+__device__ void stream(const unsigned char* src, long long bytes, int flight, uint64_t* full,
                        unsigned char* ring, volatile int* stop) {
   uint32_t parity[NPAGE];
   long long n = 0;
   const long long pages = bytes / PAGE;
-  for (int k = 0; k < NPAGE; ++k, ++n) {
+  for (int k = 0; k < flight; ++k, ++n) {
     parity[k] = 0;
     mbar_expect(full + k, PAGE);
     bulk_copy(ring + k * PAGE, src + ((blockIdx.x + n * gridDim.x) % pages) * PAGE, PAGE,
               full + k);
   }
-  for (int k = 0; !*stop; k = (k + 1) % NPAGE, ++n) {
+  for (int k = 0; !*stop; k = (k + 1) % flight, ++n) {
     mbar_wait(full + k, parity[k]);
     parity[k] ^= 1;
     mbar_expect(full + k, PAGE);
     bulk_copy(ring + k * PAGE, src + ((blockIdx.x + n * gridDim.x) % pages) * PAGE, PAGE,
               full + k);
   }
-  for (int k = 0; k < NPAGE; ++k) mbar_wait(full + k, parity[k]);   // none left in flight
+  for (int k = 0; k < flight; ++k) mbar_wait(full + k, parity[k]);   // none left in flight
 }
 
 extern "C" __global__ void __launch_bounds__(NT + 32, 1)
 hop(float* buf, unsigned long long* fbuf, int* counter, const unsigned char* weights,
-    long long wbytes, int rounds, int slice, int flagged, int load, long long* out_t,
+    long long wbytes, int rounds, int slice, int flagged, int mode, int load, long long* out_t,
     float* out_v, int* error) {
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ uint64_t full[NPAGE];
@@ -88,7 +101,7 @@ hop(float* buf, unsigned long long* fbuf, int* counter, const unsigned char* wei
   }
   __syncthreads();
   if (warp == NCW) {
-    if (load && lane == 0) stream(weights, wbytes, full, smem, &stop);
+    if (load && lane == 0) stream(weights, wbytes, load, full, smem, &stop);
     return;
   }
   float v = t < slice ? blockIdx.x + 0.25f * t : 0.f;   // this thread's value of the slice
@@ -125,10 +138,7 @@ hop(float* buf, unsigned long long* fbuf, int* counter, const unsigned char* wei
       consumers_sync(NT);
       if (t == 0) {
         signal_counter(counter, 0);
-        int spins = 0;
-        while (poll(counter) < P * (r + 1) && ++spins < SPINS) {
-        }
-        if (spins == SPINS) fail = 1;
+        if (!wait_mode(counter, P * (r + 1), mode, error)) fail = 1;
       }
       consumers_sync(NT);
       for (int i = t; i < n; i += NT) s += __ldcg(buf + half + i);
@@ -160,7 +170,10 @@ def reference(blocks: int, slice_: int, rounds: int) -> torch.Tensor:
     return v.flatten()
 
 
-def run(driver, func, blocks: int, slice_: int, rounds: int, flagged: bool, load: bool,
+PROTOCOLS = {"counter": (0, 0), "relaxed": (0, 1), "flagged": (1, 0)}   # (flagged, wait mode)
+
+
+def run(driver, func, blocks: int, slice_: int, rounds: int, protocol: str, load: int,
         weights: torch.Tensor) -> float:
     """Microseconds a round (mean over blocks) of one launch; checks its last vector."""
     dev = weights.device
@@ -171,18 +184,19 @@ def run(driver, func, blocks: int, slice_: int, rounds: int, flagged: bool, load
     error = torch.zeros(1, dtype=torch.int32, device=dev)
     out_t = torch.zeros(blocks, dtype=torch.int64, device=dev)
     out_v = torch.full((n,), float("nan"), device=dev)
+    flagged, mode = PROTOCOLS[protocol]
     args = [ctypes.c_void_p(x.data_ptr()) for x in (buf, fbuf, counter, weights)]
     args += [ctypes.c_longlong(weights.numel()), ctypes.c_int(rounds), ctypes.c_int(slice_),
-             ctypes.c_int(int(flagged)), ctypes.c_int(int(load))]
+             ctypes.c_int(flagged), ctypes.c_int(mode), ctypes.c_int(load)]
     args += [ctypes.c_void_p(x.data_ptr()) for x in (out_t, out_v, error)]
-    driver.launch(func, blocks, 9 * 32, 4 * 32768, torch.cuda.current_stream().cuda_stream, args)
+    driver.launch(func, blocks, 9 * 32, SMEM, torch.cuda.current_stream().cuda_stream, args)
     torch.cuda.synchronize()
     if error.item():
-        raise RuntimeError(f"a wait spun past its bound (slice {slice_}, flagged {flagged})")
+        raise RuntimeError(f"a wait spun past its bound (slice {slice_}, {protocol})")
     ref = reference(blocks, slice_, rounds)
     err = ((out_v.double().cpu() - ref).norm() / ref.norm()).item()
     if not err < 1e-4:
-        raise RuntimeError(f"wrong values (slice {slice_}, flagged {flagged}): rel err {err}")
+        raise RuntimeError(f"wrong values (slice {slice_}, {protocol}): rel err {err}")
     return out_t.double().mean().item() / 1e3 / rounds
 
 
@@ -192,21 +206,29 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slices", default="4,16,31", help="values a block writes a round")
     ap.add_argument("--rounds", type=int, default=2000)
-    ap.add_argument("--loads", default="0,1", help="without (0) and with (1) weight streams")
+    ap.add_argument("--loads", default="0,2,8",
+                    help="16 KB copies the producer keeps in flight (0: no weight stream)")
+    ap.add_argument("--protocols", default=",".join(PROTOCOLS))
     args = ap.parse_args(argv)
     blocks = torch.cuda.get_device_properties(0).multi_processor_count
     slices = [int(s) for s in args.slices.split(",")]
+    loads = [int(x) for x in args.loads.split(",")]
+    protocols = args.protocols.split(",")
     if max(slices) * blocks > 16 * 256:
         raise SystemExit(f"a slice of at most {16 * 256 // blocks} values on {blocks} SMs")
+    if not set(protocols) <= set(PROTOCOLS) or not all(0 <= x <= 8 for x in loads):
+        raise SystemExit(f"protocols among {', '.join(PROTOCOLS)}; loads 0-8")
     weights = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     driver = Driver()
-    func = driver.load(build_cubin(SOURCE), "hop", 4 * 32768)
-    for load in [bool(int(x)) for x in args.loads.split(",")]:
+    func = driver.load(build_cubin(SOURCE), "hop", SMEM)
+    for load in loads:
         for slice_ in slices:
-            us = [run(driver, func, blocks, slice_, args.rounds, flagged, load, weights)
-                  for flagged in (False, True, False, True)]        # alternating, twice
-            print(f"load={int(load)} slice={slice_:3d} us/round: counter {us[0]:.3f} "
-                  f"{us[2]:.3f}, flagged {us[1]:.3f} {us[3]:.3f}", flush=True)
+            us = {p: [] for p in protocols}
+            for _ in range(2):                       # alternating, twice
+                for p in protocols:
+                    us[p].append(run(driver, func, blocks, slice_, args.rounds, p, load, weights))
+            print(f"load={load} slice={slice_:3d} us/round: " + ", ".join(
+                f"{p} {a:.3f} {b:.3f}" for p, (a, b) in us.items()), flush=True)
     return 0
 
 

@@ -27,6 +27,7 @@ RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
+ACQUIRE = ("none", "polls", "ticket", "both")   # which of the waits and the ticket acquire
 SMEM_LIMIT = 232448        # dynamic shared memory a block may have on sm_90 (227 KB)
 KERNEL_ARGS = ("tokens_ptr", "positions_ptr", "block_table_ptr", "cache_ptr", "counters_ptr",
                "epoch")                      # kernel fields the op bodies take by name
@@ -205,7 +206,8 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int = FLIGHT, lanes: bool | None = None,
-                  kv_ring: bool = False, probe: int = 0, kv_l2: bool = True) -> CudaSource:
+                  kv_ring: bool = False, probe: int = 0, kv_l2: bool = True,
+                  acquire: str = "none") -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
     ``probe``: traces stamp a task's end at a mark of its body (``MK_PROBE`` in
@@ -214,9 +216,14 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     it (llama-3.2-1b, batch 1, H200, ms: a lane 0.831, a warp 0.865); ``kv_ring``: attention's
     keys and values copied into the ring by the producer where they fit (a key a lane only;
     0.838 against 0.833 without); ``kv_l2``: else the same cache blocks prefetched into L2 by
-    the producer, no page taken (0.805 against 0.812 without)."""
+    the producer, no page taken (0.805 against 0.812 without); ``acquire``: which of a wait's
+    polls and the fused combine's ticket are acquire operations ("none", "polls", "ticket",
+    "both"; the others relaxed polls and a release atomic: ``poll_until`` in
+    megakernel_ring.cuh)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
+    if acquire not in ACQUIRE:
+        raise ValueError(f"acquire={acquire!r}: one of {', '.join(ACQUIRE)}")
     if probe not in range(5):
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-4")
     geo = geometry(enc, batch)
@@ -234,5 +241,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
+        acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
+        acquire_ticket=int(acquire in ("ticket", "both")),
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))

@@ -107,11 +107,12 @@ class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, flight: int | None = None,
                  lanes: bool | None = None, kv_ring: bool = False, probe: int = 0,
-                 kv_l2: bool = True):
+                 kv_l2: bool = True, acquire: str = "none"):
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
-        self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "probe": probe, "kv_l2": kv_l2} | (
+        self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "probe": probe, "kv_l2": kv_l2,
+                      "acquire": acquire} | (
             {} if flight is None else {"flight": flight})         # else generate_cuda's
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:

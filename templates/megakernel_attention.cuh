@@ -10,16 +10,20 @@ template <int HQ, int D, int G>
 struct AttnCombine;
 
 // Whether this task takes the last of `total` tickets: every consumer's stores before it are
-// released (the barrier, then an acq_rel atomic), and the last taker acquires the others'
-// (its loads after it read from L2: ``__ldcg``).
+// released (the barrier, then a release atomic, acq_rel with MK_ACQUIRE_TICKET); the last
+// taker reads the others' from L2 (``__ldcg``), only once it knows it is the last.
 template <class C>
 __device__ bool last_ticket(C& c, int* ticket, int total) {
   c.sync();
   int* flag = reinterpret_cast<int*>(c.tmp);
   if (c.t == 0) {
     int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(ticket)
-                 : "memory");
+    if (MK_ACQUIRE_TICKET)
+      asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(ticket)
+                   : "memory");
+    else
+      asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(ticket)
+                   : "memory");
     *flag = old == total - 1;
   }
   c.sync();

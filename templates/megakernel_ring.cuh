@@ -15,6 +15,13 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#ifndef MK_ACQUIRE_POLLS
+#define MK_ACQUIRE_POLLS 0   // a wait's polls: acquire atomics (1) or relaxed loads (0)
+#endif
+#ifndef MK_ACQUIRE_TICKET
+#define MK_ACQUIRE_TICKET 0  // the fused combine's ticket: an acq_rel (1) or release (0) atomic
+#endif
+
 namespace mk {
 
 typedef __nv_bfloat16 bf16;
@@ -75,6 +82,26 @@ __device__ __forceinline__ void record_error(int* error, int task, int c, int se
   }
 }
 
+__device__ __forceinline__ int load_relaxed(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Polls *p until it holds at least `need`; the last value seen (below need after `limit` polls,
+// or once another worker has recorded an error). MK_ACQUIRE_POLLS: acquire atomics (in SASS an
+// ATOMG, then CCTL.IVALL, an L1 invalidate a poll); else relaxed loads, with no invalidate:
+// what a counter guards is read from L2 (``__ldcg``, ``load_act``) and only once the poll's
+// value is known (a branch on it, then a barrier).
+__device__ __forceinline__ int poll_until(const int* p, int need, int limit, const int* error) {
+  int seen = MK_ACQUIRE_POLLS ? poll(p) : load_relaxed(p);
+  for (int spins = 0; seen < need && spins < limit;) {
+    seen = MK_ACQUIRE_POLLS ? poll(p) : load_relaxed(p);
+    if ((++spins & 1023) == 0 && *(volatile const int*)error != 0) break;
+  }
+  return seen;
+}
+
 // Wait until counters[c] >= size * epoch for each (c, size) of the task's waits (the first
 // inline); false after a spin past spin_limit, or once another worker has recorded an error.
 __device__ bool wait_counters(const int* waits, int* counters, int* error, int first, int count,
@@ -82,19 +109,14 @@ __device__ bool wait_counters(const int* waits, int* counters, int* error, int f
   for (int j = 0; j < count; ++j) {
     const int c = j ? __ldg(waits + 2 * (first + j)) : c0;
     const int need = (j ? __ldg(waits + 2 * (first + j) + 1) : size0) * epoch;
-    int seen = poll(counters + c);
-    int spins = 0;
-    while (seen < need && spins < spin_limit) {
-      seen = poll(counters + c);
-      if ((++spins & 1023) == 0 && *(volatile int*)error != 0) spins = spin_limit;
-    }
+    const int seen = poll_until(counters + c, need, spin_limit, error);
     if (seen < need) {
       record_error(error, task, c, seen);
       return false;
     }
   }
-  return true;   // the acquire polls order this thread, and the barrier after it the others'
-                 // reads (each from L2: ``__ldcg``), after the producers' writes
+  return true;   // the polls order this thread, and the barrier after it the others' reads
+                 // (each from L2: ``__ldcg``), after the producers' writes
 }
 
 // Release: called by one thread after every consumer's stores of the task (consumers_sync).

@@ -89,10 +89,11 @@ def test_any_variant_in_cuda_form_is_built(label):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("knobs,line", [({"probe": 2}, "#define MK_PROBE 2")])
+@pytest.mark.parametrize("knobs,line", [
+    ({"probe": 2}, "#define MK_PROBE 2"), ({"acquire": "both"}, "#define MK_ACQUIRE_TICKET 1")])
 def test_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
-    """A probe kernel (a trace's end stamps at a mark of each body, ``--probes``) builds for
-    sm_90a without spills."""
+    """A probe kernel (a trace's end stamps at a mark of each body, ``--probes``) and one whose
+    waits and ticket are acquire operations build for sm_90a without spills."""
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
@@ -103,10 +104,10 @@ def test_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
     assert "0 bytes spill stores" in log, log
 
 
-@pytest.mark.parametrize("knobs", [{"probe": 5}, {"flight": 0}])
+@pytest.mark.parametrize("knobs", [{"probe": 5}, {"flight": 0}, {"acquire": "all"}])
 def test_knobs_out_of_range_are_refused(knobs):
     c = compiled(batch=1)
-    with pytest.raises(ValueError, match=f"{next(iter(knobs))}=(0|5)"):
+    with pytest.raises(ValueError, match=f"{next(iter(knobs))}=(0|5|'all')"):
         generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), **knobs)
 
 
