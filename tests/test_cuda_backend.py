@@ -141,3 +141,26 @@ def test_hop_reference_is_a_mean_field_per_round():
     b = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
     want = 0.5 * v + 0.5 * v.mean() + b % 5
     assert torch.allclose(reference(2, 2, 1), want.flatten())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("batch,rows", [(17, 16), (64, 32)])
+def test_mma_benchmark_builds_without_spills(batch, rows, tmp_path, monkeypatch):
+    """``bench/mma_cuda.py``'s tensor-core projection (x from L2, weight rows through a ring of
+    8-row groups) builds for sm_90a without spills, its ring and scratch within shared
+    memory."""
+    from megakernel.bench.mma_cuda import SMEM_LIMIT, config_source, ring_groups, smem_bytes
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    groups = ring_groups(batch, 2048, rows)
+    assert rows // 8 <= groups and smem_bytes(batch, 2048, groups) <= SMEM_LIMIT
+    log = build_cubin(config_source(batch, 2048, rows, groups)).with_suffix(".log").read_text()
+    assert "0 bytes spill stores" in log, log
+
+
+def test_mma_benchmark_refuses_a_task_larger_than_the_ring():
+    from megakernel.bench.mma_cuda import ring_groups
+
+    with pytest.raises(SystemExit, match="does not fit"):
+        ring_groups(64, 8192, 32)
