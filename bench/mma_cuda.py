@@ -20,9 +20,13 @@ thread's 8 contiguous bytes hold logical k 2t, 2t+1, 2t+8, 2t+9): one 8-byte loa
 each operand instead of two 4-byte ones. x is read from L2 once a task: B / ROWS times the
 task's weight bytes, the quantity this benchmark is for.
 
-    python -m megakernel.bench.mma_cuda --batches 16,32,64 --rows 16,32 [--n 65536 --k 2048]
+This is the ``rows`` form; ``bench/mma_tiles.py`` holds the ``tiles`` form (x's chunk in shared
+memory for 128 or 256 rows, by TMA tensor copies).
 
-Prints microseconds a launch and the weights' TB/s of each (batch, rows) beside
+    python -m megakernel.bench.mma_cuda --batches 16,32,64 --forms rows,tiles \
+        [--rows 16,32] [--tile-rows 128,256] [--n 65536 --k 2048]
+
+Prints microseconds a launch and the weights' TB/s of each (batch, form, rows) beside
 ``torch.mm`` on the same operands; every launch's y is checked against an fp32 product.
 """
 from __future__ import annotations
@@ -168,13 +172,34 @@ def ring_groups(batch: int, k: int, rows: int) -> int:
     return groups
 
 
+def rows_source(batch: int, k: int, rows: int) -> tuple[str, int]:
+    groups = ring_groups(batch, k, rows)
+    return config_source(batch, k, rows, groups), smem_bytes(batch, k, groups)
+
+
+def rows_args(driver, x, w, y, rows: int) -> list:
+    return [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
+            ctypes.c_void_p(y.data_ptr()), ctypes.c_int(w.shape[0])]
+
+
+def forms() -> dict:
+    """form -> (kernel name, source and shared memory of a shape, launch arguments)."""
+    from megakernel.bench.mma_tiles import tiles_args, tiles_source
+
+    return {"rows": ("mma_proj", rows_source, rows_args),
+            "tiles": ("mma_tiles", tiles_source, tiles_args)}
+
+
 def main(argv=None) -> int:
     from megakernel.bench.decode import median_step_ms
     from megakernel.runtime.cuda_step import Driver, build_cubin
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="16,32,64")
-    ap.add_argument("--rows", default="16,32", help="weight rows a task")
+    ap.add_argument("--forms", default="rows,tiles")
+    ap.add_argument("--rows", default="16,32",
+                    help="weight rows a task of the rows form (the tiles form: 128,256)")
+    ap.add_argument("--tile-rows", default="128,256", help="weight rows a task, tiles form")
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=50)
@@ -184,33 +209,34 @@ def main(argv=None) -> int:
     w = torch.randn(n, k, device="cuda").div_(k ** 0.5).bfloat16()
     driver = Driver()
     stream = torch.cuda.current_stream().cuda_stream
+    shapes = {"rows": args.rows, "tiles": args.tile_rows}
     for batch in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(batch, k, device="cuda").bfloat16()
         ref = x.float() @ w.float().T                                    # [B, N]
         cublas_ms = median_step_ms(lambda: torch.mm(x, w.T), x.device, 3, args.iters)
-        for rows in [int(r) for r in args.rows.split(",")]:
-            if n % rows:
-                raise SystemExit(f"--n {n} is not a multiple of {rows} rows")
-            groups = ring_groups(batch, k, rows)
-            smem = smem_bytes(batch, k, groups)
-            func = driver.load(build_cubin(config_source(batch, k, rows, groups)), "mma_proj",
-                               smem)
-            y = torch.full((batch, n), float("nan"), device="cuda").bfloat16()
-            launch_args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
-                           ctypes.c_void_p(y.data_ptr()), ctypes.c_int(n)]
+        print(f"B={batch:3d} torch.mm {cublas_ms * 1e3:8.1f} us "
+              f"{n * k * 2 / cublas_ms / 1e9:5.2f} TB/s", flush=True)
+        for form in args.forms.split(","):
+            name, source_of, args_of = forms()[form]
+            for rows in [int(r) for r in shapes[form].split(",")]:
+                if n % rows:
+                    raise SystemExit(f"--n {n} is not a multiple of {rows} rows")
+                source, smem = source_of(batch, k, rows)
+                func = driver.load(build_cubin(source), name, smem)
+                y = torch.full((batch, n), float("nan"), device="cuda").bfloat16()
+                launch_args = args_of(driver, x, w, y, rows)
 
-            def launch():
-                driver.launch(func, blocks, NT, smem, stream, launch_args)
+                def launch():
+                    driver.launch(func, blocks, NT, smem, stream, launch_args)
 
-            launch()
-            torch.cuda.synchronize()
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            ms = median_step_ms(launch, x.device, 3, args.iters)
-            print(f"B={batch:3d} rows={rows:3d} ring={groups} groups: {ms * 1e3:8.1f} us "
-                  f"{n * k * 2 / ms / 1e9:5.2f} TB/s  (torch.mm {cublas_ms * 1e3:8.1f} us "
-                  f"{n * k * 2 / cublas_ms / 1e9:5.2f} TB/s)  rel err {err:.1e}", flush=True)
-            if not err < 1e-2:
-                raise SystemExit(f"wrong product at B={batch}, rows={rows}: rel err {err}")
+                launch()
+                torch.cuda.synchronize()
+                err = ((y.float() - ref).norm() / ref.norm()).item()
+                ms = median_step_ms(launch, x.device, 3, args.iters)
+                print(f"B={batch:3d} {form:5s} rows={rows:3d}: {ms * 1e3:8.1f} us "
+                      f"{n * k * 2 / ms / 1e9:5.2f} TB/s  rel err {err:.1e}", flush=True)
+                if not err < 1e-2:
+                    raise SystemExit(f"wrong product: B={batch}, {form}, rows={rows}: {err}")
     return 0
 
 

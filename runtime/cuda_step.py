@@ -56,6 +56,17 @@ def build_cubin(source: str) -> Path:
     return cubin
 
 
+class TensorMap:
+    """The 128 bytes of a CUtensorMap, 64-byte aligned in host memory (as the driver asks);
+    ``param`` (which keeps its buffer alive) is what a launch passes."""
+
+    def __init__(self):
+        buf = (ctypes.c_ubyte * 192)()
+        offset = -ctypes.addressof(buf) % 64
+        self.param = (ctypes.c_ubyte * 128).from_buffer(buf, offset)   # holds buf
+        self.address = ctypes.addressof(self.param)
+
+
 class Driver:
     """The few CUDA driver calls a launch needs, through ctypes."""
     MAX_DYNAMIC_SHARED = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -78,6 +89,23 @@ class Driver:
         self.check(self.lib.cuFuncSetAttribute(func, self.MAX_DYNAMIC_SHARED, smem),
                    "cuFuncSetAttribute")
         return func
+
+    def tensor_map(self, ptr: int, rows: int, cols: int, box_rows: int,
+                   box_cols: int) -> "TensorMap":
+        """A TMA descriptor of a row-major bf16 matrix [rows, cols] at ``ptr``, copied as boxes
+        [box_rows, box_cols] (box_cols * 2 <= 128 bytes) with the 128-byte swizzle, rows past
+        the end filled with zeros; a kernel takes it as a ``__grid_constant__ CUtensorMap``."""
+        if box_cols * 2 > 128 or box_rows > 256 or (cols * 2) % 16:
+            raise ValueError(f"box [{box_rows}, {box_cols}] of a [{rows}, {cols}] bf16 matrix: "
+                             "at most 256 rows, 128 bytes a row, rows a multiple of 16 bytes")
+        tmap = TensorMap()
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+        self.check(self.lib.cuTensorMapEncodeTiled(
+            ctypes.c_void_p(tmap.address), 9, 2, ctypes.c_void_p(ptr),   # BFLOAT16, rank 2
+            (u64 * 2)(cols, rows), (u64 * 1)(cols * 2), (u32 * 2)(box_cols, box_rows),
+            (u32 * 2)(1, 1), 0, 3, 3, 0),   # no interleave, 128-byte swizzle, L2 256 B, zeros
+            "cuTensorMapEncodeTiled")
+        return tmap
 
     def launch(self, func, grid: int, block: int, smem: int, stream: int, args: list) -> None:
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p)

@@ -1,0 +1,167 @@
+"""The ``tiles`` form of ``bench/mma_cuda.py``: y = x @ W^T with x's chunk in shared memory,
+read from L2 once for ROWS weight rows.
+
+A task is ROWS weight rows (a multiple of 128) over the whole of K, walked in chunks of 64
+(128 bytes a row). For each chunk the producer warp copies the task's [ROWS, 64] weight tile and
+x's [BP, 64] chunk (BP: B rounded up to 16; rows past B come as zeros) into a stage of the
+ring with two TMA tensor copies (``cp.async.bulk.tensor``, 128-byte swizzle: a row's 16-byte
+pieces rotated by the row's index mod 8, so that ``ldmatrix`` meets no bank conflict). Each
+consumer warp owns ROWS / 8 of the rows for the whole task (no sum across warps): per 16-wide
+k-step it takes x's fragments and its rows' by ``ldmatrix`` and runs ``mma.sync.m16n8k16``
+(bf16 in, fp32 accumulators in registers), frees the stage, and after the last chunk stores its
+rows of y. x's L2 bytes are B / ROWS of the weights'.
+"""
+from __future__ import annotations
+
+import ctypes
+
+NCW = 8
+KC = 64                          # k a stage: 128 bytes a row, the swizzle's span
+SMEM_LIMIT = 232448
+
+SOURCE = r"""
+#include <cuda.h>
+#include "megakernel_ring.cuh"
+using namespace mk;
+constexpr int NCW = 8, NT = NCW * 32, KC = 64;
+constexpr int BP = (B + 15) / 16 * 16, MT = BP / 16;   // x rows padded to m-tiles
+constexpr int WR = ROWS / NCW, NTW = WR / 8;           // rows a warp, its n-tiles
+constexpr int WBYTES = ROWS * 128, STAGE = WBYTES + BP * 128, CHUNKS = K / KC;
+static_assert(ROWS % 128 == 0 && ROWS <= 256 && K % KC == 0 && BP <= 256, "shape");
+
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int col, int row,
+                                       uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row),
+      "r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const unsigned char* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+
+// byte offset of row r's 16-byte piece c in a 128-byte-swizzled tile
+__device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(NT + 32, 1)
+mma_tiles(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
+          bf16* y, int n_rows) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // the swizzle's pattern is of address bits: stages start on 1024-byte boundaries
+  unsigned char* smem = smem_raw + (-smem_u32(smem_raw) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + NS * STAGE);
+  uint64_t* empty = full + NS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int tasks = n_rows / ROWS;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, NCW);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == NCW) {   // the producer: every chunk's weight tile and x chunk, in order
+    if (lane == 0) {
+      int n = 0;
+      for (int task = blockIdx.x; task < tasks; task += gridDim.x)
+        for (int ch = 0; ch < CHUNKS; ++ch, ++n) {
+          const int s = n % NS, round = n / NS;
+          if (round) mbar_wait(empty + s, (round - 1) & 1);
+          mbar_expect(full + s, STAGE);
+          tma_2d(smem + s * STAGE, &wmap, ch * KC, task * ROWS, full + s);
+          tma_2d(smem + s * STAGE + WBYTES, &xmap, ch * KC, 0, full + s);
+        }
+    }
+    return;
+  }
+  int n = 0;
+  for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
+    float c[MT][NTW][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int j = 0; j < NTW; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[m][j][e] = 0.f;
+    for (int ch = 0; ch < CHUNKS; ++ch, ++n) {
+      const int s = n % NS;
+      mbar_wait(full + s, (n / NS) & 1);
+      const unsigned char* wt = smem + s * STAGE;
+      const unsigned char* xt = wt + WBYTES;
+#pragma unroll
+      for (int kk = 0; kk < KC / 16; ++kk) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)   // rows m*16 + lane % 16, k pieces 2kk + lane / 16
+          ldsm_x4(a[m], xt + swz(m * 16 + lane % 16, 2 * kk + lane / 16));
+#pragma unroll
+        for (int j = 0; j < NTW; j += 2) {   // n-tiles j, j + 1: (b0, b1) each
+          uint32_t b[4];
+          ldsm_x4(b, wt + swz(warp * WR + (j + lane / 16) * 8 + lane % 8,
+                              2 * kk + (lane / 8) % 2));
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma16816(c[m][j], a[m], b[0], b[1]);
+            mma16816(c[m][j + 1], a[m], b[2], b[3]);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int j = 0; j < NTW; ++j) {   // (batch m*16 + g [+ 8], rows 2t, 2t + 1 of tile j)
+        const int col = task * ROWS + warp * WR + j * 8 + 2 * t, b0 = m * 16 + g;
+        if (b0 < B)
+          *reinterpret_cast<__nv_bfloat162*>(y + (int64_t)b0 * n_rows + col) =
+              __floats2bfloat162_rn(c[m][j][0], c[m][j][1]);
+        if (b0 + 8 < B)
+          *reinterpret_cast<__nv_bfloat162*>(y + (int64_t)(b0 + 8) * n_rows + col) =
+              __floats2bfloat162_rn(c[m][j][2], c[m][j][3]);
+      }
+  }
+}
+"""
+
+
+def padded(batch: int) -> int:
+    return -(-batch // 16) * 16
+
+
+def stages(batch: int, rows: int) -> int:
+    """As many stages ([rows, 64] weights and [padded batch, 64] of x) as shared memory holds."""
+    stage = (rows + padded(batch)) * 128
+    count = (SMEM_LIMIT - 1024) // (stage + 16)
+    if count < 2 or rows % 128 or rows > 256:
+        raise SystemExit(f"tiles form: {rows} rows a task (128 or 256) at batch {batch}")
+    return count
+
+
+def tiles_source(batch: int, k: int, rows: int) -> tuple[str, int]:
+    """The kernel's source for one shape and its dynamic shared memory."""
+    ns = stages(batch, rows)
+    source = f"constexpr int B = {batch}, K = {k}, ROWS = {rows}, NS = {ns};\n" + SOURCE
+    return source, ns * ((rows + padded(batch)) * 128 + 16) + 1024   # + alignment slack
+
+
+def tiles_args(driver, x, w, y, rows: int) -> list:
+    """Launch arguments: the weights' and x's tensor maps, y, N."""
+    (batch, k), n = x.shape, w.shape[0]
+    wmap = driver.tensor_map(w.data_ptr(), n, k, rows, KC)
+    xmap = driver.tensor_map(x.data_ptr(), batch, k, padded(batch), KC)
+    return [wmap.param, xmap.param, ctypes.c_void_p(y.data_ptr()), ctypes.c_int(n)]
