@@ -23,8 +23,8 @@ task's weight bytes, the quantity this benchmark is for.
 This is the ``rows`` form; ``bench/mma_tiles.py`` holds the ``tiles`` form (x's chunk in shared
 memory for 128 or 256 rows, by TMA tensor copies).
 
-    python -m megakernel.bench.mma_cuda --batches 16,32,64 --forms rows,tiles \
-        [--rows 16,32] [--tile-rows 128,256] [--n 65536 --k 2048]
+    python -m megakernel.bench.mma_cuda --batches 16,32,64 --forms rows,tiles \\
+        [--rows 16,32] [--tile-rows 128,256] [--clusters 1,2,4] [--n 65536 --k 2048]
 
 Prints microseconds a launch and the weights' TB/s of each (batch, form, rows) beside
 ``torch.mm`` on the same operands; every launch's y is checked against an fp32 product.
@@ -172,7 +172,7 @@ def ring_groups(batch: int, k: int, rows: int) -> int:
     return groups
 
 
-def rows_source(batch: int, k: int, rows: int) -> tuple[str, int]:
+def rows_source(batch: int, k: int, rows: int, cluster: int = 1) -> tuple[str, int]:
     groups = ring_groups(batch, k, rows)
     return config_source(batch, k, rows, groups), smem_bytes(batch, k, groups)
 
@@ -190,6 +190,10 @@ def forms() -> dict:
             "tiles": ("mma_tiles", tiles_source, tiles_args)}
 
 
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
 def main(argv=None) -> int:
     from megakernel.bench.decode import median_step_ms
     from megakernel.runtime.cuda_step import Driver, build_cubin
@@ -200,6 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="16,32",
                     help="weight rows a task of the rows form (the tiles form: 128,256)")
     ap.add_argument("--tile-rows", default="128,256", help="weight rows a task, tiles form")
+    ap.add_argument("--clusters", default="1,2,4", help="blocks a cluster, tiles form")
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=50)
@@ -209,7 +214,8 @@ def main(argv=None) -> int:
     w = torch.randn(n, k, device="cuda").div_(k ** 0.5).bfloat16()
     driver = Driver()
     stream = torch.cuda.current_stream().cuda_stream
-    shapes = {"rows": args.rows, "tiles": args.tile_rows}
+    shapes = {"rows": [(r, 1) for r in _ints(args.rows)],
+              "tiles": [(r, c) for r in _ints(args.tile_rows) for c in _ints(args.clusters)]}
     for batch in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(batch, k, device="cuda").bfloat16()
         ref = x.float() @ w.float().T                                    # [B, N]
@@ -218,25 +224,28 @@ def main(argv=None) -> int:
               f"{n * k * 2 / cublas_ms / 1e9:5.2f} TB/s", flush=True)
         for form in args.forms.split(","):
             name, source_of, args_of = forms()[form]
-            for rows in [int(r) for r in shapes[form].split(",")]:
-                if n % rows:
-                    raise SystemExit(f"--n {n} is not a multiple of {rows} rows")
-                source, smem = source_of(batch, k, rows)
+            for rows, cluster in shapes[form]:
+                if n % (rows * cluster) or blocks % cluster:
+                    raise SystemExit(f"--n {n} rows in tasks of {rows} on {blocks} blocks in "
+                                     f"clusters of {cluster}: not whole")
+                source, smem = source_of(batch, k, rows, cluster)
                 func = driver.load(build_cubin(source), name, smem)
                 y = torch.full((batch, n), float("nan"), device="cuda").bfloat16()
                 launch_args = args_of(driver, x, w, y, rows)
 
                 def launch():
-                    driver.launch(func, blocks, NT, smem, stream, launch_args)
+                    driver.launch(func, blocks, NT, smem, stream, launch_args, cluster)
 
                 launch()
                 torch.cuda.synchronize()
                 err = ((y.float() - ref).norm() / ref.norm()).item()
                 ms = median_step_ms(launch, x.device, 3, args.iters)
-                print(f"B={batch:3d} {form:5s} rows={rows:3d}: {ms * 1e3:8.1f} us "
+                print(f"B={batch:3d} {form:5s} rows={rows:3d} cluster={cluster}: "
+                      f"{ms * 1e3:8.1f} us "
                       f"{n * k * 2 / ms / 1e9:5.2f} TB/s  rel err {err:.1e}", flush=True)
                 if not err < 1e-2:
-                    raise SystemExit(f"wrong product: B={batch}, {form}, rows={rows}: {err}")
+                    raise SystemExit(f"wrong product: B={batch}, {form}, rows={rows}, "
+                                     f"cluster={cluster}: {err}")
     return 0
 
 

@@ -10,6 +10,11 @@ consumer warp owns ROWS / 8 of the rows for the whole task (no sum across warps)
 k-step it takes x's fragments and its rows' by ``ldmatrix`` and runs ``mma.sync.m16n8k16``
 (bf16 in, fp32 accumulators in registers), frees the stage, and after the last chunk stores its
 rows of y. x's L2 bytes are B / ROWS of the weights'.
+
+Blocks may run in clusters of CL (2, 4, 8): block 0 of a cluster then copies x's chunk into
+every block of it at once (TMA multicast), each block takes other rows of the same chunks, and a
+stage is refilled once every block's warps have freed it: x's L2 bytes are B / (CL * ROWS) of
+the weights'.
 """
 from __future__ import annotations
 
@@ -38,6 +43,37 @@ __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int co
       "r"(smem_u32(bar)) : "memory");
 }
 
+// the same copy into the same offset of every block of the cluster in `mask`, each block's
+// barrier at `bar`'s offset told of its bytes
+__device__ __forceinline__ void tma_2d_multicast(void* dst, const CUtensorMap* map, int col,
+                                                 int row, uint64_t* bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row),
+      "r"(smem_u32(bar)), "h"(mask) : "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// every thread of every block of the cluster (a block alone without clusters)
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// arrive on the barrier at `bar`'s offset in block `rank` of the cluster
+__device__ __forceinline__ void arrive_remote(uint64_t* bar, uint32_t rank) {
+  uint32_t addr;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"(smem_u32(bar)),
+               "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(addr)
+               : "memory");
+}
+
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const unsigned char* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
@@ -55,40 +91,13 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-extern "C" __global__ void __launch_bounds__(NT + 32, 1)
-mma_tiles(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
-          bf16* y, int n_rows) {
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // the swizzle's pattern is of address bits: stages start on 1024-byte boundaries
-  unsigned char* smem = smem_raw + (-smem_u32(smem_raw) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + NS * STAGE);
-  uint64_t* empty = full + NS;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int tasks = n_rows / ROWS;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < NS; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, NCW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  if (warp == NCW) {   // the producer: every chunk's weight tile and x chunk, in order
-    if (lane == 0) {
-      int n = 0;
-      for (int task = blockIdx.x; task < tasks; task += gridDim.x)
-        for (int ch = 0; ch < CHUNKS; ++ch, ++n) {
-          const int s = n % NS, round = n / NS;
-          if (round) mbar_wait(empty + s, (round - 1) & 1);
-          mbar_expect(full + s, STAGE);
-          tma_2d(smem + s * STAGE, &wmap, ch * KC, task * ROWS, full + s);
-          tma_2d(smem + s * STAGE + WBYTES, &xmap, ch * KC, 0, full + s);
-        }
-    }
-    return;
-  }
+// The consumer warps: each task's chunks as they land, then its rows of y.
+__device__ void consume(unsigned char* smem, uint64_t* full, uint64_t* empty, bf16* y,
+                        int n_rows, int first, int tasks, int step, int rank, int warp,
+                        int lane) {
+  const int g = lane / 4, t = lane % 4;
   int n = 0;
-  for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
+  for (int task = first; task < tasks; task += step) {
     float c[MT][NTW][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -120,7 +129,10 @@ mma_tiles(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUte
         }
       }
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);
+      if (lane == 0) {
+        mbar_arrive(empty + s);
+        if (CL > 1 && rank) arrive_remote(empty + s, 0);   // block 0's x copy waits for it
+      }
     }
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -136,6 +148,50 @@ mma_tiles(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUte
       }
   }
 }
+
+extern "C" __global__ void __launch_bounds__(NT + 32, 1)
+mma_tiles(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
+          bf16* y, int n_rows) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // the swizzle's pattern is of address bits: stages start on 1024-byte boundaries
+  unsigned char* smem = smem_raw + (-smem_u32(smem_raw) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + NS * STAGE);
+  uint64_t* empty = full + NS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // tasks b, b + P, ... (b = cluster * CL + rank): with P and the task count multiples of CL a
+  // cluster's blocks walk the same number of chunks, in step
+  const int rank = CL > 1 ? cluster_rank() : 0, first = blockIdx.x;
+  const int tasks = n_rows / ROWS, step = gridDim.x;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, rank ? NCW : NCW * CL);   // block 0 copies x for the cluster
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();   // every block's barriers initialised before any copy or remote arrive
+  if (warp == NCW) {   // the producer: every chunk's weight tile and x chunk, in order
+    if (lane == 0) {
+      int n = 0;
+      for (int task = first; task < tasks; task += step)
+        for (int ch = 0; ch < CHUNKS; ++ch, ++n) {
+          const int s = n % NS, round = n / NS;
+          if (round) mbar_wait(empty + s, (round - 1) & 1);
+          mbar_expect(full + s, STAGE);
+          tma_2d(smem + s * STAGE, &wmap, ch * KC, task * ROWS, full + s);
+          if (CL == 1)
+            tma_2d(smem + s * STAGE + WBYTES, &xmap, ch * KC, 0, full + s);
+          else if (rank == 0)
+            tma_2d_multicast(smem + s * STAGE + WBYTES, &xmap, ch * KC, 0, full + s,
+                             (1 << CL) - 1);
+        }
+    }
+  } else {
+    consume(smem, full, empty, y, n_rows, first, tasks, step, rank, warp, lane);
+  }
+  cluster_sync();   // no block leaves while another may still copy into it or arrive on it
+}
+
 """
 
 
@@ -152,10 +208,15 @@ def stages(batch: int, rows: int) -> int:
     return count
 
 
-def tiles_source(batch: int, k: int, rows: int) -> tuple[str, int]:
-    """The kernel's source for one shape and its dynamic shared memory."""
+def tiles_source(batch: int, k: int, rows: int, cluster: int = 1) -> tuple[str, int]:
+    """The kernel's source for one shape and its dynamic shared memory; ``cluster`` > 1:
+    blocks in clusters of that many, block 0 of each copying x's chunks to all of them
+    (multicast), so that x's L2 bytes are B / (cluster * rows) of the weights'."""
+    if cluster not in (1, 2, 4, 8):
+        raise SystemExit(f"tiles form: clusters of 1, 2, 4 or 8 blocks, not {cluster}")
     ns = stages(batch, rows)
-    source = f"constexpr int B = {batch}, K = {k}, ROWS = {rows}, NS = {ns};\n" + SOURCE
+    source = (f"constexpr int B = {batch}, K = {k}, ROWS = {rows}, NS = {ns}, "
+              f"CL = {cluster};\n") + SOURCE
     return source, ns * ((rows + padded(batch)) * 128 + 16) + 1024   # + alignment slack
 
 

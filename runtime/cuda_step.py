@@ -67,6 +67,16 @@ class TensorMap:
         self.address = ctypes.addressof(self.param)
 
 
+class _LaunchAttribute(ctypes.Structure):       # CUlaunchAttribute: id, pad, a 64-byte value
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):          # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
 class Driver:
     """The few CUDA driver calls a launch needs, through ctypes."""
     MAX_DYNAMIC_SHARED = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -107,12 +117,22 @@ class Driver:
             "cuTensorMapEncodeTiled")
         return tmap
 
-    def launch(self, func, grid: int, block: int, smem: int, stream: int, args: list) -> None:
+    def launch(self, func, grid: int, block: int, smem: int, stream: int, args: list,
+               cluster: int = 1) -> None:
+        """``cluster`` > 1: blocks in clusters of that many (``cuLaunchKernelEx``)."""
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p)
                                                  for a in args])
-        self.check(self.lib.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, smem,
-                                           ctypes.c_void_p(stream), params, None),
-                   "cuLaunchKernel")
+        if cluster == 1:
+            self.check(self.lib.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, smem,
+                                               ctypes.c_void_p(stream), params, None),
+                       "cuLaunchKernel")
+            return
+        attr = _LaunchAttribute(id=4)                  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        (ctypes.c_uint * 3).from_buffer(attr.value)[:] = [cluster, 1, 1]
+        config = _LaunchConfig((grid, 1, 1), (block, 1, 1), smem, ctypes.c_void_p(stream),
+                               ctypes.pointer(attr), 1)
+        self.check(self.lib.cuLaunchKernelEx(ctypes.byref(config), func, params, None),
+                   "cuLaunchKernelEx")
 
 
 def cuda_compiled(compiled, model, device):

@@ -167,23 +167,25 @@ def test_mma_benchmark_refuses_a_task_larger_than_the_ring():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("batch,rows", [(17, 128), (64, 256)])
-def test_mma_tiles_form_builds_without_spills(batch, rows, tmp_path, monkeypatch):
-    """The ``tiles`` form (x's chunk in shared memory, TMA tensor copies, ``ldmatrix``) builds
-    for sm_90a without spills within shared memory."""
+@pytest.mark.parametrize("batch,rows,cluster", [(17, 128, 1), (64, 256, 2), (32, 128, 4)])
+def test_mma_tiles_form_builds_without_spills(batch, rows, cluster, tmp_path, monkeypatch):
+    """The ``tiles`` form (x's chunk in shared memory, TMA tensor copies, ``ldmatrix``; in
+    clusters x multicast by block 0) builds for sm_90a without spills within shared memory."""
     from megakernel.bench.mma_tiles import SMEM_LIMIT, tiles_source
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
-    source, smem = tiles_source(batch, 2048, rows)
+    source, smem = tiles_source(batch, 2048, rows, cluster)
     assert smem <= SMEM_LIMIT
     log = build_cubin(source).with_suffix(".log").read_text()
     assert "0 bytes spill stores" in log, log
 
 
-@pytest.mark.parametrize("rows", [64, 384])
-def test_mma_tiles_form_refuses_other_task_heights(rows):
-    from megakernel.bench.mma_tiles import stages
+@pytest.mark.parametrize("rows,cluster,match", [(64, 1, "64 rows a task"),
+                                               (384, 1, "384 rows a task"),
+                                               (128, 3, "not 3")])
+def test_mma_tiles_form_refuses_other_shapes(rows, cluster, match):
+    from megakernel.bench.mma_tiles import tiles_source
 
-    with pytest.raises(SystemExit, match=f"{rows} rows a task"):
-        stages(16, rows)
+    with pytest.raises(SystemExit, match=match):
+        tiles_source(16, 2048, rows, cluster)
