@@ -225,24 +225,30 @@ def main(argv=None) -> int:
         for form in args.forms.split(","):
             name, source_of, args_of = forms()[form]
             for rows, cluster in shapes[form]:
-                if n % (rows * cluster) or blocks % cluster:
-                    raise SystemExit(f"--n {n} rows in tasks of {rows} on {blocks} blocks in "
-                                     f"clusters of {cluster}: not whole")
+                if n % (rows * cluster):
+                    raise SystemExit(f"--n {n} rows in tasks of {rows} in clusters of "
+                                     f"{cluster}: not whole")
                 source, smem = source_of(batch, k, rows, cluster)
                 func = driver.load(build_cubin(source), name, smem)
+                grid = blocks // cluster * cluster  # as many clusters as are held at once
+                if cluster > 1:
+                    grid = cluster * min(grid // cluster, driver.max_active_clusters(
+                        func, grid, NT, smem, cluster))
+                    if not grid:
+                        raise SystemExit(f"no cluster of {cluster} blocks of {smem} bytes fits")
                 y = torch.full((batch, n), float("nan"), device="cuda").bfloat16()
                 launch_args = args_of(driver, x, w, y, rows)
 
                 def launch():
-                    driver.launch(func, blocks, NT, smem, stream, launch_args, cluster)
+                    driver.launch(func, grid, NT, smem, stream, launch_args, cluster)
 
                 launch()
                 torch.cuda.synchronize()
                 err = ((y.float() - ref).norm() / ref.norm()).item()
                 ms = median_step_ms(launch, x.device, 3, args.iters)
-                print(f"B={batch:3d} {form:5s} rows={rows:3d} cluster={cluster}: "
-                      f"{ms * 1e3:8.1f} us "
-                      f"{n * k * 2 / ms / 1e9:5.2f} TB/s  rel err {err:.1e}", flush=True)
+                print(f"B={batch:3d} {form:5s} rows={rows:3d} cluster={cluster} "
+                      f"blocks={grid}: {ms * 1e3:8.1f} us {n * k * 2 / ms / 1e9:5.2f} TB/s  "
+                      f"rel err {err:.1e}", flush=True)
                 if not err < 1e-2:
                     raise SystemExit(f"wrong product: B={batch}, {form}, rows={rows}, "
                                      f"cluster={cluster}: {err}")

@@ -77,6 +77,12 @@ class _LaunchConfig(ctypes.Structure):          # CUlaunchConfig
                 ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
+def _cluster_attribute(cluster: int) -> _LaunchAttribute:
+    attr = _LaunchAttribute(id=4)                      # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    (ctypes.c_uint * 3).from_buffer(attr.value)[:] = [cluster, 1, 1]
+    return attr
+
+
 class Driver:
     """The few CUDA driver calls a launch needs, through ctypes."""
     MAX_DYNAMIC_SHARED = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -127,12 +133,21 @@ class Driver:
                                                ctypes.c_void_p(stream), params, None),
                        "cuLaunchKernel")
             return
-        attr = _LaunchAttribute(id=4)                  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        (ctypes.c_uint * 3).from_buffer(attr.value)[:] = [cluster, 1, 1]
+        attr = _cluster_attribute(cluster)
         config = _LaunchConfig((grid, 1, 1), (block, 1, 1), smem, ctypes.c_void_p(stream),
                                ctypes.pointer(attr), 1)
         self.check(self.lib.cuLaunchKernelEx(ctypes.byref(config), func, params, None),
                    "cuLaunchKernelEx")
+
+    def max_active_clusters(self, func, grid: int, block: int, smem: int, cluster: int) -> int:
+        """How many clusters of ``cluster`` blocks of ``func`` the device holds at once."""
+        attr = _cluster_attribute(cluster)
+        config = _LaunchConfig((grid, 1, 1), (block, 1, 1), smem, None, ctypes.pointer(attr), 1)
+        count = ctypes.c_int()
+        self.check(self.lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), func,
+                                                         ctypes.byref(config)),
+                   "cuOccupancyMaxActiveClusters")
+        return count.value
 
 
 def cuda_compiled(compiled, model, device):
