@@ -54,9 +54,8 @@ __device__ __forceinline__ float block_sum(float v, float* part, int warp, int l
 // The counter protocol's wait for *p >= need by one thread: the megakernel's poll_until with
 // acquire atomics (mode 0) or relaxed loads (mode 1).
 __device__ bool wait_mode(const int* p, int need, int mode, const int* error) {
-  int seen = mode ? load_relaxed(p) : poll(p);
-  for (int spins = 0; seen < need && spins < SPINS; ++spins)
-    seen = mode ? load_relaxed(p) : poll(p);
+  const int seen = mode ? poll_until<false>(p, need, SPINS, error)
+                        : poll_until<true>(p, need, SPINS, error);
   return seen >= need;
 }
 

@@ -36,8 +36,21 @@ import ctypes
 
 import torch
 
-NCW, NT = 8, 9 * 32                    # consumer warps; threads a block with the producer warp
-SMEM_LIMIT = 232448
+from megakernel.compiler.cuda_codegen import NCW, SMEM_LIMIT
+
+NT = 32 * (NCW + 1)                    # threads a block: the consumer warps and the producer's
+
+# y[16 x 8] += a[16 x 16] (row-major) @ b[16 x 8] (col-major), bf16 in, fp32 out (both forms)
+MMA16816 = r"""
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+"""
 
 SOURCE = r"""
 #include "megakernel_ring.cuh"
@@ -48,16 +61,7 @@ constexpr int RS = K * 2 + 32;            // a row's bytes in its slot (skewed)
 constexpr int GROUP = 8 * RS;             // a group slot: 8 rows
 constexpr int G = ROWS / 8, KS = K / 16;  // groups a task, k-steps
 static_assert(ROWS % 8 == 0 && K % (16 * NCW) == 0 && G <= NG, "shape");
-
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
+""" + MMA16816 + r"""
 __device__ void produce(const bf16* w, int tasks, unsigned char* ring, uint64_t* full,
                         uint64_t* empty) {
   int n = 0;   // groups issued
@@ -120,8 +124,10 @@ mma_proj(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* y, int n_
         const uint2 b = *reinterpret_cast<const uint2*>(
             ring + ((n + j) % NG) * GROUP + g * RS + k * 2);
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
-          mma16816(c[m][j], lo[m].x, hi[m].x, lo[m].y, hi[m].y, b.x, b.y);
+        for (int m = 0; m < MT; ++m) {
+          const uint32_t a[4] = {lo[m].x, hi[m].x, lo[m].y, hi[m].y};
+          mma16816(c[m][j], a, b.x, b.y);
+        }
       }
     }
     consumers_sync(NT);   // every warp's reads of the groups done
@@ -159,9 +165,13 @@ def config_source(batch: int, k: int, rows: int, groups: int, unroll: int = 8) -
             f"UNROLL = {unroll};\n") + SOURCE
 
 
+def padded(batch: int) -> int:
+    """Batch rows rounded up to whole 16-row m-tiles."""
+    return -(-batch // 16) * 16
+
+
 def smem_bytes(batch: int, k: int, groups: int) -> int:
-    padded = -(-batch // 16) * 16
-    return groups * 8 * (2 * k + 32) + NCW * padded * 8 * 4 + 2 * groups * 8
+    return groups * 8 * (2 * k + 32) + NCW * padded(batch) * 8 * 4 + 2 * groups * 8
 
 
 def ring_groups(batch: int, k: int, rows: int) -> int:

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import ctypes
 
-NCW = 8
+from megakernel.bench.mma_cuda import MMA16816, padded
+from megakernel.compiler.cuda_codegen import SMEM_LIMIT
+
 KC = 64                          # k a stage: 128 bytes a row, the swizzle's span
-SMEM_LIMIT = 232448
 
 SOURCE = r"""
 #include <cuda.h>
@@ -82,15 +83,7 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const unsigned char* p
 // byte offset of row r's 16-byte piece c in a 128-byte-swizzled tile
 __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
+""" + MMA16816 + r"""
 // The consumer warps: each task's chunks as they land, then its rows of y.
 __device__ void consume(unsigned char* smem, uint64_t* full, uint64_t* empty, bf16* y,
                         int n_rows, int first, int tasks, int step, int rank, int warp,
@@ -193,10 +186,6 @@ mma_tiles(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUte
 }
 
 """
-
-
-def padded(batch: int) -> int:
-    return -(-batch // 16) * 16
 
 
 def stages(batch: int, rows: int) -> int:

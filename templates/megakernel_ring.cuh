@@ -89,14 +89,15 @@ __device__ __forceinline__ int load_relaxed(const int* p) {
 }
 
 // Polls *p until it holds at least `need`; the last value seen (below need after `limit` polls,
-// or once another worker has recorded an error). MK_ACQUIRE_POLLS: acquire atomics (in SASS an
-// ATOMG, then CCTL.IVALL, an L1 invalidate a poll); else relaxed loads, with no invalidate:
-// what a counter guards is read from L2 (``__ldcg``, ``load_act``) and only once the poll's
-// value is known (a branch on it, then a barrier).
+// or once another worker has recorded an error). ACQ (MK_ACQUIRE_POLLS unless given): acquire
+// atomics (in SASS an ATOMG, then CCTL.IVALL, an L1 invalidate a poll); else relaxed loads, with
+// no invalidate: what a counter guards is read from L2 (``__ldcg``, ``load_act``) and only once
+// the poll's value is known (a branch on it, then a barrier).
+template <bool ACQ = (MK_ACQUIRE_POLLS != 0)>
 __device__ __forceinline__ int poll_until(const int* p, int need, int limit, const int* error) {
-  int seen = MK_ACQUIRE_POLLS ? poll(p) : load_relaxed(p);
+  int seen = ACQ ? poll(p) : load_relaxed(p);
   for (int spins = 0; seen < need && spins < limit;) {
-    seen = MK_ACQUIRE_POLLS ? poll(p) : load_relaxed(p);
+    seen = ACQ ? poll(p) : load_relaxed(p);
     if ((++spins & 1023) == 0 && *(volatile const int*)error != 0) break;
   }
   return seen;
