@@ -25,6 +25,10 @@ from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY
 NCW = 8                    # consumer warps a worker
 RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
+MMA_FROM = 5               # batch rows from which projections run on tensor cores
+XS = 4                     # stages of x's chunks (tensor cores)
+KC = 64                    # columns a tensor-core chunk (megakernel_mma.cuh)
+NBOX = 5                   # TMA maps a row length: box heights 128, 64, 32, 16, 8
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
 ACQUIRE = ("none", "polls", "ticket", "both")   # which of the waits and the ticket acquire
@@ -58,6 +62,16 @@ def lanes_fit(d: int) -> bool:
     return d % lpk == 0 and d // lpk % 8 == 0
 
 
+def _mma_k(cx: dict) -> str:
+    k = cx.get("KS", cx.get("K", 0))
+    return f"tensor-core rows of whole 16-byte pieces: K {k}" if cx.get("MMA") and k % 8 else ""
+
+
+def _part(cx: dict) -> str:
+    return "" if cx.get("MMA") else \
+        f"K slices (split_k) below {MMA_FROM} batch rows (tensor cores only)"
+
+
 def _attention(cx: dict) -> str:
     if cx["LANES"] and not lanes_fit(cx["D"]):
         return f"a key a lane with head dim {cx['D']} (16-byte groups a lane)"
@@ -71,19 +85,24 @@ class CudaOp:
     floats: tuple[str, ...] = ()         # float constexprs, as trailing call arguments
     unsupported: Callable[[dict], str] = field(default=lambda cx: "")   # "" if built
     rows: Callable[[dict], int] = field(default=lambda cx: 0)          # weight rows a task
+    segs: int = 1                        # matrices (segments) those rows come from
 
 
 CUDA_OPS: dict[str, CudaOp] = {
     "embed": CudaOp("mk::Embed", ("B", "H", "BLOCK_N", "SUMS")),
-    "linear": CudaOp("mk::Linear", ("B", "K", "N", "HAS_NORM", "HAS_RES", "OUT_SUMS", "SUMS"),
-                     ("eps",), lambda cx: _no_loop_norm(cx) or _not_staged(cx),
+    "linear": CudaOp("mk::Linear", ("B", "K", "N", "HAS_NORM", "HAS_RES", "OUT_SUMS", "SUMS",
+                                    "BLOCK_N"),
+                     ("eps",), lambda cx: _no_loop_norm(cx) or _not_staged(cx) or _mma_k(cx),
                      lambda cx: cx["BLOCK_N"]),
-    "gate_up": CudaOp("mk::GateUp", ("B", "K", "N", "HAS_NORM", "SUMS"), ("eps",),
-                      lambda cx: _no_loop_norm(cx) or _not_staged(cx),
-                      lambda cx: 2 * cx["BLOCK_N"]),
+    "linear_part": CudaOp("mk::LinearPart", ("B", "K", "KS", "N", "BLOCK_N"), (),
+                          lambda cx: _part(cx) or _mma_k(cx), lambda cx: cx["BLOCK_N"]),
+    "linear_reduce": CudaOp("mk::LinearReduce", ("S", "B", "N", "HAS_RES", "BLOCK_N", "SUMS")),
+    "gate_up": CudaOp("mk::GateUp", ("B", "K", "N", "HAS_NORM", "SUMS", "BLOCK_N"), ("eps",),
+                      lambda cx: _no_loop_norm(cx) or _not_staged(cx) or _mma_k(cx),
+                      lambda cx: 2 * cx["BLOCK_N"], 2),
     "qkv_rope": CudaOp("mk::QkvRope", ("B", "K", "D", "HQ", "HKV", "S", "BS", "PART", "OUT_COLS",
-                                       "HAS_NORM", "SUMS"), ("eps",), _qkv,
-                       lambda cx: 2 * cx["PART"]),
+                                       "HAS_NORM", "SUMS"), ("eps",),
+                       lambda cx: _qkv(cx) or _mma_k(cx), lambda cx: 2 * cx["PART"], 2),
     "attn_partial": CudaOp("mk::AttnPartial", ("B", "HQ", "HKV", "S", "D", "G", "BS", "DIRECT",
                                                "FUSED", "LANES", "KV_RING", "KV_L2"),
                            ("scale",),
@@ -99,6 +118,7 @@ class CudaSource:
     num_workers: int
     threads: int        # a worker's threads: NCW consumer warps and the producer warp
     smem: int           # dynamic shared memory a worker takes, bytes
+    map_ks: tuple[int, ...] = ()   # row lengths of the weight maps it takes (NBOX each)
 
 
 def kv_ring_fits(cx: dict, geo: "Geometry") -> bool:
@@ -113,10 +133,10 @@ def knobs_of(cx: dict, lanes: bool | None, kv_ring: bool, geo: "Geometry",
     """The backend's own template arguments of an opcode with constexprs ``cx``: attention a key
     a lane where asked, or (``lanes=None``) where its head dim builds it; its keys and values
     through the ring where asked and they fit (``kv_ring_fits``), else, where ``kv_l2``,
-    prefetched into L2 by the producer."""
+    prefetched into L2 by the producer; and whether projections run on tensor cores."""
     lane = lanes_fit(cx.get("D", 0)) if lanes is None else lanes
     ring = kv_ring and lane and "KV_SPLIT" in cx and kv_ring_fits(cx, geo)
-    return {"LANES": lane, "KV_RING": ring, "KV_L2": kv_l2 and not ring}
+    return {"LANES": lane, "KV_RING": ring, "KV_L2": kv_l2 and not ring, "MMA": geo.mma}
 
 
 def check_supported(enc: Encoded, lanes: bool | None, geo: "Geometry") -> None:
@@ -175,29 +195,64 @@ class Geometry:
     npage: int
     acc: int      # floats of a task's row parts
     tmp: int      # floats of epilogue / attention-merge scratch
+    mma: bool = False   # projections on tensor cores
+    xbytes: int = 0     # their x chunks' stages
 
-    def smem(self, batch: int) -> int:
-        return self.page * self.npage + 16 * self.npage + 4 * (self.acc + self.tmp + 1)
+    def smem(self, batch: int) -> int:   # + slack to align the pages on 1024 bytes
+        return (self.page * self.npage + self.xbytes + 16 * self.npage
+                + 4 * (self.acc + self.tmp + 1) + 1024)
 
 
-def geometry(enc: Encoded, batch: int) -> Geometry:
-    """Ring pages long enough for the longest weight row, as many as fit RING_BYTES and the
-    block's shared memory with the scratch the opcodes need."""
-    proj = [(kind, cx) for _, kind, cx, _ in enc.variants
-            if kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)]
+def padded(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def mma_parts(segs: int, rows: int) -> int:
+    """Floats a batch row of acc a tensor-core task of ``segs`` x ``rows`` weight rows (or fewer)
+    takes: its rows times its k-step groups (``mma_project``: NCW / the largest power of two up
+    to its 8-row tiles)."""
+    most = 0
+    for n in range(1, rows + 1):
+        tiles, groups = segs * padded(n, 8) // 8, NCW
+        while groups > 1 and groups > tiles:
+            groups //= 2
+        most = max(most, segs * n * NCW // groups)
+    return most
+
+
+def _proj_geometry(proj: list, batch: int, mma: bool) -> tuple[int, int]:
+    """A page's bytes and acc's floats for the projections ``proj`` [(kind, cx)]."""
+    if mma:   # a chunk of every segment's rows (8-row boxes, 128 bytes a row) a page
+        page = max((CUDA_OPS[k].segs * padded(CUDA_OPS[k].rows(cx) // CUDA_OPS[k].segs, 8) * 128
+                    for k, cx in proj), default=MIN_PAGE)
+        return padded(page, 1024), max((mma_parts(CUDA_OPS[k].segs, CUDA_OPS[k].rows(cx)
+                                                  // CUDA_OPS[k].segs) * batch
+                                        for k, cx in proj), default=1)
     longest = max((cx["K"] for _, cx in proj), default=8)
     page = max(MIN_PAGE, -(-2 * longest // 1024) * 1024)
-    acc = max((CUDA_OPS[kind].rows(cx) * page_rows(cx["K"], page)[1] * batch
-               for kind, cx in proj), default=1)
+    return page, max((CUDA_OPS[kind].rows(cx) * page_rows(cx["K"], page)[1] * batch
+                      for kind, cx in proj), default=1)
+
+
+def geometry(enc: Encoded, batch: int, mma: bool = False) -> Geometry:
+    """Ring pages long enough for the longest weight row (``mma``: a chunk of the largest
+    task's rows), as many as fit RING_BYTES and the block's shared memory with the scratch the
+    opcodes need."""
+    proj = [(kind, cx) for _, kind, cx, _ in enc.variants
+            if kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)]
+    page, acc = _proj_geometry(proj, batch, mma)
     tmp = max((CUDA_OPS[kind].rows(cx) * batch for kind, cx in proj), default=1)
     for _, kind, cx, _ in enc.variants:
         if kind == "embed":
             tmp = max(tmp, batch * cx["BLOCK_N"])
+        elif kind == "linear_reduce":
+            tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
-    geo = Geometry(page, RING_BYTES // page, acc, tmp)
+    xbytes = XS * padded(batch, 16) * 2 * KC if mma else 0
+    geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma, xbytes)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
-        geo = Geometry(page, geo.npage - 1, acc, tmp)
+        geo = Geometry(page, geo.npage - 1, acc, tmp, mma, xbytes)
     if geo.smem(batch) > SMEM_LIMIT:
         raise ValueError(f"the CUDA kernel needs {geo.smem(batch)} bytes of shared memory a "
                          f"worker, more than {SMEM_LIMIT}")
@@ -207,7 +262,7 @@ def geometry(enc: Encoded, batch: int) -> Geometry:
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int = FLIGHT, lanes: bool | None = None,
                   kv_ring: bool = False, probe: int = 0, kv_l2: bool = True,
-                  acquire: str = "none") -> CudaSource:
+                  acquire: str = "none", mma: bool | None = None) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
     ``probe``: traces stamp a task's end at a mark of its body (``MK_PROBE`` in
@@ -219,15 +274,18 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     the producer, no page taken (0.805 against 0.812 without); ``acquire``: which of a wait's
     polls and the fused combine's ticket are acquire operations ("none", "polls", "ticket",
     "both"; the others relaxed polls and a release atomic: ``poll_until`` in
-    megakernel_ring.cuh)."""
+    megakernel_ring.cuh); ``mma``: projections on tensor cores (megakernel_mma.cuh; None:
+    from MMA_FROM batch rows on)."""
     if flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
         raise ValueError(f"acquire={acquire!r}: one of {', '.join(ACQUIRE)}")
     if probe not in range(5):
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-4")
-    geo = geometry(enc, batch)
+    geo = geometry(enc, batch, batch >= MMA_FROM if mma is None else mma)
     check_supported(enc, lanes, geo)
+    map_ks = sorted({cx["K"] for _, kind, cx, _ in enc.variants
+                     if geo.mma and kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)}) or [0]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True)
@@ -242,6 +300,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
-        acquire_ticket=int(acquire in ("ticket", "both")),
+        acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=XS,
+        xbytes=geo.xbytes, map_ks=map_ks,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
-    return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch))
+    return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch),
+                      tuple(map_ks) if geo.mma else ())

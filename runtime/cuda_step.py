@@ -57,14 +57,28 @@ def build_cubin(source: str) -> Path:
 
 
 class TensorMap:
-    """The 128 bytes of a CUtensorMap, 64-byte aligned in host memory (as the driver asks);
-    ``param`` (which keeps its buffer alive) is what a launch passes."""
+    """The 128 bytes of ``count`` CUtensorMaps, 64-byte aligned in host memory (as the driver
+    asks); ``param`` (which keeps its buffer alive) is what a launch passes."""
 
-    def __init__(self):
-        buf = (ctypes.c_ubyte * 192)()
+    def __init__(self, count: int = 1):
+        buf = (ctypes.c_ubyte * (128 * count + 64))()
         offset = -ctypes.addressof(buf) % 64
-        self.param = (ctypes.c_ubyte * 128).from_buffer(buf, offset)   # holds buf
+        self.param = (ctypes.c_ubyte * (128 * count)).from_buffer(buf, offset)   # holds buf
         self.address = ctypes.addressof(self.param)
+
+
+def weight_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...]) -> TensorMap:
+    """The CUDA kernel's ``mk::Maps``: for each row length K of ``ks``, the weight arena read as
+    [rows, K] in boxes of 128, 64, 32, 16 and 8 rows by 64 columns (``megakernel_mma.cuh``);
+    one blank entry's worth where ``ks`` is empty (projections on CUDA cores)."""
+    from megakernel.compiler.cuda_codegen import KC, NBOX
+
+    maps = TensorMap(NBOX * max(1, len(ks)))
+    for i, k in enumerate(ks):
+        for b in range(NBOX):
+            driver.tensor_map(arena.data_ptr(), arena.numel() // k, k, 128 >> b, KC,
+                              into=maps.address + 128 * (i * NBOX + b))
+    return maps
 
 
 class _LaunchAttribute(ctypes.Structure):       # CUlaunchAttribute: id, pad, a 64-byte value
@@ -107,17 +121,18 @@ class Driver:
         return func
 
     def tensor_map(self, ptr: int, rows: int, cols: int, box_rows: int,
-                   box_cols: int) -> "TensorMap":
+                   box_cols: int, into: int | None = None) -> "TensorMap | None":
         """A TMA descriptor of a row-major bf16 matrix [rows, cols] at ``ptr``, copied as boxes
         [box_rows, box_cols] (box_cols * 2 <= 128 bytes) with the 128-byte swizzle, rows past
-        the end filled with zeros; a kernel takes it as a ``__grid_constant__ CUtensorMap``."""
+        the end filled with zeros; a kernel takes it as a ``__grid_constant__ CUtensorMap``.
+        ``into``: encoded at that host address (64-byte aligned) instead, None returned."""
         if box_cols * 2 > 128 or box_rows > 256 or (cols * 2) % 16:
             raise ValueError(f"box [{box_rows}, {box_cols}] of a [{rows}, {cols}] bf16 matrix: "
                              "at most 256 rows, 128 bytes a row, rows a multiple of 16 bytes")
-        tmap = TensorMap()
+        tmap = TensorMap() if into is None else None
         u64, u32 = ctypes.c_uint64, ctypes.c_uint32
         self.check(self.lib.cuTensorMapEncodeTiled(
-            ctypes.c_void_p(tmap.address), 9, 2, ctypes.c_void_p(ptr),   # BFLOAT16, rank 2
+            ctypes.c_void_p(into if tmap is None else tmap.address), 9, 2, ctypes.c_void_p(ptr),
             (u64 * 2)(cols, rows), (u64 * 1)(cols * 2), (u32 * 2)(box_cols, box_rows),
             (u32 * 2)(1, 1), 0, 3, 3, 0),   # no interleave, 128-byte swizzle, L2 256 B, zeros
             "cuTensorMapEncodeTiled")
@@ -160,7 +175,7 @@ def cuda_compiled(compiled, model, device):
     from .variant import cuda_form, variant_of
 
     dims, sms = compiled.ops.dims, torch.cuda.get_device_properties(device).multi_processor_count
-    v = cuda_form(variant_of(compiled), sms)
+    v = cuda_form(variant_of(compiled), sms, dims.batch)
     opts = CompileOptions(dims.batch, dims.max_seq_len, target=compiled.options.target,
                           **v.options(sms))
     return compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")[0]
@@ -196,11 +211,16 @@ class CudaStep(MegakernelStep):
         return self.driver.load(build_cubin(self.cuda.source), self.cuda.kernel_name,
                                 self.cuda.smem)
 
+    def _maps(self) -> TensorMap:
+        if getattr(self, "maps", None) is None:      # the arena is bound after the kernel loads
+            self.maps = weight_maps(self.driver, self.weights, self.cuda.map_ks)
+        return self.maps
+
     def launch(self, kv_cache: torch.Tensor) -> None:
         """The Triton launch's arguments (``launch_args``, same order), then the trace switch."""
         self.epoch += 1
         args, _ = launch_args(self, kv_cache, self.compiled.options, self.trace_mode)
         c_args = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a)
-                  for a in args] + [ctypes.c_int(1 if self.trace_mode else 0)]
+                  for a in args] + [ctypes.c_int(1 if self.trace_mode else 0), self._maps().param]
         self.driver.launch(self.kernel, self.cuda.num_workers, self.cuda.threads,
                            self.cuda.smem, torch.cuda.current_stream().cuda_stream, c_args)

@@ -7,8 +7,11 @@
 // part of a page's row with it, reduces the part across its lanes into acc [SEGS * rows, WPR, B]
 // in shared memory and frees the page: no barrier a page; the parts are added in a fixed order
 // after the last page (deterministic).
+//
+// MMA (from 5 batch rows on): the projection on tensor cores instead (megakernel_mma.cuh), x's
+// chunks through a ring of XS stages at `xs`.
 #pragma once
-#include "megakernel_ring.cuh"
+#include "megakernel_mma.cuh"
 
 #ifndef MK_PROBE
 #define MK_PROBE 0   // a trace's end stamp at a mark of the task (1: a projection's first
@@ -72,13 +75,16 @@ __device__ __forceinline__ float pick(const float (&v)[B], int b) {
   return r;
 }
 
-template <int NCW, int NPAGE, int PAGE, int B>
+template <int NCW_, int NPAGE, int PAGE, int B, bool MMA = false, int XS = 4>
 struct Ctx {
+  static constexpr int NCW = NCW_;
   static constexpr int NT = NCW * 32;   // consumer threads
   Ring<NPAGE, PAGE> ring;
-  float* acc;     // [rows, WPR, B] a task's row parts
+  float* acc;     // [rows, parts, B] a task's row parts
   float* tmp;     // scratch of the epilogues and of attention's merge
+  unsigned char* xs;   // MMA: x's chunks [XS, B padded to 16, 64]
   int t, warp, lane;
+  int parts = 1;  // MMA: parts a row of acc (the k-step groups of the last projection)
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
   int64_t probe_t = 0;  // MK_PROBE > 0 (traces only): when thread 0 passed mark MK_PROBE
 
@@ -91,8 +97,28 @@ struct Ctx {
   // acc parts of x[b] . W_seg[r] for SEGS segments of `rows` rows (``result`` adds them). Each
   // warp reduces its row part of a page before freeing the page (freeing first and reducing
   // after: 0.873 against 0.809 ms, llama-3.2-1b, batch 1, H200).
-  template <int K, int SEGS>
+  template <int K, int SEGS, int NMAX>
   __device__ void project(const bf16* x, int rows) {
+    if constexpr (MMA) {
+      parts = mma_project<Ctx, B, K, K, SEGS, NMAX, XS>(*this, x, rows);
+      sync();
+      mark(2);
+    } else {
+      project_cores<K, SEGS>(x, rows);
+    }
+  }
+
+  // The MMA projection of x [B, XK]'s columns [k0, k0 + KS) (a K slice).
+  template <int XK, int KS, int NMAX>
+  __device__ void project_slice(const bf16* x, int k0, int rows) {
+    static_assert(MMA, "K slices are built for tensor-core projections only");
+    parts = mma_project<Ctx, B, XK, KS, 1, NMAX, XS>(*this, x + k0, rows);
+    sync();
+  }
+
+  // The CUDA-core projection (below MMA's batch rows): x in registers.
+  template <int K, int SEGS>
+  __device__ void project_cores(const bf16* x, int rows) {
     typedef PageRows<K, PAGE, NCW> L;
     constexpr int XJ = (K / 8 + 32 * L::WPR - 1) / (32 * L::WPR);
     static_assert(K % 8 == 0, "rows must be whole 16-byte groups");
@@ -156,22 +182,60 @@ struct Ctx {
 
   // ``project`` with a norm's row RMS from the sums of squares ss around it (HAS_NORM): rs[b]
   // in every thread after it.
-  template <int K, int SEGS, bool HAS_NORM, int SUMS>
+  template <int K, int SEGS, bool HAS_NORM, int SUMS, int NMAX>
   __device__ void project_normed(const bf16* x, int rows, const float* ss, float eps,
                                  float (&rs)[B]) {
+    if constexpr (MMA) {
+      mma_normed<K, SEGS, HAS_NORM, SUMS, NMAX>(x, rows, ss, eps);
+#pragma unroll
+      for (int b = 0; b < B; ++b) rs[b] = 1.f;   // folded into acc
+      return;
+    }
     sums_begin<B, SUMS>(HAS_NORM && !drain ? ss : nullptr, lane, rs);
-    project<K, SEGS>(x, rows);
+    project<K, SEGS, NMAX>(x, rows);
     if (HAS_NORM && !drain) rms_finish<B>(rs, K, eps);
+  }
+
+  // The MMA projection with the norm's row RMS folded into acc (each part of row b scaled by
+  // it): warp w sums rows w, w + NCW, ... of ss as ``sums_begin`` does, its loads issued before
+  // the weights are read; the RMS through tmp[0, B).
+  template <int K, int SEGS, bool HAS_NORM, int SUMS, int NMAX>
+  __device__ void mma_normed(const bf16* x, int rows, const float* ss, float eps) {
+    constexpr int RW = (B + NCW - 1) / NCW;    // rows a warp
+    float part[RW];
+#pragma unroll
+    for (int j = 0; j < RW; ++j) {
+      part[j] = 0.f;
+      const int b = warp + j * NCW;
+      if (HAS_NORM && !drain && b < B)
+        for (int g = lane; g < SUMS; g += 32) part[j] += __ldcg(ss + g * B + b);
+    }
+    project<K, SEGS, NMAX>(x, rows);
+    if (!HAS_NORM || drain) return;
+#pragma unroll
+    for (int j = 0; j < RW; ++j) {
+      const float v = rsqrtf(warp_sum(part[j]) / K + eps);
+      if (lane == 0 && warp + j * NCW < B) tmp[warp + j * NCW] = v;
+    }
+    sync();
+    for (int i = t; i < SEGS * rows * parts * B; i += NT) acc[i] *= tmp[i % B];
+    sync();
   }
 
   // Row i's product with x[b], after ``project``: its parts added in order.
   template <int K>
   __device__ float result(int i, int b) const {
-    constexpr int WPR = PageRows<K, PAGE, NCW>::WPR;
-    float s = 0.f;
+    if constexpr (MMA) {
+      float s = 0.f;
+      for (int p = 0; p < parts; ++p) s += acc[(i * parts + p) * B + b];
+      return s;
+    } else {
+      constexpr int WPR = PageRows<K, PAGE, NCW>::WPR;
+      float s = 0.f;
 #pragma unroll
-    for (int p = 0; p < WPR; ++p) s += acc[(i * WPR + p) * B + b];
-    return s;
+      for (int p = 0; p < WPR; ++p) s += acc[(i * WPR + p) * B + b];
+      return s;
+    }
   }
 
   // ss[g * B + b] = sum over i < n of vals[b * n + i] (vals in shared memory), one warp a row.

@@ -48,14 +48,14 @@ struct Embed {
 
 // out[:, n0:n1] = [res +] [RMS] x @ W[n0:n1]^T; the norm's RMS from sums of squares (x scaled by
 // the norm's weight already); OUT_SUMS: the next norm's sums and scaled copy of out's columns.
-template <int B, int K, int N, bool HAS_NORM, bool HAS_RES, bool OUT_SUMS, int SUMS>
+template <int B, int K, int N, bool HAS_NORM, bool HAS_RES, bool OUT_SUMS, int SUMS, int BLOCK_N>
 struct Linear {
   static_assert(!HAS_NORM || SUMS > 0, "a norm inside the projection loop is not built");
   template <class P>
   __device__ static void pages(P& p, const bf16*, const bf16* w, const bf16*, const bf16*, bf16*,
                                const float*, float*, const bf16*, bf16*, int n0, int n1, int,
                                float) {
-    p.template stream<K>(w + (int64_t)n0 * K, n1 - n0);
+    p.template project<K, 1>({w + (int64_t)n0 * K}, n1 - n0);
   }
   template <class C>
   __device__ static void run(C& c, const bf16* x, const bf16* w, const bf16* nw, const bf16* res,
@@ -67,7 +67,7 @@ struct Linear {
     const float r = HAS_RES && early ? load_act(res + (c.t / n) * N + n0 + c.t % n) : 0.f;
     const float onw0 = OUT_SUMS && early ? __bfloat162float(onw[n0 + c.t % n]) : 0.f;
     float rs[B];
-    c.template project_normed<K, 1, HAS_NORM, SUMS>(x, n, ss, eps, rs);
+    c.template project_normed<K, 1, HAS_NORM, SUMS, BLOCK_N>(x, n, ss, eps, rs);
     if (c.drain) return;
     // one row of at most 32 columns: its sum of squares within warp 0, no barrier
     const bool in_warp = B == 1 && n <= 32;
@@ -103,21 +103,20 @@ struct Linear {
 };
 
 // out[:, n0:n1] = SiLU(RMS x @ Wg[n0:n1]^T) * (RMS x @ Wu[n0:n1]^T)
-template <int B, int K, int N, bool HAS_NORM, int SUMS>
+template <int B, int K, int N, bool HAS_NORM, int SUMS, int BLOCK_N>
 struct GateUp {
   static_assert(!HAS_NORM || SUMS > 0, "a norm inside the projection loop is not built");
   template <class P>
   __device__ static void pages(P& p, const bf16*, const bf16*, const bf16* wg, const bf16* wu,
                                bf16*, const float*, int n0, int n1, float) {
-    p.template stream<K>(wg + (int64_t)n0 * K, n1 - n0);
-    p.template stream<K>(wu + (int64_t)n0 * K, n1 - n0);
+    p.template project<K, 2>({wg + (int64_t)n0 * K, wu + (int64_t)n0 * K}, n1 - n0);
   }
   template <class C>
   __device__ static void run(C& c, const bf16* x, const bf16* nw, const bf16* wg, const bf16* wu,
                              bf16* out, const float* ss, int n0, int n1, float eps) {
     const int n = n1 - n0;
     float rs[B];
-    c.template project_normed<K, 2, HAS_NORM, SUMS>(x, n, ss, eps, rs);
+    c.template project_normed<K, 2, HAS_NORM, SUMS, BLOCK_N>(x, n, ss, eps, rs);
     if (c.drain) return;
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n;
@@ -143,8 +142,8 @@ struct QkvRope {
                                const float*, const int64_t*, const int*, bf16*, bf16*,
                                const float*, int, int head, int, int d0, int, float) {
     const int end = pieces(d0);
-    p.template stream<K>(w + (int64_t)(head * D + d0) * K, end);
-    p.template stream<K>(w + (int64_t)(head * D + D2 + d0) * K, end);
+    p.template project<K, 2>({w + (int64_t)(head * D + d0) * K, w + (int64_t)(head * D + D2 + d0) * K},
+                             end);
   }
   template <class C>
   __device__ static void run(C& c, const bf16* x, const bf16* nw, const bf16* w, const bf16* hn,
@@ -160,7 +159,7 @@ struct QkvRope {
     const int64_t slot0 = early && kind > 0
         ? cache_slot<B, HKV, S, D, BS>(bt, c.t / end, pos0, layer, kind - 1, head) : 0;
     float rs[B];
-    c.template project_normed<K, 2, HAS_NORM, SUMS>(x, end, ss, eps, rs);
+    c.template project_normed<K, 2, HAS_NORM, SUMS, PART>(x, end, ss, eps, rs);
     if (c.drain) return;
     for (int idx = c.t; idx < end * B; idx += C::NT) {
       const int b = idx / end, i = idx % end;
@@ -181,6 +180,58 @@ struct QkvRope {
                                    : cache_slot<B, HKV, S, D, BS>(bt, b, pos, layer, kind - 1, head));
       dst[d0 + i] = __float2bfloat16(lo);
       dst[d0 + i + D2] = __float2bfloat16(hi);
+    }
+  }
+};
+
+// part[s, :, n0:n1] = x[:, k0:k0 + KS] @ W[n0:n1, k0:k0 + KS]^T in fp32 (tensor cores only)
+template <int B, int K, int KS, int N, int BLOCK_N>
+struct LinearPart {
+  template <class P>
+  __device__ static void pages(P& p, const bf16*, const bf16* w, float*, int n0, int n1, int k0,
+                               int) {
+    p.template slice<K, KS>(w + (int64_t)n0 * K, n1 - n0, k0);
+  }
+  template <class C>
+  __device__ static void run(C& c, const bf16* x, const bf16*, float* part, int n0, int n1,
+                             int k0, int s) {
+    const int n = n1 - n0;
+    c.template project_slice<K, KS, BLOCK_N>(x, k0, n);
+    if (c.drain) return;
+    float* dst = part + (int64_t)s * B * N + n0;
+    for (int idx = c.t; idx < n * B; idx += C::NT)
+      dst[(idx / n) * N + idx % n] = c.template result<K>(idx % n, idx / n);
+  }
+};
+
+// out[:, n0:n1] = [res +] round(sum over s of part[s, :, n0:n1]) (slices in order); SUMS: the
+// next norm's sums of squares and scaled copy of those columns (as Linear's OUT_SUMS).
+template <int S, int B, int N, bool HAS_RES, int BLOCK_N, bool SUMS>
+struct LinearReduce {
+  template <class P>
+  __device__ static void pages(P&, const float*, const bf16*, bf16*, float*, const bf16*, bf16*,
+                               int, int) {}
+  template <class C>
+  __device__ static void run(C& c, const float* part, const bf16* res, bf16* out, float* ss,
+                             const bf16* nw, bf16* sc, int n0, int n1) {
+    if (c.drain) return;
+    const int n = n1 - n0;
+    for (int idx = c.t; idx < n * B; idx += C::NT) {
+      const int b = idx / n, i = idx % n, col = n0 + i;
+      float y = 0.f;
+#pragma unroll
+      for (int s = 0; s < S; ++s) y += __ldcg(part + ((int64_t)s * B + b) * N + col);
+      y = round_bf16(y);
+      if (HAS_RES) y = round_bf16(load_act(res + b * N + col) + y);
+      out[b * N + col] = __float2bfloat16(y);
+      if (SUMS) {
+        c.tmp[b * n + i] = y * y;
+        sc[b * N + col] = __float2bfloat16(y * __bfloat162float(nw[col]));
+      }
+    }
+    if (SUMS) {
+      c.sync();
+      c.row_sums(c.tmp, n, ss, n0 / BLOCK_N);
     }
   }
 };

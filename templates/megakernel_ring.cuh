@@ -189,6 +189,12 @@ struct Producer {
   }
   // `bytes` (at most PAGE, a multiple of 16) from `src` into the next page.
   __device__ void page(const void* src, uint32_t bytes) {
+    bulk_copy(begin_page(bytes), src, bytes, ring.full + ring.slot);
+    ring.advance();
+  }
+  // The next page, free and told to expect `bytes`, for the caller's copies (its full barrier
+  // ring.full + ring.slot); the caller advances the ring after them.
+  __device__ unsigned char* begin_page(uint32_t bytes) {
     if (FLIGHT < NPAGE && issued >= FLIGHT) {     // the copy FLIGHT places back has landed
       const uint32_t old = issued - FLIGHT;
       mbar_wait(ring.full + old % NPAGE, (old / NPAGE) & 1);
@@ -196,8 +202,7 @@ struct Producer {
     ++issued;
     mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
     mbar_expect(ring.full + ring.slot, bytes);
-    bulk_copy(ring.page(), src, bytes, ring.full + ring.slot);
-    ring.advance();
+    return ring.page();
   }
 };
 
