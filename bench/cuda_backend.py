@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trace", default=None, help="folder for the (first) CUDA kernel's timeline")
-    ap.add_argument("--flights", default="2",
-                    help="CUDA kernels with at most these many ring copies in flight")
+    ap.add_argument("--flights", default="auto",
+                    help="CUDA kernels with at most these many ring copies in flight (auto: "
+                         "generate_cuda's choice)")
     ap.add_argument("--probes", default="",
                     help="with --trace: also trace with end stamps at these marks (1-4)")
     ap.add_argument("--lanes", default="1",
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA kernels whose waits' polls and/or fused combine's ticket are "
                          "acquire operations (none, polls, ticket, both)")
     args = ap.parse_args(argv)
-    grid = {"flight": [int(f) for f in args.flights.split(",")],
+    grid = {"flight": [None if f == "auto" else int(f) for f in args.flights.split(",")],
             "lanes": [bool(int(a)) for a in args.lanes.split(",")],
             "kv_ring": [bool(int(r)) for r in args.kv_rings.split(",")],
             "kv_l2": [bool(int(p)) for p in args.kv_l2s.split(",")],

@@ -21,10 +21,12 @@ each operand instead of two 4-byte ones. x is read from L2 once a task: B / ROWS
 task's weight bytes, the quantity this benchmark is for.
 
 This is the ``rows`` form; ``bench/mma_tiles.py`` holds the ``tiles`` form (x's chunk in shared
-memory for 128 or 256 rows, by TMA tensor copies).
+memory for 128 or 256 rows, by TMA tensor copies), ``bench/mma_backend.py`` the ``backend``
+form (the CUDA backend's own projection body, alone).
 
-    python -m megakernel.bench.mma_cuda --batches 16,32,64 --forms rows,tiles \\
-        [--rows 16,32] [--tile-rows 128,256] [--clusters 1,2,4] [--n 65536 --k 2048]
+    python -m megakernel.bench.mma_cuda --batches 16,32,64 --forms rows,tiles,backend \\
+        [--rows 16,32] [--tile-rows 128,256] [--clusters 1,2,4] [--backend-rows 32,64,128] \\
+        [--n 65536 --k 2048]
 
 Prints microseconds a launch and the weights' TB/s of each (batch, form, rows) beside
 ``torch.mm`` on the same operands; every launch's y is checked against an fp32 product.
@@ -194,10 +196,12 @@ def rows_args(driver, x, w, y, rows: int) -> list:
 
 def forms() -> dict:
     """form -> (kernel name, source and shared memory of a shape, launch arguments)."""
+    from megakernel.bench.mma_backend import backend_args, backend_source
     from megakernel.bench.mma_tiles import tiles_args, tiles_source
 
     return {"rows": ("mma_proj", rows_source, rows_args),
-            "tiles": ("mma_tiles", tiles_source, tiles_args)}
+            "tiles": ("mma_tiles", tiles_source, tiles_args),
+            "backend": ("mma_backend", backend_source, backend_args)}
 
 
 def _ints(text: str) -> list[int]:
@@ -215,6 +219,9 @@ def main(argv=None) -> int:
                     help="weight rows a task of the rows form (the tiles form: 128,256)")
     ap.add_argument("--tile-rows", default="128,256", help="weight rows a task, tiles form")
     ap.add_argument("--clusters", default="1,2,4", help="blocks a cluster, tiles form")
+    ap.add_argument("--backend-rows", default="32,64,128", help="weight rows a task, backend form")
+    ap.add_argument("--flight-kib", default="64",
+                    help="backend form: KiB of weight pages in flight at most (0: the ring)")
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=50)
@@ -224,8 +231,10 @@ def main(argv=None) -> int:
     w = torch.randn(n, k, device="cuda").div_(k ** 0.5).bfloat16()
     driver = Driver()
     stream = torch.cuda.current_stream().cuda_stream
-    shapes = {"rows": [(r, 1) for r in _ints(args.rows)],
-              "tiles": [(r, c) for r in _ints(args.tile_rows) for c in _ints(args.clusters)]}
+    shapes = {"rows": [(r, 1, {}) for r in _ints(args.rows)],
+              "tiles": [(r, c, {}) for r in _ints(args.tile_rows) for c in _ints(args.clusters)],
+              "backend": [(r, 1, {"flight_kib": f}) for r in _ints(args.backend_rows)
+                          for f in _ints(args.flight_kib)]}
     for batch in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(batch, k, device="cuda").bfloat16()
         ref = x.float() @ w.float().T                                    # [B, N]
@@ -234,11 +243,11 @@ def main(argv=None) -> int:
               f"{n * k * 2 / cublas_ms / 1e9:5.2f} TB/s", flush=True)
         for form in args.forms.split(","):
             name, source_of, args_of = forms()[form]
-            for rows, cluster in shapes[form]:
+            for rows, cluster, extra in shapes[form]:
                 if n % (rows * cluster):
                     raise SystemExit(f"--n {n} rows in tasks of {rows} in clusters of "
                                      f"{cluster}: not whole")
-                source, smem = source_of(batch, k, rows, cluster)
+                source, smem = source_of(batch, k, rows, cluster, **extra)
                 func = driver.load(build_cubin(source), name, smem)
                 grid = blocks // cluster * cluster  # as many clusters as are held at once
                 if cluster > 1:
@@ -257,7 +266,8 @@ def main(argv=None) -> int:
                 err = ((y.float() - ref).norm() / ref.norm()).item()
                 ms = median_step_ms(launch, x.device, 3, args.iters)
                 print(f"B={batch:3d} {form:5s} rows={rows:3d} cluster={cluster} "
-                      f"blocks={grid}: {ms * 1e3:8.1f} us {n * k * 2 / ms / 1e9:5.2f} TB/s  "
+                      + "".join(f"{key}={v} " for key, v in extra.items())
+                      + f"blocks={grid}: {ms * 1e3:8.1f} us {n * k * 2 / ms / 1e9:5.2f} TB/s  "
                       f"rel err {err:.1e}", flush=True)
                 if not err < 1e-2:
                     raise SystemExit(f"wrong product: B={batch}, {form}, rows={rows}, "

@@ -26,7 +26,8 @@ NCW = 8                    # consumer warps a worker
 RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 MMA_FROM = 5               # batch rows from which projections run on tensor cores
-XS = 4                     # stages of x's chunks (tensor cores)
+X_BYTES = 32 * 1024       # x's chunk stages (tensor cores): about this many bytes, 4-12 stages
+MMA_FLIGHT = 64 * 1024     # bytes of weight pages a tensor-core worker keeps in flight
 KC = 64                    # columns a tensor-core chunk (megakernel_mma.cuh)
 NBOX = 5                   # TMA maps a row length: box heights 128, 64, 32, 16, 8
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
@@ -234,6 +235,11 @@ def _proj_geometry(proj: list, batch: int, mma: bool) -> tuple[int, int]:
                       for kind, cx in proj), default=1)
 
 
+def x_stages(batch: int) -> int:
+    """Stages of x's chunks: enough to cover L2's latency where a page is small."""
+    return max(4, min(12, X_BYTES // (padded(batch, 16) * 2 * KC)))
+
+
 def geometry(enc: Encoded, batch: int, mma: bool = False) -> Geometry:
     """Ring pages long enough for the longest weight row (``mma``: a chunk of the largest
     task's rows), as many as fit RING_BYTES and the block's shared memory with the scratch the
@@ -249,7 +255,7 @@ def geometry(enc: Encoded, batch: int, mma: bool = False) -> Geometry:
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
-    xbytes = XS * padded(batch, 16) * 2 * KC if mma else 0
+    xbytes = x_stages(batch) * padded(batch, 16) * 2 * KC if mma else 0
     geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma, xbytes)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
         geo = Geometry(page, geo.npage - 1, acc, tmp, mma, xbytes)
@@ -260,10 +266,11 @@ def geometry(enc: Encoded, batch: int, mma: bool = False) -> Geometry:
 
 
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
-                  flight: int = FLIGHT, lanes: bool | None = None,
+                  flight: int | None = None, lanes: bool | None = None,
                   kv_ring: bool = False, probe: int = 0, kv_l2: bool = True,
                   acquire: str = "none", mma: bool | None = None) -> CudaSource:
-    """``flight``: copies a worker's producer keeps issued and not landed, at most (2, 4, 8
+    """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
+    FLIGHT, or with tensor cores any pages up to MMA_FLIGHT bytes; 2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
     ``probe``: traces stamp a task's end at a mark of its body (``MK_PROBE`` in
     megakernel_ctx.cuh) instead of its signal; ``lanes``: attention a key a lane
@@ -276,7 +283,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     "both"; the others relaxed polls and a release atomic: ``poll_until`` in
     megakernel_ring.cuh); ``mma``: projections on tensor cores (megakernel_mma.cuh; None:
     from MMA_FROM batch rows on)."""
-    if flight < 1:
+    if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
         raise ValueError(f"acquire={acquire!r}: one of {', '.join(ACQUIRE)}")
@@ -284,6 +291,10 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-4")
     geo = geometry(enc, batch, batch >= MMA_FROM if mma is None else mma)
     check_supported(enc, lanes, geo)
+    # tensor cores: pages (a chunk's rows each) up to MMA_FLIGHT bytes, unless pages are asked
+    flight_bytes = MMA_FLIGHT if geo.mma and flight is None else 0
+    if flight is None:
+        flight = geo.npage if geo.mma else FLIGHT
     map_ks = sorted({cx["K"] for _, kind, cx, _ in enc.variants
                      if geo.mma and kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)}) or [0]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
@@ -299,8 +310,9 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
+        flight_bytes=flight_bytes,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
-        acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=XS,
+        acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=x_stages(batch),
         xbytes=geo.xbytes, map_ks=map_ks,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch),

@@ -153,18 +153,18 @@ __device__ int mma_project(C& c, const bf16* x, int n) {
 #pragma unroll
       for (int kk = 0; kk < KC / 16; ++kk) {
         if ((ch * (KC / 16) + kk) % wk != gk) continue;
-        uint32_t a[MT][4];
+        uint32_t b[TPW][2];   // the warp's tiles' fragments, then x's an m-tile at a time
 #pragma unroll
-        for (int m = 0; m < MT; ++m)   // rows m * 16 + lane % 16, k pieces 2kk + lane / 16
-          ldsm_x4(a[m], xt + swz(m * 16 + c.lane % 16, 2 * kk + c.lane / 16));
+        for (int j = 0; j < TPW; ++j)
+          if (gn + j * wn < tiles)
+            ldsm_x2(b[j], wt + swz((gn + j * wn) * 8 + c.lane % 8, 2 * kk + (c.lane / 8) % 2));
 #pragma unroll
-        for (int j = 0; j < TPW; ++j) {
-          const int tile = gn + j * wn;
-          if (tile >= tiles) break;
-          uint32_t b[2];
-          ldsm_x2(b, wt + swz(tile * 8 + c.lane % 8, 2 * kk + (c.lane / 8) % 2));
+        for (int m = 0; m < MT; ++m) {
+          uint32_t a[4];   // rows m * 16 + lane % 16, k pieces 2kk + lane / 16
+          ldsm_x4(a, xt + swz(m * 16 + c.lane % 16, 2 * kk + c.lane / 16));
 #pragma unroll
-          for (int m = 0; m < MT; ++m) mma16816(acc[m][j], a[m], b);
+          for (int j = 0; j < TPW; ++j)
+            if (gn + j * wn < tiles) mma16816(acc[m][j], a, b[j]);
         }
       }
     }
@@ -195,8 +195,8 @@ __device__ int mma_project(C& c, const bf16* x, int n) {
 
 // A worker's producer: the ring's copier with the weight arena's maps (NK row lengths `ks`);
 // a projection's weights as whole rows (``Producer::stream``) or, MMA, as tiles.
-template <int NPAGE, int PAGE, int NCW, int FLIGHT, bool MMA, int NK>
-struct WeightProducer : Producer<NPAGE, PAGE, NCW, FLIGHT> {
+template <int NPAGE, int PAGE, int NCW, int FLIGHT, int FLIGHT_BYTES, bool MMA, int NK>
+struct WeightProducer : Producer<NPAGE, PAGE, NCW, FLIGHT, FLIGHT_BYTES> {
   const CUtensorMap* maps;   // [NK, NBOX]
   const bf16* base;          // the arena's first element (row 0 of every map)
   int ks[NK];

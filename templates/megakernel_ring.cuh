@@ -171,11 +171,14 @@ struct PageRows {
 
 // The producer's side: copy `rows` rows of K bf16 elements from `src` into the next pages,
 // with at most FLIGHT copies issued and not yet landed (the ring may hold more landed pages):
-// every byte in flight lengthens the queue that the consumers' own loads wait in.
-template <int NPAGE, int PAGE, int NCW, int FLIGHT>
+// every byte in flight lengthens the queue that the consumers' own loads wait in. FLIGHT_BYTES
+// (> 0): also at most that many bytes issued and not landed (pages of unequal fill).
+template <int NPAGE, int PAGE, int NCW, int FLIGHT, int FLIGHT_BYTES = 0>
 struct Producer {
   Ring<NPAGE, PAGE> ring;
   uint32_t issued = 0;
+  uint32_t landed = 0, pending = 0;    // FLIGHT_BYTES: pages known landed, bytes not
+  uint32_t sizes[FLIGHT_BYTES ? NPAGE : 1];
 
   template <int K>
   __device__ void stream(const bf16* src, int rows) {
@@ -198,6 +201,15 @@ struct Producer {
     if (FLIGHT < NPAGE && issued >= FLIGHT) {     // the copy FLIGHT places back has landed
       const uint32_t old = issued - FLIGHT;
       mbar_wait(ring.full + old % NPAGE, (old / NPAGE) & 1);
+    }
+    if (FLIGHT_BYTES) {   // (and never a ring behind: a slot's barrier then holds that page)
+      while (landed < issued && (pending + bytes > (uint32_t)FLIGHT_BYTES ||
+                                 issued - landed >= (uint32_t)NPAGE)) {
+        mbar_wait(ring.full + landed % NPAGE, (landed / NPAGE) & 1);
+        pending -= sizes[landed++ % NPAGE];
+      }
+      sizes[issued % NPAGE] = bytes;
+      pending += bytes;
     }
     ++issued;
     mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);

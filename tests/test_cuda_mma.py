@@ -1,0 +1,127 @@
+"""The CUDA backend's tensor-core projections (from 5 batch rows on), without a GPU: what the
+generated kernel takes (K slices, weight maps), what it refuses, its shared-memory sums, the
+weight arena's alignment the maps need, and (where nvcc is installed) that it builds for sm_90a
+without spills. Its results are compared on the GPU in test_cuda_gpu.py."""
+import shutil
+
+import pytest
+
+from megakernel.compiler.cuda_codegen import MMA_FROM, NCW, generate_cuda, mma_parts
+from megakernel.compiler.pipeline import CompileOptions, compile_model
+from megakernel.compiler.tile import TileConfig
+from megakernel.models import load_model
+
+SLICED = TileConfig(norm_first=True, norm_sums=True, split_k=2)
+nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+
+def compiled(batch: int, tile: TileConfig = SLICED):
+    model = load_model("tiny-llama", progress=False, dtype="bfloat16").model
+    return compile_model(model, CompileOptions(batch, 64, tile=tile, num_workers=16))
+
+
+def test_tensor_core_kernel_takes_k_slices_and_a_map_per_row_length():
+    c = compiled(17)
+    kinds = {kind for _, kind, _, _ in c.encoded.variants}
+    assert {"linear_part", "linear_reduce"} <= kinds
+    src = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks))
+    assert "projections on\n// tensor cores" in src.source
+    assert "mk::LinearPart<" in src.source and "mk::LinearReduce<" in src.source
+    ks = {cx["K"] for _, kind, cx, _ in c.encoded.variants
+          if kind in ("linear", "linear_part", "gate_up", "qkv_rope")}
+    assert src.map_ks == tuple(sorted(ks))
+
+
+def test_k_slices_on_cuda_cores_are_refused_by_name():
+    c = compiled(MMA_FROM - 1)
+    with pytest.raises(ValueError, match=r"linear_part\): K slices"):
+        generate_cuda(c.encoded, "tiny", MMA_FROM - 1, len(c.tasks.tasks))
+    src = generate_cuda(c.encoded, "tiny", MMA_FROM - 1, len(c.tasks.tasks), mma=True)
+    assert src.map_ks
+
+
+def test_cuda_core_kernel_takes_no_maps():
+    c = compiled(2, TileConfig(norm_first=True, norm_sums=True, split_k=1))
+    src = generate_cuda(c.encoded, "tiny", 2, len(c.tasks.tasks))
+    assert src.map_ks == () and "CUDA cores" in src.source
+
+
+@pytest.mark.parametrize("segs,rows", [(1, 8), (2, 16), (2, 64), (1, 128), (2, 12)])
+def test_acc_holds_every_task_shape(segs, rows):
+    """mma_parts: for every row count up to ``rows``, the rows times their k-step groups (the
+    warps over fewer 8-row tiles than NCW split the k-steps) fit."""
+    most = mma_parts(segs, rows)
+    for n in range(1, rows + 1):
+        tiles = segs * -(-n // 8)
+        groups = max(g for g in (1, 2, 4, 8) if g <= min(NCW, tiles))
+        assert segs * n * (NCW // groups) <= most
+    assert most >= segs * rows
+
+
+def test_weight_arena_puts_every_matrix_on_a_whole_row():
+    from megakernel.compiler.encode import ALIGN
+    from megakernel.runtime.megakernel import bind_weights
+
+    model = load_model("tiny-llama", progress=False, dtype="bfloat16").model
+    names = tuple(n for n, p in model.named_parameters() if p.dim() == 2)
+    arena, offsets = bind_weights(model, names, "cpu")
+    for name, off in zip(names, offsets):
+        k = model.get_parameter(name).shape[-1]
+        assert off * ALIGN % k == 0, name
+        assert model.get_parameter(name).data_ptr() == arena.data_ptr() + 2 * off * ALIGN
+
+
+@pytest.mark.parametrize("batch,split", [(3, 1), (17, 4)])
+def test_cuda_form_keeps_k_slices_with_tensor_cores(batch, split):
+    from megakernel.runtime.variant import cuda_form, parse_variant
+
+    form = cuda_form(parse_variant("64x256x4x16xs3xkv16xsk4"), 16, batch)
+    assert form.split_k == split
+    assert form.block_n == (64 if batch < MMA_FROM else 32)
+
+
+@nvcc
+@pytest.mark.parametrize("batch", [5, 17, 64])
+def test_tensor_core_kernel_builds_without_spills(batch, tmp_path, monkeypatch):
+    """K slices whose width is no multiple of a 64-column chunk included (tiny-llama's 48 and
+    112: x's columns past the slice are zeros)."""
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    c = compiled(batch)
+    assert {cx["KS"] % 64 for _, kind, cx, _ in c.encoded.variants if kind == "linear_part"} \
+        - {0}
+    src = generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks))
+    log = build_cubin(src.source).with_suffix(".log").read_text()
+    assert "0 bytes spill stores" in log, log
+
+
+@nvcc
+@pytest.mark.parametrize("batch,rows,flight", [(17, 64, 64), (64, 128, 0)])
+def test_backend_benchmark_form_builds_without_spills(batch, rows, flight, tmp_path,
+                                                      monkeypatch):
+    from megakernel.bench.mma_backend import backend_source
+    from megakernel.compiler.cuda_codegen import SMEM_LIMIT
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    source, smem = backend_source(batch, 2048, rows, 1, flight)
+    assert smem <= SMEM_LIMIT
+    log = build_cubin(source).with_suffix(".log").read_text()
+    assert "0 bytes spill stores" in log, log
+
+
+@pytest.mark.parametrize("rows,cluster", [(12, 1), (256, 1), (64, 2)])
+def test_backend_benchmark_form_refuses_other_shapes(rows, cluster):
+    from megakernel.bench.mma_backend import backend_source
+
+    with pytest.raises(SystemExit, match="backend form"):
+        backend_source(16, 2048, rows, cluster)
+
+
+def test_tensor_core_flight_is_in_bytes_unless_pages_are_asked():
+    c = compiled(17)
+    auto = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks))
+    pages = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), flight=3)
+    assert "65536 bytes in flight" in auto.source
+    assert "3 copies, any bytes in flight" in pages.source
