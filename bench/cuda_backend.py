@@ -3,12 +3,13 @@
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
         [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] [--acquires none,both] \
+        [--mma-chunks 1,4] [--mma-pages 16,32] [--kv-aheads 0,2] \
         [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, attention a key a lane, its keys
-and values through the ring or prefetched into L2, which of the waits and the combine's
-ticket acquire) against eager's (relative norm of the difference, top-1 agreement), then
+and values through the ring or prefetched into L2 (and how far ahead), which of the waits and
+the combine's ticket acquire, tensor-core pages' size and chunks) against eager's (relative norm of the difference, top-1 agreement), then
 their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
@@ -125,12 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--acquires", default="none",
                     help="CUDA kernels whose waits' polls and/or fused combine's ticket are "
                          "acquire operations (none, polls, ticket, both)")
+    ap.add_argument("--mma-chunks", default="4",
+                    help="tensor cores: 64-column chunks of a narrow task a ring page holds")
+    ap.add_argument("--mma-pages", default="16", help="tensor cores: KiB a ring page, at least")
+    ap.add_argument("--kv-aheads", default="0",
+                    help="attention's L2 prefetches held until the consumers are at most this "
+                         "many tasks behind (0: never)")
     args = ap.parse_args(argv)
     grid = {"flight": [None if f == "auto" else int(f) for f in args.flights.split(",")],
             "lanes": [bool(int(a)) for a in args.lanes.split(",")],
             "kv_ring": [bool(int(r)) for r in args.kv_rings.split(",")],
             "kv_l2": [bool(int(p)) for p in args.kv_l2s.split(",")],
-            "acquire": args.acquires.split(",")}
+            "acquire": args.acquires.split(","),
+            "mma_chunks": [int(c) for c in args.mma_chunks.split(",")],
+            "mma_page_kib": [int(c) for c in args.mma_pages.split(",")],
+            "kv_ahead": [int(a) for a in args.kv_aheads.split(",")]}
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import ctypes
 
-from megakernel.compiler.cuda_codegen import (KC, MMA_FLIGHT, NCW, SMEM_LIMIT, mma_parts,
-                                              x_stages)
+from megakernel.compiler.cuda_codegen import (KC, MMA_FLIGHT, MMA_PAGE, NCW, SMEM_LIMIT,
+                                              mma_parts, x_stages)
 
 SOURCE = r"""
 #include "megakernel_ctx.cuh"
@@ -70,7 +70,7 @@ def backend_source(batch: int, k: int, rows: int, cluster: int = 1,
                          f"not {rows} in clusters of {cluster}")
     xs = x_stages(batch)
     xbytes = xs * -(-batch // 16) * 16 * 2 * KC
-    page = -(-rows * 128 // 1024) * 1024
+    page = max(MMA_PAGE, -(-rows * 128 // 1024) * 1024)   # chunks a page as the backend fills
     fixed = xbytes + 4 * mma_parts(1, rows) * batch + 1024
     npage = min(32, (SMEM_LIMIT - fixed) // (page + 16))
     source = (f"constexpr int NCW = {NCW}, NPAGE = {npage}, PAGE = {page}, B = {batch}, "

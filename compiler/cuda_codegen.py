@@ -28,6 +28,8 @@ MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight 
 MMA_FROM = 5               # batch rows from which projections run on tensor cores
 X_BYTES = 32 * 1024       # x's chunk stages (tensor cores): about this many bytes, 4-12 stages
 MMA_FLIGHT = 64 * 1024     # bytes of weight pages a tensor-core worker keeps in flight
+MMA_PAGE = 16 * 1024       # a tensor-core ring page's bytes, at least (a wider task's chunk: more)
+MMA_CHUNKS = 4             # chunks of a narrow tensor-core task a page holds, at most
 KC = 64                    # columns a tensor-core chunk (megakernel_mma.cuh)
 NBOX = 5                   # TMA maps a row length: box heights 128, 64, 32, 16, 8
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
@@ -201,7 +203,7 @@ class Geometry:
 
     def smem(self, batch: int) -> int:   # + slack to align the pages on 1024 bytes
         return (self.page * self.npage + self.xbytes + 16 * self.npage
-                + 4 * (self.acc + self.tmp + 1) + 1024)
+                + 4 * (self.acc + self.tmp + 2) + 1024)     # + flag, progress
 
 
 def padded(n: int, to: int) -> int:
@@ -221,11 +223,12 @@ def mma_parts(segs: int, rows: int) -> int:
     return most
 
 
-def _proj_geometry(proj: list, batch: int, mma: bool) -> tuple[int, int]:
-    """A page's bytes and acc's floats for the projections ``proj`` [(kind, cx)]."""
-    if mma:   # a chunk of every segment's rows (8-row boxes, 128 bytes a row) a page
-        page = max((CUDA_OPS[k].segs * padded(CUDA_OPS[k].rows(cx) // CUDA_OPS[k].segs, 8) * 128
-                    for k, cx in proj), default=MIN_PAGE)
+def _proj_geometry(proj: list, batch: int, mma: int) -> tuple[int, int]:
+    """A page's bytes and acc's floats for the projections ``proj`` [(kind, cx)]; ``mma``:
+    tensor cores with pages of at least that many bytes (0: CUDA cores)."""
+    if mma:   # a chunk of every segment's rows (8-row boxes, 128 bytes a row) a page at least
+        page = max([CUDA_OPS[k].segs * padded(CUDA_OPS[k].rows(cx) // CUDA_OPS[k].segs, 8) * 128
+                    for k, cx in proj] + [mma])
         return padded(page, 1024), max((mma_parts(CUDA_OPS[k].segs, CUDA_OPS[k].rows(cx)
                                                   // CUDA_OPS[k].segs) * batch
                                         for k, cx in proj), default=1)
@@ -240,10 +243,10 @@ def x_stages(batch: int) -> int:
     return max(4, min(12, X_BYTES // (padded(batch, 16) * 2 * KC)))
 
 
-def geometry(enc: Encoded, batch: int, mma: bool = False) -> Geometry:
-    """Ring pages long enough for the longest weight row (``mma``: a chunk of the largest
-    task's rows), as many as fit RING_BYTES and the block's shared memory with the scratch the
-    opcodes need."""
+def geometry(enc: Encoded, batch: int, mma: int = 0) -> Geometry:
+    """Ring pages long enough for the longest weight row (``mma`` > 0, tensor cores: a chunk of
+    the largest task's rows, and at least ``mma`` bytes), as many as fit RING_BYTES and the
+    block's shared memory with the scratch the opcodes need."""
     proj = [(kind, cx) for _, kind, cx, _ in enc.variants
             if kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)]
     page, acc = _proj_geometry(proj, batch, mma)
@@ -256,9 +259,9 @@ def geometry(enc: Encoded, batch: int, mma: bool = False) -> Geometry:
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
     xbytes = x_stages(batch) * padded(batch, 16) * 2 * KC if mma else 0
-    geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma, xbytes)
+    geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma > 0, xbytes)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
-        geo = Geometry(page, geo.npage - 1, acc, tmp, mma, xbytes)
+        geo = Geometry(page, geo.npage - 1, acc, tmp, mma > 0, xbytes)
     if geo.smem(batch) > SMEM_LIMIT:
         raise ValueError(f"the CUDA kernel needs {geo.smem(batch)} bytes of shared memory a "
                          f"worker, more than {SMEM_LIMIT}")
@@ -268,7 +271,9 @@ def geometry(enc: Encoded, batch: int, mma: bool = False) -> Geometry:
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int | None = None, lanes: bool | None = None,
                   kv_ring: bool = False, probe: int = 0, kv_l2: bool = True,
-                  acquire: str = "none", mma: bool | None = None) -> CudaSource:
+                  acquire: str = "none", mma: bool | None = None,
+                  mma_chunks: int = MMA_CHUNKS, mma_page_kib: int = MMA_PAGE // 1024,
+                  kv_ahead: int = 0) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
     FLIGHT, or with tensor cores any pages up to MMA_FLIGHT bytes; 2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
@@ -282,14 +287,24 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     polls and the fused combine's ticket are acquire operations ("none", "polls", "ticket",
     "both"; the others relaxed polls and a release atomic: ``poll_until`` in
     megakernel_ring.cuh); ``mma``: projections on tensor cores (megakernel_mma.cuh; None:
-    from MMA_FROM batch rows on)."""
+    from MMA_FROM batch rows on), their ring pages of at least ``mma_page_kib`` KiB holding
+    up to ``mma_chunks`` 64-column chunks of a narrow task (a power of two); ``kv_ahead``: the
+    producer's L2 prefetches of attention's cache held until the consumers are at most that
+    many tasks behind (0: never)."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
         raise ValueError(f"acquire={acquire!r}: one of {', '.join(ACQUIRE)}")
     if probe not in range(5):
         raise ValueError(f"probe={probe}: 0 (none) or a mark 1-4")
-    geo = geometry(enc, batch, batch >= MMA_FROM if mma is None else mma)
+    if mma_chunks not in (1, 2, 4, 8, 16):
+        raise ValueError(f"mma_chunks={mma_chunks}: a power of two up to 16")
+    if kv_ahead < 0:
+        raise ValueError(f"kv_ahead={kv_ahead}: tasks, 0 or more")
+    if not 1 <= mma_page_kib <= 128:
+        raise ValueError(f"mma_page_kib={mma_page_kib}: 1 to 128")
+    tensor = batch >= MMA_FROM if mma is None else mma
+    geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0)
     check_supported(enc, lanes, geo)
     # tensor cores: pages (a chunk's rows each) up to MMA_FLIGHT bytes, unless pages are asked
     flight_bytes = MMA_FLIGHT if geo.mma and flight is None else 0
@@ -310,7 +325,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
-        flight_bytes=flight_bytes,
+        flight_bytes=flight_bytes, mma_chunks=mma_chunks, kv_ahead=kv_ahead,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
         acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=x_stages(batch),
         xbytes=geo.xbytes, map_ks=map_ks,

@@ -183,15 +183,22 @@ def cuda_compiled(compiled, model, device):
 
 class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
-                 trace: bool = False, flight: int | None = None,
-                 lanes: bool | None = None, kv_ring: bool = False, probe: int = 0,
-                 kv_l2: bool = True, acquire: str = "none"):
+                 trace: bool = False, **knobs):
+        """``knobs``: ``generate_cuda``'s (flight, lanes, kv_ring, probe, kv_l2, acquire, mma,
+        mma_chunks, mma_page_kib, kv_ahead; None: its default)."""
+        import inspect
+
+        from megakernel.compiler.cuda_codegen import generate_cuda
+
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
-        self.knobs = {"lanes": lanes, "kv_ring": kv_ring, "probe": probe, "kv_l2": kv_l2,
-                      "acquire": acquire} | (
-            {} if flight is None else {"flight": flight})         # else generate_cuda's
+        known = set(inspect.signature(generate_cuda).parameters) - {"enc", "model", "batch",
+                                                                    "num_tasks"}
+        if set(knobs) - known:
+            raise ValueError(f"CUDA backend knobs {sorted(set(knobs) - known)} unknown; "
+                             f"known: {', '.join(sorted(known))}")
+        self.knobs = {k: v for k, v in knobs.items() if v is not None}
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")

@@ -80,6 +80,7 @@ struct AttnPartial {
                                const int* bt, float*, float*, bf16*, int row, int kv_head, int,
                                int lo, int span, int layer, int*, int, int, int, int, float) {
     if (!KV_RING && !KV_L2) return;
+    if (KV_L2) p.hold_prefetch();
     for (int blk = lo / BS; blk <= (lo + span - 1) / BS; ++blk) {
       const bf16* k = cache + cache_slot<B, HKV, S, D, BS>(bt, row, blk * BS, layer, 0, kv_head);
       if (KV_RING) {

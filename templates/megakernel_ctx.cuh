@@ -77,7 +77,7 @@ __device__ __forceinline__ float pick(const float (&v)[B], int b) {
 
 template <int NCW_, int NPAGE, int PAGE, int B, bool MMA = false, int XS = 4>
 struct Ctx {
-  static constexpr int NCW = NCW_;
+  static constexpr int NCW = NCW_, PAGE_BYTES = PAGE;
   static constexpr int NT = NCW * 32;   // consumer threads
   Ring<NPAGE, PAGE> ring;
   float* acc;     // [rows, parts, B] a task's row parts

@@ -3,8 +3,9 @@
 //
 // A projection task of SEGS segments of n weight rows each (n0.. of each segment's matrix),
 // over KS columns of K from k0, is walked in chunks of 64 columns (128 bytes a row). For each
-// chunk the producer copies the segments' [n, 64] tiles, padded to 8 rows, end to end into one
-// ring page with TMA tensor copies (maps over the weight arena as [rows, K], one a row length
+// chunk the producer copies the segments' [n, 64] tiles, padded to 8 rows, end to end into a
+// ring page (as many chunks a page as fit it, up to MK_CHUNKS: a narrow task's pages full too)
+// with TMA tensor copies (maps over the weight arena as [rows, K], one a row length
 // and box height; 128-byte swizzle: row r's 16-byte piece c at r * 128 + (c ^ r % 8) * 16, the
 // page 1024-byte aligned). The consumers copy x's chunk [B, 64] (row stride XK) into a ring of
 // XS stages of shared memory with cp.async (from L2, the same swizzle, rows past B never
@@ -22,6 +23,18 @@ namespace mk {
 
 constexpr int KC = 64;                         // columns a chunk: 128 bytes of a weight row
 constexpr int NBOX = 5;                        // maps a row length: box heights 128 >> b
+
+#ifndef MK_CHUNKS
+#define MK_CHUNKS 4   // chunks a ring page holds at most (a power of two)
+#endif
+
+// Chunks of `tile` bytes a page of PAGE bytes takes: a power of two up to MK_CHUNKS.
+template <int PAGE>
+__device__ __forceinline__ int chunks_a_page(int tile) {
+  int c = MK_CHUNKS;
+  while (c > 1 && c * tile > PAGE) c >>= 1;
+  return c;
+}
 
 // byte offset of row r's 16-byte piece c in a 128-byte-swizzled tile
 __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
@@ -91,21 +104,24 @@ template <class P, int K, int KS, int SEGS>
 __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
                       const bf16* const (&src)[SEGS], int n, int k0) {
   static_assert(KS % 8 == 0, "tensor-core projections take whole 16-byte pieces");
+  constexpr int CH = (KS + KC - 1) / KC;    // columns past K: zeros (the map's end)
   int row[SEGS];
 #pragma unroll
   for (int s = 0; s < SEGS; ++s) row[s] = (int)((src[s] - base) / K);
-  const int rp = padded8(n);
-  for (int ch = 0; ch < (KS + KC - 1) / KC; ++ch) {   // columns past K: zeros (the map's end)
-    unsigned char* page = p.begin_page(SEGS * rp * 128);
+  const int rp = padded8(n), tile = SEGS * rp * 128, cpp = chunks_a_page<P::PAGE_BYTES>(tile);
+  for (int ch0 = 0; ch0 < CH; ch0 += cpp) {
+    const int m = min(cpp, CH - ch0);
+    unsigned char* page = p.begin_page(m * tile);
     uint64_t* bar = p.ring.full + p.ring.slot;
-    int at = 0;
+    int at = 0;    // rows of the page filled (8-row boxes: every copy 1024-byte aligned)
+    for (int ch = ch0; ch < ch0 + m; ++ch)
 #pragma unroll
-    for (int s = 0; s < SEGS; ++s)
-      for (int r = 0, b = 0; r < rp; r += 128 >> b) {
-        while ((128 >> b) > rp - r) ++b;
-        tma_2d(page + at * 128, map + b, k0 + ch * KC, row[s] + r, bar);
-        at += 128 >> b;
-      }
+      for (int s = 0; s < SEGS; ++s)
+        for (int r = 0, b = 0; r < rp; r += 128 >> b) {
+          while ((128 >> b) > rp - r) ++b;
+          tma_2d(page + at * 128, map + b, k0 + ch * KC, row[s] + r, bar);
+          at += 128 >> b;
+        }
     p.ring.advance();
   }
 }
@@ -119,6 +135,7 @@ __device__ int mma_project(C& c, const bf16* x, int n) {
                           ? (SEGS * ((NMAX + 7) / 8) + NCW - 1) / NCW : 2;   // n-tiles a warp
   static_assert(XS >= 2, "x chunks: at least two stages");
   const int rp = padded8(n), tiles = SEGS * rp / 8;
+  const int cpp = chunks_a_page<C::PAGE_BYTES>(tiles * 1024);
   const int wn = n_groups<NCW>(tiles), wk = NCW / wn;
   const int gn = c.warp % wn, gk = c.warp / wn;
   unsigned char* xs = c.xs;
@@ -146,9 +163,10 @@ __device__ int mma_project(C& c, const bf16* x, int n) {
     cp_async_wait<XS - 2>();
     c.sync();                    // chunk ch landed for all; every warp done with chunk ch - 1
     load(ch + XS - 1);
-    mbar_wait(c.ring.full + c.ring.slot, c.ring.phase);
+    const int q = ch % cpp;    // the chunk's place in its page
+    if (q == 0) mbar_wait(c.ring.full + c.ring.slot, c.ring.phase);
     if (!c.drain) {
-      const unsigned char* wt = c.ring.page();
+      const unsigned char* wt = c.ring.page() + q * tiles * 1024;
       const unsigned char* xt = xs + (ch % XS) * XB;
 #pragma unroll
       for (int kk = 0; kk < KC / 16; ++kk) {
@@ -168,9 +186,11 @@ __device__ int mma_project(C& c, const bf16* x, int n) {
         }
       }
     }
-    __syncwarp();
-    if (c.lane == 0) mbar_arrive(c.ring.empty + c.ring.slot);
-    c.ring.advance();
+    if (q == cpp - 1 || ch == CH - 1) {
+      __syncwarp();
+      if (c.lane == 0) mbar_arrive(c.ring.empty + c.ring.slot);
+      c.ring.advance();
+    }
   }
   cp_async_wait<0>();
   if (c.drain) return wk;

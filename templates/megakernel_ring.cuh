@@ -18,6 +18,10 @@
 #ifndef MK_ACQUIRE_POLLS
 #define MK_ACQUIRE_POLLS 0   // a wait's polls: acquire atomics (1) or relaxed loads (0)
 #endif
+#ifndef MK_KV_AHEAD
+#define MK_KV_AHEAD 0   // L2 prefetches of a task's cache held until the consumers are at most
+                        // this many tasks behind it (0: never held)
+#endif
 #ifndef MK_ACQUIRE_TICKET
 #define MK_ACQUIRE_TICKET 0  // the fused combine's ticket: an acq_rel (1) or release (0) atomic
 #endif
@@ -175,16 +179,25 @@ struct PageRows {
 // (> 0): also at most that many bytes issued and not landed (pages of unequal fill).
 template <int NPAGE, int PAGE, int NCW, int FLIGHT, int FLIGHT_BYTES = 0>
 struct Producer {
+  static constexpr int PAGE_BYTES = PAGE;
   Ring<NPAGE, PAGE> ring;
   uint32_t issued = 0;
   uint32_t landed = 0, pending = 0;    // FLIGHT_BYTES: pages known landed, bytes not
   uint32_t sizes[FLIGHT_BYTES ? NPAGE : 1];
+  const volatile int* progress = nullptr;   // the consumers' task (MK_KV_AHEAD)
+  int task = 0;                             // the task whose pages are being copied
 
   template <int K>
   __device__ void stream(const bf16* src, int rows) {
     constexpr int R = PageRows<K, PAGE, NCW>::ROWS;
     for (int r0 = 0; r0 < rows; r0 += R)
       page(src + (int64_t)r0 * K, (uint32_t)min(R, rows - r0) * K * 2);
+  }
+  // Held until the consumers are at most MK_KV_AHEAD tasks behind this one: prefetches into
+  // L2 that run far ahead of their reader are evicted before it comes (many attention tasks).
+  __device__ void hold_prefetch() const {
+    if (MK_KV_AHEAD > 0 && progress != nullptr)
+      while (*progress < task - MK_KV_AHEAD) __nanosleep(64);
   }
   // `bytes` (a multiple of 16) from `src` into L2, no page taken, nothing waited for.
   __device__ void prefetch_l2(const void* src, uint32_t bytes) {

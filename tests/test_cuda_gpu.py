@@ -19,16 +19,20 @@ CUDA_TILE = TileConfig(norm_first=True, norm_sums=True, split_k=1, kv_split=128,
 
 
 FUSED = replace(CUDA_TILE, fuse_combine=True)
+SLICED = replace(FUSED, split_k=4, kv_split=256, kv_block=16)   # tensor cores' K slices
 
 
 @pytest.mark.parametrize("batch,tile,knobs", [(1, CUDA_TILE, {}), (2, CUDA_TILE, {}),
                                               (5, CUDA_TILE, {}), (1, FUSED, {}), (3, FUSED, {}),
                                               (1, FUSED, {"kv_ring": True}),
-                                              (3, CUDA_TILE, {"kv_ring": True})])
+                                              (3, CUDA_TILE, {"kv_ring": True}),
+                                              (17, CUDA_TILE, {"mma_chunks": 1}),
+                                              (17, SLICED, {"kv_ahead": 2})])
 def test_cuda_backend_is_as_accurate_as_bf16_eager(batch, tile, knobs):
     """tile: also with fused combines (each unit merged by its last attention piece); knobs:
     the CUDA kernel's own (keys and values through the ring; the cache's unwritten rows are NaN,
-    so a stale row read from a page would show)."""
+    so a stale row read from a page would show; tensor-core pages of one chunk; attention's
+    L2 prefetches held near the consumers)."""
     assert_as_accurate_as_eager(teacher_forced("llama-3.2-1b", batch, kernel="cuda",
                                                cuda=knobs, tile=tile), batch)
 

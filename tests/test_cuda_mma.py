@@ -125,3 +125,28 @@ def test_tensor_core_flight_is_in_bytes_unless_pages_are_asked():
     pages = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), flight=3)
     assert "65536 bytes in flight" in auto.source
     assert "3 copies, any bytes in flight" in pages.source
+
+
+@pytest.mark.parametrize("knobs,match", [({"mma_chunks": 3}, "mma_chunks=3"),
+                                         ({"mma_page_kib": 0}, "mma_page_kib=0"),
+                                         ({"kv_ahead": -1}, "kv_ahead=-1")])
+def test_tensor_core_knobs_out_of_range_are_refused(knobs, match):
+    c = compiled(17)
+    with pytest.raises(ValueError, match=match):
+        generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), **knobs)
+
+
+@nvcc
+@pytest.mark.parametrize("knobs,line", [({"mma_chunks": 1}, "#define MK_CHUNKS 1"),
+                                        ({"kv_ahead": 2}, "#define MK_KV_AHEAD 2")])
+def test_tensor_core_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
+    """One 64-column chunk a page (a narrow task's pages part-filled), and attention's L2
+    prefetches held two tasks ahead of the consumers, build without spills."""
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    c = compiled(17)
+    src = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), **knobs)
+    assert line in src.source
+    log = build_cubin(src.source).with_suffix(".log").read_text()
+    assert "0 bytes spill stores" in log, log
