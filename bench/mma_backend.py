@@ -61,18 +61,22 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
 
 
 def backend_source(batch: int, k: int, rows: int, cluster: int = 1,
-                   flight_kib: int = MMA_FLIGHT // 1024) -> tuple[str, int]:
-    """The kernel for one shape and its dynamic shared memory: pages of a chunk of ``rows``
-    rows, as many as fit beside x's stages and acc, at most ``flight_kib`` KiB of them in
-    flight (0: as many as the ring holds)."""
+                   flight_kib: int = MMA_FLIGHT // 1024,
+                   page_kib: int = MMA_PAGE // 1024) -> tuple[str, int]:
+    """The kernel for one shape and its dynamic shared memory: pages of ``page_kib`` KiB (a
+    chunk of ``rows`` rows at least; as many chunks as fit, up to MK_CHUNKS), as many as fit
+    beside x's stages and acc, at most ``flight_kib`` KiB of them in flight (0: as many as the
+    ring holds)."""
     if cluster != 1 or rows % 8 or rows > 128:
         raise SystemExit(f"backend form: tasks of 8-128 rows (a multiple of 8), no clusters; "
                          f"not {rows} in clusters of {cluster}")
     xs = x_stages(batch)
     xbytes = xs * -(-batch // 16) * 16 * 2 * KC
-    page = max(MMA_PAGE, -(-rows * 128 // 1024) * 1024)   # chunks a page as the backend fills
+    page = max(page_kib * 1024, -(-rows * 128 // 1024) * 1024)
     fixed = xbytes + 4 * mma_parts(1, rows) * batch + 1024
     npage = min(32, (SMEM_LIMIT - fixed) // (page + 16))
+    if npage < 2:
+        raise SystemExit(f"backend form: pages of {page} bytes, fewer than two fit")
     source = (f"constexpr int NCW = {NCW}, NPAGE = {npage}, PAGE = {page}, B = {batch}, "
               f"K = {k}, ROWS = {rows}, XS = {xs}, XBYTES = {xbytes}, "
               f"FLIGHT_BYTES = {flight_kib * 1024};\n") + SOURCE

@@ -26,7 +26,7 @@ form (the CUDA backend's own projection body, alone).
 
     python -m megakernel.bench.mma_cuda --batches 16,32,64 --forms rows,tiles,backend \\
         [--rows 16,32] [--tile-rows 128,256] [--clusters 1,2,4] [--backend-rows 32,64,128] \\
-        [--n 65536 --k 2048]
+        [--flight-kib 64,0] [--page-kib 16,32] [--n 65536 --k 2048]
 
 Prints microseconds a launch and the weights' TB/s of each (batch, form, rows) beside
 ``torch.mm`` on the same operands; every launch's y is checked against an fp32 product.
@@ -222,6 +222,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend-rows", default="32,64,128", help="weight rows a task, backend form")
     ap.add_argument("--flight-kib", default="64",
                     help="backend form: KiB of weight pages in flight at most (0: the ring)")
+    ap.add_argument("--page-kib", default="16",
+                    help="backend form: KiB a ring page (as many 64-column chunks as fit, up "
+                         "to 4)")
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=50)
@@ -233,8 +236,9 @@ def main(argv=None) -> int:
     stream = torch.cuda.current_stream().cuda_stream
     shapes = {"rows": [(r, 1, {}) for r in _ints(args.rows)],
               "tiles": [(r, c, {}) for r in _ints(args.tile_rows) for c in _ints(args.clusters)],
-              "backend": [(r, 1, {"flight_kib": f}) for r in _ints(args.backend_rows)
-                          for f in _ints(args.flight_kib)]}
+              "backend": [(r, 1, {"flight_kib": f, "page_kib": p})
+                          for r in _ints(args.backend_rows) for f in _ints(args.flight_kib)
+                          for p in _ints(args.page_kib)]}
     for batch in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(batch, k, device="cuda").bfloat16()
         ref = x.float() @ w.float().T                                    # [B, N]
