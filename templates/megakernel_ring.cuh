@@ -59,9 +59,23 @@ __device__ __forceinline__ bool mbar_done(uint64_t* bar, uint32_t parity) {
       : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
   return ok != 0;
 }
+__device__ __forceinline__ int64_t globaltimer() {
+  int64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Waits for a ring barrier's phase. No wait of a working kernel comes near MK_RING_SPINS polls
+// (a page lands within a memory latency; a page is freed within a counter wait, whose own
+// watchdog drains the ring; 2^31 polls of a phase not yet complete take tens of seconds at
+// the least): past it the barrier will never complete (a bug), and the launch stops with a
+// trap (an unspecified launch failure on the host) instead of hanging for ever.
+#ifndef MK_RING_SPINS
+#define MK_RING_SPINS (1u << 31)
+#endif
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  while (!mbar_done(bar, parity)) {
-  }
+  for (uint32_t spins = 0; !mbar_done(bar, parity);)
+    if (++spins == MK_RING_SPINS) __trap();
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
                                           uint64_t* bar) {
@@ -127,12 +141,6 @@ __device__ bool wait_counters(const int* waits, int* counters, int* error, int f
 // Release: called by one thread after every consumer's stores of the task (consumers_sync).
 __device__ __forceinline__ void signal_counter(int* counters, int c) {
   if (c >= 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counters + c) : "memory");
-}
-
-__device__ __forceinline__ int64_t globaltimer() {
-  int64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 // ---- the weight ring ----

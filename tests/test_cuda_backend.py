@@ -15,6 +15,13 @@ from megakernel.models import load_model
 CUDA_TILE = TileConfig(norm_first=True, norm_sums=True, split_k=1)
 
 
+def no_spills(log: str) -> bool:
+    """ptxas's report (``build_cubin``'s .log) names spills of no function (the kernel and
+    any function it calls)."""
+    counts = re.findall(r"(\d+) bytes spill (?:stores|loads)", log)
+    return bool(counts) and not any(int(c) for c in counts)
+
+
 def compiled(name="tiny-llama", batch=1, tile=CUDA_TILE, workers=16):
     model = load_model(name, progress=False, dtype="bfloat16").model
     return compile_model(model, CompileOptions(batch, 64, tile=tile, num_workers=workers))
@@ -65,7 +72,7 @@ def test_builds_for_sm90a_without_spills(batch, lanes, tile, kv_ring, kv_l2, tmp
     cubin = build_cubin(src.source)
     assert cubin.stat().st_size > 0
     log = cubin.with_suffix(".log").read_text()
-    assert "0 bytes spill stores" in log, log
+    assert no_spills(log), log
 
 
 @pytest.mark.parametrize("label", ["64x256x4x16xs3xkv16xkb16xnf0xsk4",
@@ -101,7 +108,7 @@ def test_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
     src = generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), **knobs)
     assert line in src.source
     log = build_cubin(src.source).with_suffix(".log").read_text()
-    assert "0 bytes spill stores" in log, log
+    assert no_spills(log), log
 
 
 @pytest.mark.parametrize("knobs", [{"probe": 5}, {"flight": 0}, {"acquire": "all"}])
@@ -130,7 +137,7 @@ def test_hop_benchmark_builds_without_spills(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
     log = build_cubin(SOURCE).with_suffix(".log").read_text()
-    assert "0 bytes spill stores" in log, log
+    assert no_spills(log), log
 
 
 def test_hop_reference_is_a_mean_field_per_round():
@@ -156,7 +163,7 @@ def test_mma_benchmark_builds_without_spills(batch, rows, tmp_path, monkeypatch)
     groups = ring_groups(batch, 2048, rows)
     assert rows // 8 <= groups and smem_bytes(batch, 2048, groups) <= SMEM_LIMIT
     log = build_cubin(config_source(batch, 2048, rows, groups)).with_suffix(".log").read_text()
-    assert "0 bytes spill stores" in log, log
+    assert no_spills(log), log
 
 
 def test_mma_benchmark_refuses_a_task_larger_than_the_ring():
@@ -178,7 +185,7 @@ def test_mma_tiles_form_builds_without_spills(batch, rows, cluster, tmp_path, mo
     source, smem = tiles_source(batch, 2048, rows, cluster)
     assert smem <= SMEM_LIMIT
     log = build_cubin(source).with_suffix(".log").read_text()
-    assert "0 bytes spill stores" in log, log
+    assert no_spills(log), log
 
 
 @pytest.mark.parametrize("rows,cluster,match", [(64, 1, "64 rows a task"),

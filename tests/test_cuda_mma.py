@@ -5,6 +5,7 @@ without spills. Its results are compared on the GPU in test_cuda_gpu.py."""
 import shutil
 
 import pytest
+from test_cuda_backend import no_spills
 
 from megakernel.compiler.cuda_codegen import MMA_FROM, NCW, generate_cuda, mma_parts
 from megakernel.compiler.pipeline import CompileOptions, compile_model
@@ -93,7 +94,7 @@ def test_tensor_core_kernel_builds_without_spills(batch, tmp_path, monkeypatch):
         - {0}
     src = generate_cuda(c.encoded, "tiny", batch, len(c.tasks.tasks))
     log = build_cubin(src.source).with_suffix(".log").read_text()
-    assert "0 bytes spill stores" in log, log
+    assert no_spills(log), log
 
 
 @nvcc
@@ -108,7 +109,7 @@ def test_backend_benchmark_form_builds_without_spills(batch, rows, flight, tmp_p
     source, smem = backend_source(batch, 2048, rows, 1, flight)
     assert smem <= SMEM_LIMIT
     log = build_cubin(source).with_suffix(".log").read_text()
-    assert "0 bytes spill stores" in log, log
+    assert no_spills(log), log
 
 
 @pytest.mark.parametrize("rows,cluster", [(12, 1), (256, 1), (64, 2)])
@@ -149,4 +150,4 @@ def test_tensor_core_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
     src = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), **knobs)
     assert line in src.source
     log = build_cubin(src.source).with_suffix(".log").read_text()
-    assert "0 bytes spill stores" in log, log
+    assert no_spills(log), log
