@@ -21,28 +21,16 @@ from __future__ import annotations
 import ctypes
 
 from megakernel.bench.mma_cuda import MMA16816, padded
-from megakernel.compiler.cuda_codegen import SMEM_LIMIT
-
-KC = 64                          # k a stage: 128 bytes a row, the swizzle's span
+from megakernel.compiler.cuda_codegen import KC, SMEM_LIMIT   # KC: k a stage, 128 bytes a row
 
 SOURCE = r"""
-#include <cuda.h>
-#include "megakernel_ring.cuh"
+#include "megakernel_mma.cuh"   // tma_2d, ldsm_x4, swz, KC
 using namespace mk;
-constexpr int NCW = 8, NT = NCW * 32, KC = 64;
+constexpr int NCW = 8, NT = NCW * 32;
 constexpr int BP = (B + 15) / 16 * 16, MT = BP / 16;   // x rows padded to m-tiles
 constexpr int WR = ROWS / NCW, NTW = WR / 8;           // rows a warp, its n-tiles
 constexpr int WBYTES = ROWS * 128, STAGE = WBYTES + BP * 128, CHUNKS = K / KC;
 static_assert(ROWS % 128 == 0 && ROWS <= 256 && K % KC == 0 && BP <= 256, "shape");
-
-__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int col, int row,
-                                       uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row),
-      "r"(smem_u32(bar)) : "memory");
-}
 
 // the same copy into the same offset of every block of the cluster in `mask`, each block's
 // barrier at `bar`'s offset told of its bytes
@@ -74,14 +62,6 @@ __device__ __forceinline__ void arrive_remote(uint64_t* bar, uint32_t rank) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(addr)
                : "memory");
 }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const unsigned char* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
-
-// byte offset of row r's 16-byte piece c in a 128-byte-swizzled tile
-__device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 """ + MMA16816 + r"""
 // The consumer warps: each task's chunks as they land, then its rows of y.
