@@ -202,6 +202,7 @@ class CudaStep(MegakernelStep):
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")
+        self.maps = weight_maps(self.driver, self.weights, self.cuda.map_ks)   # arena now bound
 
     def _load_kernel(self, compiled, device):
         """Generate, build and load the CUDA kernel (instead of the Triton module)."""
@@ -218,16 +219,11 @@ class CudaStep(MegakernelStep):
         return self.driver.load(build_cubin(self.cuda.source), self.cuda.kernel_name,
                                 self.cuda.smem)
 
-    def _maps(self) -> TensorMap:
-        if getattr(self, "maps", None) is None:      # the arena is bound after the kernel loads
-            self.maps = weight_maps(self.driver, self.weights, self.cuda.map_ks)
-        return self.maps
-
     def launch(self, kv_cache: torch.Tensor) -> None:
         """The Triton launch's arguments (``launch_args``, same order), then the trace switch."""
         self.epoch += 1
         args, _ = launch_args(self, kv_cache, self.compiled.options, self.trace_mode)
         c_args = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a)
-                  for a in args] + [ctypes.c_int(1 if self.trace_mode else 0), self._maps().param]
+                  for a in args] + [ctypes.c_int(1 if self.trace_mode else 0), self.maps.param]
         self.driver.launch(self.kernel, self.cuda.num_workers, self.cuda.threads,
                            self.cuda.smem, torch.cuda.current_stream().cuda_stream, c_args)

@@ -1,4 +1,4 @@
-// Tensor-core projections of the CUDA backend (MK_MMA, from 5 batch rows on): the producer's
+// Tensor-core projections of the CUDA backend (Ctx's MMA, from 5 batch rows on): the producer's
 // weight tiles by TMA and the consumers' x chunks and mma.sync products.
 //
 // A projection task of SEGS segments of n weight rows each (n0.. of each segment's matrix),

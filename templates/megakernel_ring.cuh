@@ -59,12 +59,6 @@ __device__ __forceinline__ bool mbar_done(uint64_t* bar, uint32_t parity) {
       : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
   return ok != 0;
 }
-__device__ __forceinline__ int64_t globaltimer() {
-  int64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // Waits for a ring barrier's phase. No wait of a working kernel comes near MK_RING_SPINS polls
 // (a page lands within a memory latency; a page is freed within a counter wait, whose own
 // watchdog drains the ring; 2^31 polls of a phase not yet complete take tens of seconds at
@@ -141,6 +135,12 @@ __device__ bool wait_counters(const int* waits, int* counters, int* error, int f
 // Release: called by one thread after every consumer's stores of the task (consumers_sync).
 __device__ __forceinline__ void signal_counter(int* counters, int c) {
   if (c >= 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counters + c) : "memory");
+}
+
+__device__ __forceinline__ int64_t globaltimer() {
+  int64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 // ---- the weight ring ----
