@@ -37,6 +37,7 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
       mbar_init(full + s, 1);
       mbar_init(empty + s, NCW);
     }
+    C::init_x(xs, maps.x, x);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -62,31 +63,33 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
 
 def backend_source(batch: int, k: int, rows: int, cluster: int = 1,
                    flight_kib: int = MMA_FLIGHT // 1024,
-                   page_kib: int = MMA_PAGE // 1024) -> tuple[str, int]:
+                   page_kib: int = MMA_PAGE // 1024, x_stages_: int = 0,
+                   chunks: int = 4) -> tuple[str, int]:
     """The kernel for one shape and its dynamic shared memory: pages of ``page_kib`` KiB (a
-    chunk of ``rows`` rows at least; as many chunks as fit, up to MK_CHUNKS), as many as fit
-    beside x's stages and acc, at most ``flight_kib`` KiB of them in flight (0: as many as the
-    ring holds)."""
+    chunk of ``rows`` rows at least; as many chunks as fit, up to ``chunks``), as many as fit
+    beside x's stages (``x_stages_``; 0: the backend's choice) and acc, at most
+    ``flight_kib`` KiB of them in flight (0: as many as the ring holds)."""
     if cluster != 1 or rows % 8 or rows > 128:
         raise SystemExit(f"backend form: tasks of 8-128 rows (a multiple of 8), no clusters; "
                          f"not {rows} in clusters of {cluster}")
-    xs = x_stages(batch)
-    xbytes = xs * -(-batch // 16) * 16 * 2 * KC
+    xs = x_stages_ or x_stages(batch)
+    xbytes = xs * (-(-batch // 16) * 16 * 2 * KC + 16) + 16
     page = max(page_kib * 1024, -(-rows * 128 // 1024) * 1024)
     fixed = xbytes + 4 * mma_parts(1, rows) * batch + 1024
     npage = min(32, (SMEM_LIMIT - fixed) // (page + 16))
     if npage < 2:
         raise SystemExit(f"backend form: pages of {page} bytes, fewer than two fit")
-    source = (f"constexpr int NCW = {NCW}, NPAGE = {npage}, PAGE = {page}, B = {batch}, "
+    source = (f"#define MK_CHUNKS {chunks}\n"
+              f"constexpr int NCW = {NCW}, NPAGE = {npage}, PAGE = {page}, B = {batch}, "
               f"K = {k}, ROWS = {rows}, XS = {xs}, XBYTES = {xbytes}, "
               f"FLIGHT_BYTES = {flight_kib * 1024};\n") + SOURCE
     return source, fixed + npage * (page + 16)
 
 
 def backend_args(driver, x, w, y, rows: int) -> list:
-    """Launch arguments: W's maps (W as the arena), W, x, y, N."""
-    from megakernel.runtime.cuda_step import weight_maps
+    """Launch arguments: W's and x's maps (W and x as the arenas), W, x, y, N."""
+    from megakernel.runtime.cuda_step import kernel_maps
 
-    maps = weight_maps(driver, w.view(-1), (w.shape[1],))
+    maps = kernel_maps(driver, w.view(-1), (w.shape[1],), x.view(-1), x.shape[0])
     return [maps.param, ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(x.data_ptr()),
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(w.shape[0])]

@@ -225,6 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("--page-kib", default="16",
                     help="backend form: KiB a ring page (as many 64-column chunks as fit, up "
                          "to 4)")
+    ap.add_argument("--x-stages", default="0",
+                    help="backend form: stages of x's chunks (0: the backend's choice)")
+    ap.add_argument("--chunks", default="4", help="backend form: chunks a page at most")
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=50)
@@ -236,9 +239,11 @@ def main(argv=None) -> int:
     stream = torch.cuda.current_stream().cuda_stream
     shapes = {"rows": [(r, 1, {}) for r in _ints(args.rows)],
               "tiles": [(r, c, {}) for r in _ints(args.tile_rows) for c in _ints(args.clusters)],
-              "backend": [(r, 1, {"flight_kib": f, "page_kib": p})
+              "backend": [(r, 1, {"flight_kib": f, "page_kib": p, "x_stages_": xs,
+                                  "chunks": c})
                           for r in _ints(args.backend_rows) for f in _ints(args.flight_kib)
-                          for p in _ints(args.page_kib)]}
+                          for p in _ints(args.page_kib) for xs in _ints(args.x_stages)
+                          for c in _ints(args.chunks)]}
     for batch in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(batch, k, device="cuda").bfloat16()
         ref = x.float() @ w.float().T                                    # [B, N]

@@ -199,7 +199,7 @@ class Geometry:
     acc: int      # floats of a task's row parts
     tmp: int      # floats of epilogue / attention-merge scratch
     mma: bool = False   # projections on tensor cores
-    xbytes: int = 0     # their x chunks' stages
+    xbytes: int = 0     # their x chunks' stages, the stages' barriers, x's maps (XStages)
 
     def smem(self, batch: int) -> int:   # + slack to align the pages on 1024 bytes
         return (self.page * self.npage + self.xbytes + 16 * self.npage
@@ -210,17 +210,21 @@ def padded(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def mma_groups(tiles: int) -> int:
+    """Warp groups over a tensor-core task's 8-row tiles (``n_groups`` in megakernel_mma.cuh):
+    two tiles a warp at most, a power of two up to NCW; the NCW / groups warps of a group split
+    the chunks, each a part of acc."""
+    groups = 1
+    while groups < NCW and 2 * groups < tiles:
+        groups *= 2
+    return groups
+
+
 def mma_parts(segs: int, rows: int) -> int:
     """Floats a batch row of acc a tensor-core task of ``segs`` x ``rows`` weight rows (or fewer)
-    takes: its rows times its k-step groups (``mma_project``: NCW / the largest power of two up
-    to its 8-row tiles)."""
-    most = 0
-    for n in range(1, rows + 1):
-        tiles, groups = segs * padded(n, 8) // 8, NCW
-        while groups > 1 and groups > tiles:
-            groups //= 2
-        most = max(most, segs * n * NCW // groups)
-    return most
+    takes: its rows times its parts (NCW / ``mma_groups``)."""
+    return max(segs * n * NCW // mma_groups(segs * padded(n, 8) // 8)
+               for n in range(1, rows + 1))
 
 
 def _proj_geometry(proj: list, batch: int, mma: int) -> tuple[int, int]:
@@ -258,7 +262,7 @@ def geometry(enc: Encoded, batch: int, mma: int = 0) -> Geometry:
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
-    xbytes = x_stages(batch) * padded(batch, 16) * 2 * KC if mma else 0
+    xbytes = x_stages(batch) * (padded(batch, 16) * 2 * KC + 16) + 16 if mma else 0  # + barriers, maps
     geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma > 0, xbytes)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
         geo = Geometry(page, geo.npage - 1, acc, tmp, mma > 0, xbytes)

@@ -16,6 +16,7 @@ the word itself, which other opcodes read as other fields. Field order comes fro
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,17 +49,21 @@ class Encoded:
                                  # replaces them by the weight's arena offset / ALIGN)
 
 
-def _pack(buffers, space: str) -> tuple[dict, int]:
+def _pack(buffers, space: str, align: int = ALIGN) -> tuple[dict, int]:
     offsets, top = {}, 0
     for name in sorted(b.name for b in buffers.values() if b.space == space):
         offsets[name] = top
-        top += -(-buffers[name].numel // ALIGN) * ALIGN
+        top += -(-buffers[name].numel // align) * align
     return offsets, top
 
 
 def plan_memory(graph: TaskGraph) -> MemoryPlan:
+    """Activations start on whole rows of every weight matrix's row length (the CUDA kernel's
+    tensor copies read a projection's x as rows of the arena, ``megakernel_mma.cuh``)."""
     bufs = graph.ops.buffers
-    act, act_n = _pack(bufs, "act")
+    row = math.lcm(ALIGN, *(b.shape[-1] for b in bufs.values()
+                            if b.space == "weight" and len(b.shape) == 2))
+    act, act_n = _pack(bufs, "act", row)
     f32, f32_n = _pack(bufs, "f32")
     weights = tuple(sorted(b.name for b in bufs.values() if b.space == "weight"))
     return MemoryPlan(weights, act, act_n, f32, f32_n)

@@ -67,17 +67,24 @@ class TensorMap:
         self.address = ctypes.addressof(self.param)
 
 
-def weight_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...]) -> TensorMap:
+def kernel_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...],
+                act: torch.Tensor | None = None, batch: int = 0) -> TensorMap:
     """The CUDA kernel's ``mk::Maps``: for each row length K of ``ks``, the weight arena read as
-    [rows, K] in boxes of 128, 64, 32, 16 and 8 rows by 64 columns (``megakernel_mma.cuh``);
-    one blank entry's worth where ``ks`` is empty (projections on CUDA cores)."""
-    from megakernel.compiler.cuda_codegen import KC, NBOX
+    [rows, K] in boxes of 128, 64, 32, 16 and 8 rows by 64 columns, then the activation arena
+    ``act`` read as [rows, K] in boxes of ``batch`` rows padded to 16 (x's chunks,
+    ``megakernel_mma.cuh``); one blank entry's worth where ``ks`` is empty (projections on
+    CUDA cores)."""
+    from megakernel.compiler.cuda_codegen import KC, NBOX, padded
 
-    maps = TensorMap(NBOX * max(1, len(ks)))
+    n = max(1, len(ks))
+    maps = TensorMap((NBOX + 1) * n)
     for i, k in enumerate(ks):
         for b in range(NBOX):
             driver.tensor_map(arena.data_ptr(), arena.numel() // k, k, 128 >> b, KC,
                               into=maps.address + 128 * (i * NBOX + b))
+        if act is not None:
+            driver.tensor_map(act.data_ptr(), act.numel() // k, k, padded(batch, 16), KC,
+                              into=maps.address + 128 * (n * NBOX + i))
     return maps
 
 
@@ -202,7 +209,8 @@ class CudaStep(MegakernelStep):
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")
-        self.maps = weight_maps(self.driver, self.weights, self.cuda.map_ks)   # arena now bound
+        self.maps = kernel_maps(self.driver, self.weights, self.cuda.map_ks, self.act,
+                                compiled.ops.dims.batch)   # arenas now bound
 
     def _load_kernel(self, compiled, device):
         """Generate, build and load the CUDA kernel (instead of the Triton module)."""

@@ -9,7 +9,7 @@
 // after the last page (deterministic).
 //
 // MMA (from 5 batch rows on): the projection on tensor cores instead (megakernel_mma.cuh), x's
-// chunks through a ring of XS stages at `xs`.
+// chunks through XS stages at `xs` (XStages: tensor copies from maps of the activations).
 #pragma once
 #include "megakernel_mma.cuh"
 
@@ -82,11 +82,18 @@ struct Ctx {
   Ring<NPAGE, PAGE> ring;
   float* acc;     // [rows, parts, B] a task's row parts
   float* tmp;     // scratch of the epilogues and of attention's merge
-  unsigned char* xs;   // MMA: x's chunks [XS, B padded to 16, 64]
+  unsigned char* xs;   // MMA: x's chunks [XS, B padded to 16, 64], then their barriers
   int t, warp, lane;
   int parts = 1;  // MMA: parts a row of acc (the k-step groups of the last projection)
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
   int64_t probe_t = 0;  // MK_PROBE > 0 (traces only): when thread 0 passed mark MK_PROBE
+  uint32_t xn = 0;      // MMA: x's chunks taken so far
+
+  // MMA: x's barriers and maps (over the buffer at `base`) set up (thread 0, before the
+  // launch's first barrier)
+  static __device__ void init_x(unsigned char* xs, const CUtensorMap* maps, const bf16* base) {
+    if constexpr (MMA) XStages<B, XS>::init(xs, NCW, maps, base);
+  }
 
   __device__ void mark(int k) {
     if (MK_PROBE == k && t == 0) probe_t = globaltimer();
@@ -100,7 +107,7 @@ struct Ctx {
   template <int K, int SEGS, int NMAX>
   __device__ void project(const bf16* x, int rows) {
     if constexpr (MMA) {
-      parts = mma_project<Ctx, B, K, K, SEGS, NMAX, XS>(*this, x, rows);
+      parts = mma_project<Ctx, B, K, K, SEGS, NMAX, XS>(*this, x, 0, rows);
       sync();
       mark(2);
     } else {
@@ -112,7 +119,7 @@ struct Ctx {
   template <int XK, int KS, int NMAX>
   __device__ void project_slice(const bf16* x, int k0, int rows) {
     static_assert(MMA, "K slices are built for tensor-core projections only");
-    parts = mma_project<Ctx, B, XK, KS, 1, NMAX, XS>(*this, x + k0, rows);
+    parts = mma_project<Ctx, B, XK, KS, 1, NMAX, XS>(*this, x, k0, rows);
     sync();
   }
 

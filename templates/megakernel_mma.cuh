@@ -7,16 +7,21 @@
 // ring page (as many chunks a page as fit it, up to MK_CHUNKS: a narrow task's pages full too)
 // with TMA tensor copies (maps over the weight arena as [rows, K], one a row length
 // and box height; 128-byte swizzle: row r's 16-byte piece c at r * 128 + (c ^ r % 8) * 16, the
-// page 1024-byte aligned). The consumers copy x's chunk [B, 64] (row stride XK) into a ring of
-// XS stages of shared memory with cp.async (from L2, the same swizzle, rows past B never
-// written: their products are never read), and multiply: the page's n-tiles (8 rows) are split
-// between WN warp groups and each 16-wide k-step of the chunks between NCW / WN groups (fewer
-// than 8 n-tiles: the k-steps split too), fragments by ldmatrix, mma.sync.m16n8k16 (bf16 in,
+// page 1024-byte aligned). x's chunk [B padded to 16, 64] comes into one of XS stages by a
+// tensor copy too (a map of x's row length; its rows past B: whatever follows x, or zeros past
+// the map's end; their products are never read). The consumer warps multiply each on their own,
+// no barrier between them: the page's n-tiles (8 rows) are split
+// between WN warp groups (about two tiles a warp) and the chunks between the NCW / WN warps of
+// a group (WK), fragments by ldmatrix, mma.sync.m16n8k16 (bf16 in,
 // fp32 accumulators). The accumulators land in acc [SEGS * n, WK, B] (row s * n + r of the
 // segments, WK parts a row, summed in a fixed order by Ctx::result): the op bodies' epilogues
 // read them as they read the CUDA-core projection's.
 #pragma once
 #include <cuda.h>
+
+#ifndef MK_XKS
+#define MK_XKS 0   // the row lengths of x's maps (tensor cores), in the kernel's Maps order
+#endif
 #include "megakernel_ring.cuh"
 
 namespace mk {
@@ -48,18 +53,6 @@ __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int co
       "r"(smem_u32(bar)) : "memory");
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const unsigned char* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
@@ -82,19 +75,31 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4],
 // Rows of a page a segment of n rows takes (whole 8-row boxes).
 __device__ __forceinline__ int padded8(int n) { return (n + 7) & ~7; }
 
-// Warp groups over a task's n-tiles: as many as there are tiles, up to NCW (a power of two).
+// Warp groups over a task's n-tiles: two tiles a warp at most (a power of two up to NCW); the
+// NCW / groups warps of a group take every that-many-th chunk (a narrow task's chunks are read
+// by several warps at once: each warp's chain of loads and products a chunk is long).
 template <int NCW>
-__device__ __forceinline__ int n_groups(int tiles) {
-  int g = NCW;
-  while (g > 1 && g > tiles) g >>= 1;
+__host__ __device__ constexpr int n_groups(int tiles) {
+  int g = 1;
+  while (g < NCW && 2 * g < tiles) g <<= 1;
   return g;
 }
+// n-tiles a warp holds at most, for tasks of up to `most` tiles
+template <int NCW>
+__host__ __device__ constexpr int tiles_a_warp(int most) {
+  int w = 1;
+  for (int t = 1; t <= most; ++t) w = (t + n_groups<NCW>(t) - 1) / n_groups<NCW>(t) > w
+                                          ? (t + n_groups<NCW>(t) - 1) / n_groups<NCW>(t) : w;
+  return w;
+}
 
-// The TMA maps of the weight arena, NBOX a row length of NK row lengths (the kernel's
-// __grid_constant__ parameter), and the arena's first element (row coordinates).
+// The TMA maps of the weight arena, NBOX a row length of NK row lengths, then x's (the
+// activation arena read as [rows, K] in boxes of B padded to 16 rows), one a row length (the
+// kernel's __grid_constant__ parameter).
 template <int NK>
 struct Maps {
   CUtensorMap m[NK * NBOX];
+  CUtensorMap x[NK];
 };
 
 // The producer's copies of a tensor-core task: for each 64-column chunk of [k0, k0 + KS), each
@@ -126,31 +131,79 @@ __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
   }
 }
 
+// x's chunks of a worker's consumers: XS stages of [B padded to 16, 64] (128-byte swizzle),
+// then a full barrier a stage (its tensor copy landed), an empty one (every consumer warp done
+// with it), and where the copies come from: x's maps, one a row length of MK_XKS, over the
+// buffer at `base` (kept here for the one thread that copies, not in every thread's registers).
+template <int B, int XS>
+struct XStages {
+  static constexpr int STAGE = (B + 15) / 16 * 16 * 128, BYTES = XS * (STAGE + 16) + 16;
+  struct Source {
+    const CUtensorMap* maps;
+    const bf16* base;
+  };
+  static __device__ uint64_t* full(unsigned char* xs) {
+    return reinterpret_cast<uint64_t*>(xs + XS * STAGE);
+  }
+  static __device__ Source* source(unsigned char* xs) {
+    return reinterpret_cast<Source*>(full(xs) + 2 * XS);
+  }
+  static __device__ void init(unsigned char* xs, int ncw, const CUtensorMap* maps,
+                              const bf16* base) {
+    for (int s = 0; s < XS; ++s) {
+      mbar_init(full(xs) + s, 1);
+      mbar_init(full(xs) + XS + s, ncw);
+    }
+    *source(xs) = Source{maps, base};
+  }
+};
+
+// x's map of row length XK among MK_XKS's
+template <int XK>
+__device__ __forceinline__ const CUtensorMap* xmap(const CUtensorMap* maps) {
+  constexpr int KS[] = {MK_XKS};
+  int i = 0;
+  while (i < (int)(sizeof(KS) / sizeof(int)) - 1 && KS[i] != XK) ++i;
+  return maps + i;
+}
+
+// x's stores (generic proxy, acquired or ordered by a barrier) before tensor copies read it
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 // The consumers' side: acc [SEGS * n, WK, B] of x [B, XK] columns [k0, k0 + KS) times the
-// pages' rows; returns WK. Every warp waits for and frees every page (also when draining).
+// pages' rows; returns WK. x's chunks come by tensor copies (x at row (x - base) / XK of its
+// map, XStages::Source) into XStages, requested by thread 0 XS - 2 chunks ahead of the one
+// read (its stage's last reader two chunks behind), c.xn counting the chunks taken; each warp
+// waits for its chunks and pages and frees them on its own. Every warp waits for and frees every
+// page (also when draining; x is then neither copied nor counted).
 template <class C, int B, int XK, int KS, int SEGS, int NMAX, int XS>
-__device__ int mma_project(C& c, const bf16* x, int n) {
+__device__ int mma_project(C& c, const bf16* x, int k0, int n) {
   constexpr int NCW = C::NCW, MT = (B + 15) / 16, CH = (KS + KC - 1) / KC, XB = MT * 16 * 128;
-  constexpr int TPW = (SEGS * ((NMAX + 7) / 8) + NCW - 1) / NCW > 2
-                          ? (SEGS * ((NMAX + 7) / 8) + NCW - 1) / NCW : 2;   // n-tiles a warp
-  static_assert(XS >= 2, "x chunks: at least two stages");
+  constexpr int TPW = tiles_a_warp<NCW>(SEGS * ((NMAX + 7) / 8));   // n-tiles a warp
+  constexpr int AHEAD = XS - 2;
+  static_assert(XS >= 3, "x chunks: at least three stages");
+  static_assert(KS % 16 == 0 || KS == XK, "a K slice of whole k-steps (past x's row: zeros)");
   const int rp = padded8(n), tiles = SEGS * rp / 8;
   const int cpp = chunks_a_page<C::PAGE_BYTES>(tiles * 1024);
   const int wn = n_groups<NCW>(tiles), wk = NCW / wn;
   const int gn = c.warp % wn, gk = c.warp / wn;
-  unsigned char* xs = c.xs;
-  auto load = [&](int ch) {      // x's chunk ch into its stage, as one cp.async group
-    if (!c.drain && ch < CH)
-      for (int i = c.t; i < B * 8; i += C::NT) {
-        unsigned char* dst = xs + (ch % XS) * XB + swz(i / 8, i % 8);
-        const int col = ch * KC + (i % 8) * 8;
-        if (KS % KC == 0 || col < KS)
-          cp_async16(dst, x + (int64_t)(i / 8) * XK + col);
-        else   // past the slice: zeros, whatever the weights' columns there hold
-          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      }
-    cp_async_commit();
+  uint64_t* xfull = XStages<B, XS>::full(c.xs);
+  uint64_t* xempty = xfull + XS;
+  const uint32_t x0 = c.xn;
+  auto request = [&](int ch) {   // thread 0: x's chunk ch, once its stage's last reader is done
+    const uint32_t g = x0 + ch, s = g % XS;
+    const typename XStages<B, XS>::Source src = *XStages<B, XS>::source(c.xs);
+    if (g >= XS) mbar_wait(xempty + s, (g / XS - 1) & 1);
+    mbar_expect(xfull + s, XB);
+    tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + ch * KC, (int)((x - src.base) / XK),
+           xfull + s);
   };
+  if (!c.drain && c.t == 0) {
+    fence_proxy_async();
+    for (int ch = 0; ch < AHEAD && ch < CH; ++ch) request(ch);
+  }
   float acc[MT][TPW][4];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
@@ -158,33 +211,37 @@ __device__ int mma_project(C& c, const bf16* x, int n) {
     for (int j = 0; j < TPW; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
-  for (int ch = 0; ch < XS - 1; ++ch) load(ch);
   for (int ch = 0; ch < CH; ++ch) {
-    cp_async_wait<XS - 2>();
-    c.sync();                    // chunk ch landed for all; every warp done with chunk ch - 1
-    load(ch + XS - 1);
+    if (!c.drain && c.t == 0 && ch + AHEAD < CH) request(ch + AHEAD);
     const int q = ch % cpp;    // the chunk's place in its page
     if (q == 0) mbar_wait(c.ring.full + c.ring.slot, c.ring.phase);
     if (!c.drain) {
+      const uint32_t g = x0 + ch, st = g % XS;
+      mbar_wait(xfull + st, (g / XS) & 1);
       const unsigned char* wt = c.ring.page() + q * tiles * 1024;
-      const unsigned char* xt = xs + (ch % XS) * XB;
+      const unsigned char* xt = c.xs + st * XB;
+      if (ch % wk == gk) {   // the group's chunk
 #pragma unroll
-      for (int kk = 0; kk < KC / 16; ++kk) {
-        if ((ch * (KC / 16) + kk) % wk != gk) continue;
-        uint32_t b[TPW][2];   // the warp's tiles' fragments, then x's an m-tile at a time
-#pragma unroll
-        for (int j = 0; j < TPW; ++j)
-          if (gn + j * wn < tiles)
-            ldsm_x2(b[j], wt + swz((gn + j * wn) * 8 + c.lane % 8, 2 * kk + (c.lane / 8) % 2));
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          uint32_t a[4];   // rows m * 16 + lane % 16, k pieces 2kk + lane / 16
-          ldsm_x4(a, xt + swz(m * 16 + c.lane % 16, 2 * kk + c.lane / 16));
+        for (int kk = 0; kk < KC / 16; ++kk) {
+          if (KS % KC && KS < XK && ch * KC + kk * 16 >= KS) break;   // the next slice's
+          uint32_t b[TPW][2];   // the warp's tiles' fragments, then x's an m-tile at a time
 #pragma unroll
           for (int j = 0; j < TPW; ++j)
-            if (gn + j * wn < tiles) mma16816(acc[m][j], a, b[j]);
+            if (gn + j * wn < tiles)
+              ldsm_x2(b[j], wt + swz((gn + j * wn) * 8 + c.lane % 8,
+                                     2 * kk + (c.lane / 8) % 2));
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            uint32_t a[4];   // rows m * 16 + lane % 16, k pieces 2kk + lane / 16
+            ldsm_x4(a, xt + swz(m * 16 + c.lane % 16, 2 * kk + c.lane / 16));
+#pragma unroll
+            for (int j = 0; j < TPW; ++j)
+              if (gn + j * wn < tiles) mma16816(acc[m][j], a, b[j]);
+          }
         }
       }
+      __syncwarp();
+      if (c.lane == 0) mbar_arrive(xempty + st);
     }
     if (q == cpp - 1 || ch == CH - 1) {
       __syncwarp();
@@ -192,8 +249,8 @@ __device__ int mma_project(C& c, const bf16* x, int n) {
       c.ring.advance();
     }
   }
-  cp_async_wait<0>();
   if (c.drain) return wk;
+  c.xn = x0 + CH;
   const int g = c.lane / 4, t2 = 2 * (c.lane % 4);
 #pragma unroll
   for (int j = 0; j < TPW; ++j) {   // (batch m*16 + g [+ 8], page rows tile*8 + t2 [+ 1])

@@ -49,12 +49,12 @@ def test_cuda_core_kernel_takes_no_maps():
 
 @pytest.mark.parametrize("segs,rows", [(1, 8), (2, 16), (2, 64), (1, 128), (2, 12)])
 def test_acc_holds_every_task_shape(segs, rows):
-    """mma_parts: for every row count up to ``rows``, the rows times their k-step groups (the
-    warps over fewer 8-row tiles than NCW split the k-steps) fit."""
+    """mma_parts: for every row count up to ``rows``, the rows times their parts (two 8-row
+    tiles a warp at most; the warps of a group split the chunks) fit."""
     most = mma_parts(segs, rows)
     for n in range(1, rows + 1):
         tiles = segs * -(-n // 8)
-        groups = max(g for g in (1, 2, 4, 8) if g <= min(NCW, tiles))
+        groups = min([g for g in (1, 2, 4, 8) if 2 * g >= tiles] + [NCW])
         assert segs * n * (NCW // groups) <= most
     assert most >= segs * rows
 
