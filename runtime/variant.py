@@ -232,15 +232,16 @@ def cuda_form(v: Variant, sms: int, batch: int = 1) -> Variant:
     themselves (fused combines; the Triton kernel of the same tables at batch 1 on the H200:
     0.8294 -> 0.8256 ms, the CUDA one 0.8287 -> 0.8176). Below ``MMA_FROM`` batch rows
     projections in whole K; from there on (tensor cores) K slices as ``v`` has them, and tasks
-    of at most 128 weight rows (block_n at most 32: the widest task's rows are a ring page)."""
+    of at most 128 weight rows (block_n at most 32: the widest task's rows are a ring page),
+    and attention in balanced pieces where ``v`` asks for them (``ab``)."""
     from megakernel.compiler.cuda_codegen import MMA_FROM
 
     keys = stream_kv_split(v.kv_block) if v.attn_stream else v.kv_split
-    slices = dict(split_k=1, split_long=False, long_slices=0) if batch < MMA_FROM else \
-        dict(block_n=min(v.block_n, 32))
+    slices = dict(split_k=1, split_long=False, long_slices=0, attn_balance=False) \
+        if batch < MMA_FROM else dict(block_n=min(v.block_n, 32))
     return replace(v, workers=min(v.workers, sms), norm_first=True, norm_sums=True,
                    reduce_norm=False, qkv_cross=False, staged_kib=0, attn_stream=False,
-                   attn_balance=False, attn_pairs=False, attn_pair_ranges=False,
+                   attn_pairs=False, attn_pair_ranges=False,
                    attn_group=TileConfig.attn_group, fuse_combine=True, kv_split=keys, **slices)
 
 

@@ -72,12 +72,24 @@ def test_weight_arena_puts_every_matrix_on_a_whole_row():
         assert model.get_parameter(name).data_ptr() == arena.data_ptr() + 2 * off * ALIGN
 
 
-@pytest.mark.parametrize("batch,split", [(3, 1), (17, 4)])
-def test_cuda_form_keeps_k_slices_with_tensor_cores(batch, split):
+def test_activations_start_on_whole_rows_of_every_projection():
+    """x's tensor copies read a projection's input as rows of the activation arena: every
+    activation buffer starts on a whole row of every weight matrix's row length."""
+    c = compiled(17)
+    ks = {b.shape[-1] for b in c.ops.buffers.values() if b.space == "weight"
+          and len(b.shape) == 2}
+    assert len(ks) > 1
+    for name, off in c.encoded.memory.act.items():
+        assert all(off % k == 0 for k in ks), (name, off)
+
+
+@pytest.mark.parametrize("batch,split,balance", [(3, 1, False), (17, 4, True)])
+def test_cuda_form_keeps_k_slices_and_balance_with_tensor_cores(batch, split, balance):
     from megakernel.runtime.variant import cuda_form, parse_variant
 
-    form = cuda_form(parse_variant("64x256x4x16xs3xkv16xsk4"), 16, batch)
+    form = cuda_form(parse_variant("64x256x4x16xs3xkv16xsk4xab"), 16, batch)
     assert form.split_k == split
+    assert form.attn_balance == balance
     assert form.block_n == (64 if batch < MMA_FROM else 32)
 
 
@@ -85,7 +97,7 @@ def test_cuda_form_keeps_k_slices_with_tensor_cores(batch, split):
 @pytest.mark.parametrize("batch", [5, 17, 64])
 def test_tensor_core_kernel_builds_without_spills(batch, tmp_path, monkeypatch):
     """K slices whose width is no multiple of a 64-column chunk included (tiny-llama's 48 and
-    112: x's columns past the slice are zeros)."""
+    112: the k-steps past the slice skipped)."""
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
