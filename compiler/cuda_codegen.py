@@ -262,7 +262,8 @@ def geometry(enc: Encoded, batch: int, mma: int = 0) -> Geometry:
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
-    xbytes = x_stages(batch) * (padded(batch, 16) * 2 * KC + 16) + 16 if mma else 0  # + barriers, maps
+    # x's stages with their two barriers each, and where their copies come from (XStages)
+    xbytes = x_stages(batch) * (padded(batch, 16) * 2 * KC + 16) + 16 if mma else 0
     geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma > 0, xbytes)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
         geo = Geometry(page, geo.npage - 1, acc, tmp, mma > 0, xbytes)

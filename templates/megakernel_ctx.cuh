@@ -84,7 +84,7 @@ struct Ctx {
   float* tmp;     // scratch of the epilogues and of attention's merge
   unsigned char* xs;   // MMA: x's chunks [XS, B padded to 16, 64], then their barriers
   int t, warp, lane;
-  int parts = 1;  // MMA: parts a row of acc (the k-step groups of the last projection)
+  int parts = 1;  // MMA: parts a row of acc (the chunk groups of the last projection)
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
   int64_t probe_t = 0;  // MK_PROBE > 0 (traces only): when thread 0 passed mark MK_PROBE
   uint32_t xn = 0;      // MMA: x's chunks taken so far

@@ -9,20 +9,19 @@
 // and box height; 128-byte swizzle: row r's 16-byte piece c at r * 128 + (c ^ r % 8) * 16, the
 // page 1024-byte aligned). x's chunk [B padded to 16, 64] comes into one of XS stages by a
 // tensor copy too (a map of x's row length; its rows past B: whatever follows x, or zeros past
-// the map's end; their products are never read). The consumer warps multiply each on their own,
-// no barrier between them: the page's n-tiles (8 rows) are split
-// between WN warp groups (about two tiles a warp) and the chunks between the NCW / WN warps of
-// a group (WK), fragments by ldmatrix, mma.sync.m16n8k16 (bf16 in,
-// fp32 accumulators). The accumulators land in acc [SEGS * n, WK, B] (row s * n + r of the
-// segments, WK parts a row, summed in a fixed order by Ctx::result): the op bodies' epilogues
-// read them as they read the CUDA-core projection's.
+// the map's end; their products are never read). The consumer warps multiply on their own, no
+// barrier between them: the page's n-tiles (8 rows) are split between WN warp groups (two
+// tiles a warp at most) and the chunks between the WK = NCW / WN warps of a group, fragments
+// by ldmatrix, mma.sync.m16n8k16 (bf16 in, fp32 accumulators). The accumulators land in acc
+// [SEGS * n, WK, B] (row s * n + r of the segments, WK parts a row, summed in a fixed order by
+// Ctx::result): the op bodies' epilogues read them as they read the CUDA-core projection's.
 #pragma once
 #include <cuda.h>
+#include "megakernel_ring.cuh"
 
 #ifndef MK_XKS
 #define MK_XKS 0   // the row lengths of x's maps (tensor cores), in the kernel's Maps order
 #endif
-#include "megakernel_ring.cuh"
 
 namespace mk {
 
