@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ir import Schedule, SyncPlan, TaskGraph
+from .ir import OpGraph, Schedule, SyncPlan, TaskGraph
 from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY, variant_key
 from .tile import TileConfig
 
@@ -49,21 +49,35 @@ class Encoded:
                                  # replaces them by the weight's arena offset / ALIGN)
 
 
-def _pack(buffers, space: str, align: int = ALIGN) -> tuple[dict, int]:
+def _pack(buffers, space: str, aligns: dict | None = None) -> tuple[dict, int]:
+    """Element offsets of the ``space`` buffers, each on a multiple of its ``aligns`` entry
+    (ALIGN where it has none) and ALIGN elements long at least."""
     offsets, top = {}, 0
     for name in sorted(b.name for b in buffers.values() if b.space == space):
+        step = (aligns or {}).get(name, ALIGN)
+        top = -(-top // step) * step
         offsets[name] = top
-        top += -(-buffers[name].numel // align) * align
+        top += -(-buffers[name].numel // ALIGN) * ALIGN
     return offsets, top
 
 
+def row_aligns(ops: OpGraph) -> dict[str, int]:
+    """act buffer -> the alignment it needs: whole rows of every weight matrix's row length an
+    op reads it with (the CUDA kernel's tensor copies read a projection's x as rows of the
+    activation arena, ``megakernel_mma.cuh``)."""
+    aligns: dict[str, int] = {}
+    for op in ops.ops:
+        ks = [ops.buffers[n].shape[-1] for n in op.inputs
+              if ops.buffers[n].space == "weight" and len(ops.buffers[n].shape) == 2]
+        for n in op.inputs:
+            if ks and ops.buffers[n].space == "act":
+                aligns[n] = math.lcm(aligns.get(n, ALIGN), *ks)
+    return aligns
+
+
 def plan_memory(graph: TaskGraph) -> MemoryPlan:
-    """Activations start on whole rows of every weight matrix's row length (the CUDA kernel's
-    tensor copies read a projection's x as rows of the arena, ``megakernel_mma.cuh``)."""
     bufs = graph.ops.buffers
-    row = math.lcm(ALIGN, *(b.shape[-1] for b in bufs.values()
-                            if b.space == "weight" and len(b.shape) == 2))
-    act, act_n = _pack(bufs, "act", row)
+    act, act_n = _pack(bufs, "act", row_aligns(graph.ops))
     f32, f32_n = _pack(bufs, "f32")
     weights = tuple(sorted(b.name for b in bufs.values() if b.space == "weight"))
     return MemoryPlan(weights, act, act_n, f32, f32_n)
