@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ir import OpGraph, Schedule, SyncPlan, TaskGraph
+from .ir import Schedule, SyncPlan, TaskGraph
 from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY, variant_key
 from .tile import TileConfig
 
@@ -61,23 +61,23 @@ def _pack(buffers, space: str, aligns: dict | None = None) -> tuple[dict, int]:
     return offsets, top
 
 
-def row_aligns(ops: OpGraph) -> dict[str, int]:
-    """act buffer -> the alignment it needs: whole rows of every weight matrix's row length an
-    op reads it with (the CUDA kernel's tensor copies read a projection's x as rows of the
+def row_aligns(graph: TaskGraph) -> dict[str, int]:
+    """act buffer -> the alignment it needs: whole rows of every weight matrix's row length a
+    task reads it with (the CUDA kernel's tensor copies read a projection's x as rows of the
     activation arena, ``megakernel_mma.cuh``)."""
-    aligns: dict[str, int] = {}
-    for op in ops.ops:
-        ks = [ops.buffers[n].shape[-1] for n in op.inputs
-              if ops.buffers[n].space == "weight" and len(ops.buffers[n].shape) == 2]
-        for n in op.inputs:
-            if ks and ops.buffers[n].space == "act":
-                aligns[n] = math.lcm(aligns.get(n, ALIGN), *ks)
+    bufs, aligns = graph.ops.buffers, {}
+    for task in graph.tasks:
+        ks = {bufs[r.buffer].shape[-1] for r in task.reads
+              if bufs[r.buffer].space == "weight" and len(bufs[r.buffer].shape) == 2}
+        for r in task.reads:
+            if ks and bufs[r.buffer].space == "act":
+                aligns[r.buffer] = math.lcm(aligns.get(r.buffer, ALIGN), *ks)
     return aligns
 
 
 def plan_memory(graph: TaskGraph) -> MemoryPlan:
     bufs = graph.ops.buffers
-    act, act_n = _pack(bufs, "act", row_aligns(graph.ops))
+    act, act_n = _pack(bufs, "act", row_aligns(graph))
     f32, f32_n = _pack(bufs, "f32")
     weights = tuple(sorted(b.name for b in bufs.values() if b.space == "weight"))
     return MemoryPlan(weights, act, act_n, f32, f32_n)

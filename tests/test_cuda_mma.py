@@ -74,21 +74,22 @@ def test_weight_arena_puts_every_matrix_on_a_whole_row():
 
 def test_projection_inputs_start_on_whole_rows():
     """x's tensor copies read a projection's input as rows of the activation arena: every
-    activation an op reads with a weight matrix starts on a whole row of that matrix's row
+    activation a task reads with a weight matrix starts on a whole row of that matrix's row
     length; the others only on ALIGN."""
     from megakernel.compiler.encode import ALIGN
 
     c = compiled(17)
-    bufs, act = c.ops.buffers, c.encoded.memory.act
-    seen = 0
-    for op in c.ops.ops:
-        ks = {bufs[n].shape[-1] for n in op.inputs
-              if bufs[n].space == "weight" and len(bufs[n].shape) == 2}
-        for n in op.inputs:
-            if bufs[n].space == "act" and ks:
-                seen += 1
-                assert all(act[n] % k == 0 for k in ks), (op.name, n, act[n], ks)
-    assert seen and all(off % ALIGN == 0 for off in act.values())
+    bufs, act = c.tasks.ops.buffers, c.encoded.memory.act
+    seen = set()
+    for task in c.tasks.tasks:
+        ks = {bufs[r.buffer].shape[-1] for r in task.reads
+              if bufs[r.buffer].space == "weight" and len(bufs[r.buffer].shape) == 2}
+        for r in task.reads:
+            if bufs[r.buffer].space == "act" and ks:
+                seen.add(task.kind)
+                assert all(act[r.buffer] % k == 0 for k in ks), (task.kind, r.buffer, ks)
+    assert {"linear_part", "gate_up", "qkv_rope"} <= seen
+    assert all(off % ALIGN == 0 for off in act.values())
 
 
 @pytest.mark.parametrize("batch,split,balance", [(3, 1, False), (17, 4, True)])
