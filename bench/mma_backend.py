@@ -64,16 +64,16 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
 
 def backend_source(batch: int, k: int, rows: int, cluster: int = 1,
                    flight_kib: int = MMA_FLIGHT // 1024,
-                   page_kib: int = MMA_PAGE // 1024, x_stages_: int = 0,
+                   page_kib: int = MMA_PAGE // 1024, stages: int = 0,
                    chunks: int = 4) -> tuple[str, int]:
     """The kernel for one shape and its dynamic shared memory: pages of ``page_kib`` KiB (a
     chunk of ``rows`` rows at least; as many chunks as fit, up to ``chunks``), as many as fit
-    beside x's stages (``x_stages_``; 0: the backend's choice) and acc, at most
+    beside x's ``stages`` (0: the backend's choice) and acc, at most
     ``flight_kib`` KiB of them in flight (0: as many as the ring holds)."""
     if cluster != 1 or rows % 8 or rows > 128:
         raise SystemExit(f"backend form: tasks of 8-128 rows (a multiple of 8), no clusters; "
                          f"not {rows} in clusters of {cluster}")
-    xs = x_stages_ or x_stages(batch)
+    xs = stages or x_stages(batch)
     xbytes = xs * (-(-batch // 16) * 16 * 2 * KC + 16) + 16
     page = max(page_kib * 1024, -(-rows * 128 // 1024) * 1024)
     fixed = xbytes + 4 * mma_parts(1, rows) * batch + 1024

@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     stream = torch.cuda.current_stream().cuda_stream
     shapes = {"rows": [(r, 1, {}) for r in _ints(args.rows)],
               "tiles": [(r, c, {}) for r in _ints(args.tile_rows) for c in _ints(args.clusters)],
-              "backend": [(r, 1, {"flight_kib": f, "page_kib": p, "x_stages_": xs,
+              "backend": [(r, 1, {"flight_kib": f, "page_kib": p, "stages": xs,
                                   "chunks": c})
                           for r in _ints(args.backend_rows) for f in _ints(args.flight_kib)
                           for p in _ints(args.page_kib) for xs in _ints(args.x_stages)
