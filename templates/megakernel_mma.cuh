@@ -214,8 +214,8 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
     if (!c.drain && c.t == 0 && ch + AHEAD < CH) request(ch + AHEAD);
     const int q = ch % cpp;    // the chunk's place in its page
     if (q == 0) mbar_wait(c.ring.full + c.ring.slot, c.ring.phase);
+    const uint32_t g = x0 + ch, st = g % XS;   // x's chunk: its place in the stages
     if (!c.drain) {
-      const uint32_t g = x0 + ch, st = g % XS;
       mbar_wait(xfull + st, (g / XS) & 1);
       const unsigned char* wt = c.ring.page() + q * tiles * 1024;
       const unsigned char* xt = c.xs + st * XB;
@@ -239,14 +239,14 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
           }
         }
       }
-      __syncwarp();
-      if (c.lane == 0) mbar_arrive(xempty + st);
     }
-    if (q == cpp - 1 || ch == CH - 1) {
-      __syncwarp();
-      if (c.lane == 0) mbar_arrive(c.ring.empty + c.ring.slot);
-      c.ring.advance();
+    const bool last = q == cpp - 1 || ch == CH - 1;   // the page's last chunk
+    __syncwarp();
+    if (c.lane == 0) {   // the warp done with x's stage (none drained) and the page
+      if (!c.drain) mbar_arrive(xempty + st);
+      if (last) mbar_arrive(c.ring.empty + c.ring.slot);
     }
+    if (last) c.ring.advance();
   }
   if (c.drain) return wk;
   c.xn = x0 + CH;
