@@ -3,7 +3,7 @@
     python -m megakernel.bench.cuda_backend --model llama-3.2-1b --batch-sizes 1 \
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
         [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] [--acquires none,both] \
-        [--mma-chunks 1,4] [--mma-pages 16,32] [--kv-aheads 0,2] \
+        [--mma-chunks 1,4] [--mma-pages 16,32] [--kv-aheads 0,2] [--attn-runs 1,2] [--attn-mmas 0,1] \
         [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-aheads", default="0",
                     help="attention's L2 prefetches held until the consumers are at most this "
                          "many tasks behind (0: never)")
+    ap.add_argument("--attn-runs", default="1",
+                    help="runs of keys each attention warp keeps in flight (a key a lane)")
+    ap.add_argument("--attn-mmas", default="auto",
+                    help="attention through the ring on tensor cores (0, 1, auto: with the "
+                         "projections)")
     args = ap.parse_args(argv)
     grid = {"flight": [None if f == "auto" else int(f) for f in args.flights.split(",")],
             "lanes": [bool(int(a)) for a in args.lanes.split(",")],
@@ -140,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             "acquire": args.acquires.split(","),
             "mma_chunks": [int(c) for c in args.mma_chunks.split(",")],
             "mma_page_kib": [int(c) for c in args.mma_pages.split(",")],
-            "kv_ahead": [int(a) for a in args.kv_aheads.split(",")]}
+            "kv_ahead": [int(a) for a in args.kv_aheads.split(",")],
+            "attn_runs": [int(a) for a in args.attn_runs.split(",")],
+            "attn_mma": [None if a == "auto" else bool(int(a))
+                         for a in args.attn_mmas.split(",")]}
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,

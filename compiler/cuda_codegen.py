@@ -32,6 +32,7 @@ MMA_PAGE = 16 * 1024       # a tensor-core ring page's bytes, at least (a wider 
 MMA_CHUNKS = 4             # chunks of a narrow tensor-core task a page holds, at most
 KC = 64                    # columns a tensor-core chunk (megakernel_mma.cuh)
 NBOX = 5                   # TMA maps a row length: box heights 128, 64, 32, 16, 8
+ATTN_RUNS = 1              # runs of keys a warp of a key-a-lane attention task has in flight
 FLIGHT = 2                 # ring copies a worker has issued and not yet landed, at most
                            # (llama-3.2-1b, batch 1, H200, ms: 2 0.879, 4 0.887, 12 0.894)
 ACQUIRE = ("none", "polls", "ticket", "both")   # which of the waits and the ticket acquire
@@ -125,10 +126,14 @@ class CudaSource:
 
 
 def kv_ring_fits(cx: dict, geo: "Geometry") -> bool:
-    """Whether an attention task's keys and values fit the ring: a cache block a page, K and V
-    of every block a range of KV_SPLIT keys meets (one more where it starts inside one)."""
-    pages = 2 * (cx["KV_SPLIT"] // cx["BS"] + 1)
-    return cx["BS"] * cx["D"] * 2 <= geo.page and pages <= geo.npage
+    """Whether an attention task's keys and values can stream through the ring: a cache block a
+    page, and the pages of one step of the warps' runs (NCW runs of 16 keys or more, at most
+    the task's keys; ``AttnPartial::lane_keys`` and ``mma_keys``: K and V of every block it
+    meets, one more where it starts inside one) and the next block at most the ring's, so that
+    the slowest warp can always go on."""
+    lpk = cx["D"] // 32 if cx["D"] > 32 else 1
+    step = min(NCW * max(16, 32 // lpk), cx["KV_SPLIT"])   # keys a task's step, at most
+    return cx["BS"] * cx["D"] * 2 <= geo.page and 2 * (-(-step // cx["BS"]) + 2) <= geo.npage
 
 
 def knobs_of(cx: dict, lanes: bool | None, kv_ring: bool, geo: "Geometry",
@@ -278,7 +283,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   kv_ring: bool = False, probe: int = 0, kv_l2: bool = True,
                   acquire: str = "none", mma: bool | None = None,
                   mma_chunks: int = MMA_CHUNKS, mma_page_kib: int = MMA_PAGE // 1024,
-                  kv_ahead: int = 0) -> CudaSource:
+                  kv_ahead: int = 0, attn_runs: int = ATTN_RUNS,
+                  attn_mma: bool | None = None) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
     FLIGHT, or with tensor cores any pages up to MMA_FLIGHT bytes; 2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
@@ -295,7 +301,12 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     from MMA_FROM batch rows on), their ring pages of at least ``mma_page_kib`` KiB holding
     up to ``mma_chunks`` 64-column chunks of a narrow task (a power of two); ``kv_ahead``: the
     producer's L2 prefetches of attention's cache held until the consumers are at most that
-    many tasks behind (0: never)."""
+    many tasks behind (0: never); ``attn_runs``: runs of keys each warp of a key-a-lane
+    attention task keeps in flight (``AttnPartial::lane_keys``); ``attn_mma``: attention's keys
+    and values through the ring (as ``kv_ring``) scored and weighted on tensor cores
+    (``AttnPartial::mma_keys``); None: where the projections are (llama-3.2-1b, H200, ms, a key
+    a lane / tensor cores: 17 rows 2.834 / 2.377, 64 rows 4.859 / 4.085; batch 1, from L2 /
+    tensor cores, 0.797 / 0.807)."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
@@ -306,9 +317,12 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         raise ValueError(f"mma_chunks={mma_chunks}: a power of two up to 16")
     if kv_ahead < 0:
         raise ValueError(f"kv_ahead={kv_ahead}: tasks, 0 or more")
+    if attn_runs not in (1, 2, 3, 4):
+        raise ValueError(f"attn_runs={attn_runs}: 1 to 4")
     if not 1 <= mma_page_kib <= 128:
         raise ValueError(f"mma_page_kib={mma_page_kib}: 1 to 128")
     tensor = batch >= MMA_FROM if mma is None else mma
+    attn_mma = tensor if attn_mma is None else attn_mma
     geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0)
     check_supported(enc, lanes, geo)
     # tensor cores: pages (a chunk's rows each) up to MMA_FLIGHT bytes, unless pages are asked
@@ -323,7 +337,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     variants = []
     for op, kind, cx, units in enc.variants:
         spec = CUDA_OPS[kind]
-        full = cx | knobs_of(cx, lanes, kv_ring, geo, kv_l2)
+        full = cx | knobs_of(cx, lanes, kv_ring or attn_mma, geo, kv_l2)
         struct = f"{spec.struct}<{', '.join(_literal(full[p]) for p in spec.params)}>"
         variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units)))
     source = env.get_template("megakernel.cu.jinja").render(
@@ -331,6 +345,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
         flight_bytes=flight_bytes, mma_chunks=mma_chunks, kv_ahead=kv_ahead,
+        attn_runs=attn_runs, attn_mma=attn_mma,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
         acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=x_stages(batch),
         xbytes=geo.xbytes, map_ks=map_ks,

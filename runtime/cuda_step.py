@@ -182,7 +182,7 @@ def cuda_compiled(compiled, model, device):
     from .variant import cuda_form, variant_of
 
     dims, sms = compiled.ops.dims, torch.cuda.get_device_properties(device).multi_processor_count
-    v = cuda_form(variant_of(compiled), sms, dims.batch)
+    v = cuda_form(variant_of(compiled), sms, dims.batch, dims.max_seq_len)
     opts = CompileOptions(dims.batch, dims.max_seq_len, target=compiled.options.target,
                           **v.options(sms))
     return compile_cached(model, opts, model.config.arch, cache_dir() / "artifacts")[0]
@@ -192,7 +192,7 @@ class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, **knobs):
         """``knobs``: ``generate_cuda``'s (flight, lanes, kv_ring, probe, kv_l2, acquire, mma,
-        mma_chunks, mma_page_kib, kv_ahead; None: its default)."""
+        mma_chunks, mma_page_kib, kv_ahead, attn_runs, attn_mma; None: its default)."""
         import inspect
 
         from megakernel.compiler.cuda_codegen import generate_cuda

@@ -225,7 +225,10 @@ def stream_kv_split(kv_block: int) -> int:
     return max(TileConfig.kv_split, kv_block)
 
 
-def cuda_form(v: Variant, sms: int, batch: int = 1) -> Variant:
+CUDA_KV_BLOCK = 128   # tokens a cache block, for the CUDA backend's tensor-core attention
+
+
+def cuda_form(v: Variant, sms: int, batch: int = 1, context: int = 0) -> Variant:
     """``v`` with what the CUDA backend builds (``compiler.cuda_codegen``): at most one worker an
     SM, norms first from the writers' sums of squares, q/k/v pieces within heads, nothing
     staged, attention in plain pieces (a streamed variant's keys a task kept) whose units merge
@@ -233,12 +236,17 @@ def cuda_form(v: Variant, sms: int, batch: int = 1) -> Variant:
     0.8294 -> 0.8256 ms, the CUDA one 0.8287 -> 0.8176). Below ``MMA_FROM`` batch rows
     projections in whole K; from there on (tensor cores) K slices as ``v`` has them, and tasks
     of at most 128 weight rows (block_n at most 32: the widest task's rows are a ring page),
-    and attention in balanced pieces where ``v`` asks for them (``ab``)."""
+    attention in balanced pieces where ``v`` asks for them (``ab``), and cache blocks of
+    ``CUDA_KV_BLOCK`` tokens where they divide the ``context`` and the keys a task (so that
+    attention's keys stream through the ring onto tensor cores, ``AttnPartial::mma_keys``)."""
     from megakernel.compiler.cuda_codegen import MMA_FROM
 
     keys = stream_kv_split(v.kv_block) if v.attn_stream else v.kv_split
     slices = dict(split_k=1, split_long=False, long_slices=0, attn_balance=False) \
         if batch < MMA_FROM else dict(block_n=min(v.block_n, 32))
+    if batch >= MMA_FROM and context and v.kv_block < CUDA_KV_BLOCK and \
+            context % CUDA_KV_BLOCK == 0 and keys % CUDA_KV_BLOCK == 0:
+        slices["kv_block"] = CUDA_KV_BLOCK
     return replace(v, workers=min(v.workers, sms), norm_first=True, norm_sums=True,
                    reduce_norm=False, qkv_cross=False, staged_kib=0, attn_stream=False,
                    attn_pairs=False, attn_pair_ranges=False,

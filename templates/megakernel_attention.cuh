@@ -4,6 +4,13 @@
 #pragma once
 #include "megakernel_ctx.cuh"
 
+#ifndef MK_ATTN_MMA
+#define MK_ATTN_MMA 0    // keys through the ring scored and weighted on tensor cores (mma_keys)
+#endif
+#ifndef MK_ATTN_RUNS
+#define MK_ATTN_RUNS 1   // runs of keys a warp has in flight in lane_keys (from L2)
+#endif
+
 namespace mk {
 
 template <int HQ, int D, int G>
@@ -50,6 +57,7 @@ struct AttnPartial {
   static constexpr int DPL = D / LPK;                 // dims a lane scores (lane_keys)
   static constexpr int64_t V_SHIFT = (int64_t)B * HKV * S * D;   // K plane -> V plane
   static_assert(DL <= 8, "head dims of at most 256");
+  static constexpr bool MMA_KEYS = MK_ATTN_MMA && KV_RING && D % 16 == 0 && G <= 16;
   static_assert(!LANES || (D % LPK == 0 && DPL % 8 == 0), "lane_keys: 16-byte groups a lane");
   __device__ static bool has(int lane, int d) { return lane * DL + d < D; }
   // a lane's DL dims of a cache row (from L2), in 4-byte pairs where DL is even
@@ -92,18 +100,30 @@ struct AttnPartial {
       }
     }
   }
-  // The task's ring pages: wait until all have landed, or give them back (each warp).
+  // The task's ring pages, streamed: each warp waits for a page before it reads it (`see`) and
+  // gives pages back in order once it has read all of them (`give`, also those it skips: each
+  // page's release needs every warp, after the page has landed); page k of the task is the
+  // ring's page k - gone of this warp.
+  struct Pages {
+    int seen = 0, gone = 0;
+  };
   template <class C>
-  __device__ static void wait_pages(C& c, int n) {
-    for (int k = 0; k < n; ++k) mbar_wait(c.ring.full_at(k), c.ring.phase_at(k));
+  __device__ static void see(C& c, Pages& pg, int upto) {
+    for (; pg.seen < upto; ++pg.seen)
+      mbar_wait(c.ring.full_at(pg.seen - pg.gone), c.ring.phase_at(pg.seen - pg.gone));
   }
   template <class C>
-  __device__ static void release_pages(C& c, int n) {
+  __device__ static void give(C& c, Pages& pg, int upto) {
+    see(c, pg, upto);   // a page's release only once it has landed: never a phase early
     __syncwarp();
-    for (int k = 0; k < n; ++k) {
-      if (c.lane == 0) mbar_arrive(c.ring.empty_at(k));
+    for (; pg.gone < upto; ++pg.gone) {
+      if (c.lane == 0) mbar_arrive(c.ring.empty_at(0));
+      c.ring.advance();
     }
-    for (int k = 0; k < n; ++k) c.ring.advance();
+  }
+  // the pages that hold keys [lo, s] (s clamped to the cache), K and V of each block
+  __device__ static int pages_through(int lo, int s) {
+    return 2 * (min(s, S - 1) / BS - lo / BS + 1);
   }
   // FUSED: after the partial slot, the unit's ticket; the piece that takes its last (`count`
   // pieces a launch) merges slots [first, first + count) into out (AttnCombine).
@@ -113,9 +133,12 @@ struct AttnPartial {
                              int kv_head, int slot, int lo, int span, int layer, int* counters,
                              int epoch, int ticket, int first, int count, float scale) {
     const int npages = ring_pages(lo, span);
-    wait_pages(c, npages);
     if (c.drain) {
-      release_pages(c, npages);
+      Pages pg;
+      for (int k = 1; k <= npages; ++k) {
+        see(c, pg, k);
+        give(c, pg, k);
+      }
       return;
     }
     const int hi = min(lo + span, (int)positions[row] + 1);
@@ -128,12 +151,16 @@ struct AttnPartial {
 #pragma unroll
       for (int d = 0; d < DL; ++d) acc[g][d] = 0.f;
     }
-    if (LANES) {
-      lane_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
-      release_pages(c, npages);
-    } else
-      warp_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
-    merge(c, m, l, acc, acc_out, ml, out, row, kv_head, slot);
+    if (MMA_KEYS) {
+      mma_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale);
+    } else {
+      if (LANES)
+        lane_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
+      else
+        warp_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
+      to_tmp(c, m, l, acc);
+    }
+    merge(c, acc_out, ml, out, row, kv_head, slot);
     if (FUSED && last_ticket(c, counters + ticket, count * epoch))
       AttnCombine<HQ, D, G>::run(c, acc_out, ml, out, row, kv_head, first, count);
   }
@@ -220,16 +247,17 @@ struct AttnPartial {
     uint4 k[DPL / 8];         // this lane's dims of its key
     float v[32 / LPK][DL];    // the run's values, this lane's dims
   };
-  // (KV_RING: from the ring's pages, `ring` at the task's first, but the key at hi - 1, the
-  // row's newest where the range holds it, from L2)
+  // (KV_RING: from the ring's pages, `ring` at the task's page `gone`, but the key at hi - 1,
+  // the row's newest where the range holds it, from L2)
   template <class R>
   __device__ static void load_run(Run& r, const bf16* cache, const int* bt, int row, int layer,
-                                  int kv_head, int lo, int base, int hi, int lane, const R& ring) {
+                                  int kv_head, int lo, int base, int hi, int lane, const R& ring,
+                                  int gone) {
     constexpr int KPW = 32 / LPK;
     const int s = base + lane / LPK;
     const int off = (lane % LPK) * DPL;
     if (KV_RING && s != hi - 1) {
-      const uint4* kp = reinterpret_cast<const uint4*>(ring_row(ring, lo, s, 0) + off);
+      const uint4* kp = reinterpret_cast<const uint4*>(ring_row(ring, lo, s, 0, gone) + off);
 #pragma unroll
       for (int j = 0; j < DPL / 8; ++j) r.k[j] = kp[j];
     } else {     // the block-table lookup only here: a page needs none
@@ -242,7 +270,7 @@ struct AttnPartial {
     for (int j = 0; j < KPW; ++j) {
       float vd[DL];
       if (KV_RING && base + j != hi - 1) {
-        const bf16* vp = ring_row(ring, lo, base + j, 1) + lane * DL;
+        const bf16* vp = ring_row(ring, lo, base + j, 1, gone) + lane * DL;
 #pragma unroll
         for (int d = 0; d < DL; ++d) vd[d] = has(lane, d) ? __bfloat162float(vp[d]) : 0.f;
       } else {
@@ -253,84 +281,262 @@ struct AttnPartial {
       for (int d = 0; d < DL; ++d) r.v[j][d] = base + j < hi ? vd[d] : 0.f;
     }
   }
-  // key s's K (kv 0) or V (kv 1) row in the task's ring pages (keys from lo on)
+  // key s's K (kv 0) or V (kv 1) row in the task's ring pages (keys from lo on; the ring at the
+  // task's page `gone`)
   template <class R>
-  __device__ static const bf16* ring_row(const R& ring, int lo, int s, int kv) {
+  __device__ static const bf16* ring_row(const R& ring, int lo, int s, int kv, int gone) {
     const int blk = min(s, S - 1) / BS - lo / BS;
-    return reinterpret_cast<const bf16*>(ring.page_at(2 * blk + kv)) + (min(s, S - 1) % BS) * D;
+    return reinterpret_cast<const bf16*>(ring.page_at(2 * blk + kv - gone)) +
+           (min(s, S - 1) % BS) * D;
   }
+  // Each warp keeps NR runs of keys and values in flight (from L2: MK_ATTN_RUNS; from the ring
+  // one, its pages streamed): run i's scores and online step, then run i + NR asked for into
+  // its registers.
   template <class C>
   __device__ static void lane_keys(C& c, const bf16* qrow, const bf16* cache, const int* bt,
                                    int row, int kv_head, int lo, int span, int hi, int layer,
                                    float scale, float (&m)[G], float (&l)[G],
                                    float (&acc)[G][DL]) {
-    constexpr int NCW = C::NT / 32, KPW = 32 / LPK;
+    constexpr int NCW = C::NT / 32, KPW = 32 / LPK, NR = KV_RING ? 1 : MK_ATTN_RUNS;
+    constexpr int STEP = NCW * KPW;                     // keys from one of a warp's runs to the next
     float* qs = c.tmp + NCW * G * (2 + D);            // [G, D] after the merge's scratch
-    const int first = lo + c.warp * KPW;
-    Run r;
-    if (first < lo + span)
-      load_run(r, cache, bt, row, layer, kv_head, lo, first, hi, c.lane, c.ring);
+    const int first = lo + c.warp * KPW, end = lo + span;
+    Pages pg;
+    Run r[NR];
+#pragma unroll
+    for (int j = 0; j < NR; ++j)
+      if (first + j * STEP < end)
+        fetch_run(c, pg, r[j], cache, bt, row, layer, kv_head, lo, first + j * STEP, hi, end);
     for (int i = c.t; i < G * D; i += C::NT) qs[i] = load_act(qrow + i);
     c.sync();
-    const int part = c.lane % LPK;
-    for (int base = first; base < lo + span; base += NCW * KPW) {
-      if (base != first)
-        load_run(r, cache, bt, row, layer, kv_head, lo, base, hi, c.lane, c.ring);
-      const int s = base + c.lane / LPK;
-      const uint4* kv = r.k;
-      const float(&v)[KPW][DL] = r.v;
-      float sc[G];
+    for (int base = first; base < end; base += NR * STEP) {
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float dot = 0.f;
+      for (int j = 0; j < NR; ++j) {
+        const int b = base + j * STEP;
+        if (b >= end) break;
+        run_keys(r[j], qs, b, hi, c.lane, scale, m, l, acc);
+        if (b + NR * STEP < end)
+          fetch_run(c, pg, r[j], cache, bt, row, layer, kv_head, lo, b + NR * STEP, hi, end);
+      }
+    }
+    if (KV_RING) {
+      see(c, pg, ring_pages(lo, span));
+      give(c, pg, ring_pages(lo, span));
+    }
+  }
+  // load_run of keys [base, base + KPW); KV_RING: their pages waited for first, and those
+  // before the block of this warp's next run given back after.
+  template <class C>
+  __device__ static void fetch_run(C& c, Pages& pg, Run& r, const bf16* cache, const int* bt,
+                                   int row, int layer, int kv_head, int lo, int base, int hi,
+                                   int end) {
+    constexpr int KPW = 32 / LPK, STEP = C::NT / 32 * KPW;
+    if (KV_RING) see(c, pg, pages_through(lo, min(base + KPW, end) - 1));
+    load_run(r, cache, bt, row, layer, kv_head, lo, base, hi, c.lane, c.ring, pg.gone);
+    if (KV_RING && base + STEP < end) give(c, pg, pages_through(lo, base + STEP) - 2);
+  }
+  // One run's scores (q from shared memory) and online step; keys from `base`, LPK lanes a key.
+  __device__ static void run_keys(const Run& r, const float* qs, int base, int hi, int lane,
+                                  float scale, float (&m)[G], float (&l)[G],
+                                  float (&acc)[G][DL]) {
+    constexpr int KPW = 32 / LPK;
+    const int part = lane % LPK, s = base + lane / LPK;
+    float sc[G];
 #pragma unroll
-        for (int j = 0; j < DPL / 8; ++j) {
-          const __nv_bfloat162* kb = reinterpret_cast<const __nv_bfloat162*>(&kv[j]);
+    for (int g = 0; g < G; ++g) {
+      float dot = 0.f;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 kf = __bfloat1622float2(kb[e]);
-            const float* qg = qs + g * D + part * DPL + 8 * j + 2 * e;
-            dot = fmaf(qg[0], kf.x, fmaf(qg[1], kf.y, dot));
-          }
+      for (int j = 0; j < DPL / 8; ++j) {
+        const __nv_bfloat162* kb = reinterpret_cast<const __nv_bfloat162*>(&r.k[j]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 kf = __bfloat1622float2(kb[e]);
+          const float* qg = qs + g * D + part * DPL + 8 * j + 2 * e;
+          dot = fmaf(qg[0], kf.x, fmaf(qg[1], kf.y, dot));
         }
-#pragma unroll
-        for (int off = 1; off < LPK; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        sc[g] = s < hi ? dot * scale : -INFINITY;
       }
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float mx = sc[g];
+      for (int off = 1; off < LPK; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      sc[g] = s < hi ? dot * scale : -INFINITY;
+    }
 #pragma unroll
-        for (int off = LPK; off < 32; off <<= 1)
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float m_new = fmaxf(m[g], mx);
-        const float ref = m_new == -INFINITY ? 0.f : m_new;   // no key yet: adds nothing
-        const float alpha = __expf(m[g] - ref);
-        const float p = __expf(sc[g] - ref);
-        const float psum = warp_sum(part == 0 ? p : 0.f);
-        const float pr = round_bf16(p);
+    for (int g = 0; g < G; ++g) {
+      float mx = sc[g];
 #pragma unroll
-        for (int d = 0; d < DL; ++d) acc[g][d] *= alpha;
+      for (int off = LPK; off < 32; off <<= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m[g], mx);
+      const float ref = m_new == -INFINITY ? 0.f : m_new;   // no key yet: adds nothing
+      const float alpha = __expf(m[g] - ref);
+      const float p = __expf(sc[g] - ref);
+      const float psum = warp_sum(part == 0 ? p : 0.f);
+      const float pr = round_bf16(p);
 #pragma unroll
-        for (int j = 0; j < KPW; ++j) {
-          const float pj = __shfl_sync(0xffffffffu, pr, j * LPK);
+      for (int d = 0; d < DL; ++d) acc[g][d] *= alpha;
 #pragma unroll
-          for (int d = 0; d < DL; ++d) acc[g][d] = fmaf(pj, v[j][d], acc[g][d]);
-        }
-        l[g] = l[g] * alpha + psum;
-        m[g] = m_new;
+      for (int j = 0; j < KPW; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, pr, j * LPK);
+#pragma unroll
+        for (int d = 0; d < DL; ++d) acc[g][d] = fmaf(pj, r.v[j][d], acc[g][d]);
       }
+      l[g] = l[g] * alpha + psum;
+      m[g] = m_new;
     }
   }
 
-  // The warps' (max, sum, acc) merged in a fixed order: the normalised output (DIRECT) or the
-  // partial slot.
+  // Tensor-core form (MMA_KEYS: keys and values from the ring's pages): each warp takes runs of
+  // 16 keys, S [16 heads (G padded), 16 keys] = Q K^T by mma (K's rows by ldmatrix), the online
+  // step on S's fragments, whose bf16 probabilities are the A fragments of O += P V (V's rows
+  // by ldmatrix.trans). Lane (g, t) holds heads g and g + 8: of S keys 2t, 2t + 1 (+ 8), of O
+  // dims 8j + 2t, + 1. The key at hi - 1 (the row's newest, not yet in a page) is masked there
+  // and added by warp 0 from L2 at the end. Leaves the warps' (max, sum, acc) in tmp.
   template <class C>
-  __device__ static void merge(C& c, const float (&m)[G], const float (&l)[G],
-                               const float (&acc)[G][DL], float* acc_out, float* ml, bf16* out,
-                               int row, int kv_head, int slot) {
+  __device__ static void mma_keys(C& c, const bf16* qrow, const bf16* cache, const int* bt,
+                                  int row, int kv_head, int lo, int span, int hi, int layer,
+                                  float scale) {
+    constexpr int NCW = C::NT / 32, STEP = NCW * 16, DT = D / 8;
+    const int g = c.lane / 4, t = c.lane % 4, end = lo + span;
+    uint32_t qa[D / 16][4];   // Q's A fragments a k-step: rows g, g + 8; dims 2t (+1), 2t + 8 (+9)
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int head = g + (r & 1) * 8, d = 16 * kk + 2 * t + (r >> 1) * 8;
+        qa[kk][r] = head < G ? __ldcg(reinterpret_cast<const unsigned int*>(qrow + head * D + d))
+                             : 0u;
+      }
+    float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < DT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+    Pages pg;
+    for (int base = lo + c.warp * 16; base < end; base += STEP) {
+      see(c, pg, pages_through(lo, min(base + 16, end) - 1));
+      float sc[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t kb[4];   // keys (lane / 16) * 8 + lane % 8, dims 16kk + ((lane / 8) % 2) * 8
+        const int key = base + (c.lane / 16) * 8 + c.lane % 8;
+        ldsm_x4(kb, reinterpret_cast<const unsigned char*>(
+                        ring_row(c.ring, lo, key, 0, pg.gone) + 16 * kk + (c.lane / 8) % 2 * 8));
+        const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+        mma16816(sc[0], qa[kk], b0);
+        mma16816(sc[1], qa[kk], b1);
+      }
+      uint32_t pa[4];   // P's A fragment: rows g, g + 8; keys 2t (+1), 2t + 8 (+9)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = base + 8 * j + 2 * t + e;
+            float& v = sc[j][2 * h + e];
+            v = key < hi - 1 ? v * scale : -INFINITY;
+            mx = fmaxf(mx, v);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[h], mx);
+        const float ref = m_new == -INFINITY ? 0.f : m_new;   // no key yet: adds nothing
+        const float alpha = __expf(m[h] - ref);
+        float psum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float p0 = __expf(sc[j][2 * h] - ref), p1 = __expf(sc[j][2 * h + 1] - ref);
+          psum += p0 + p1;
+          const __nv_bfloat162 pb = __floats2bfloat162_rn(p0, p1);
+          pa[2 * j + h] = *reinterpret_cast<const uint32_t*>(&pb);
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+        l[h] = l[h] * alpha + psum;
+        m[h] = m_new;
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+          o[j][2 * h] *= alpha;
+          o[j][2 * h + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t vb[4];   // keys ((lane / 8) % 2) * 8 + lane % 8, dims 16dp + (lane / 16) * 8
+        const int key = base + (c.lane / 8) % 2 * 8 + c.lane % 8;
+        ldsm_x4_t(vb, reinterpret_cast<const unsigned char*>(
+                          ring_row(c.ring, lo, key, 1, pg.gone) + 16 * dp + c.lane / 16 * 8));
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {   // keys from hi - 1 on: zeros (the page may hold NaN)
+          const int k0 = base + (r & 1) * 8 + 2 * t;
+          vb[r] &= (k0 < hi - 1 ? 0xffffu : 0u) | (k0 + 1 < hi - 1 ? 0xffff0000u : 0u);
+        }
+        const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+        mma16816(o[2 * dp], pa, b0);
+        mma16816(o[2 * dp + 1], pa, b1);
+      }
+      if (base + STEP < end) give(c, pg, pages_through(lo, base + STEP) - 2);
+    }
+    see(c, pg, ring_pages(lo, span));
+    give(c, pg, ring_pages(lo, span));
+    if (c.warp == 0 && hi - 1 >= lo) newest_key(c, qrow, cache, bt, row, kv_head, hi - 1, layer,
+                                                 scale, o, m, l);
+    float* tm = c.tmp;   // to_tmp's layout
+    float* tl = tm + NCW * G;
+    float* ta = tl + NCW * G;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int head = g + 8 * h;
+      if (head >= G) continue;
+      if (t == 0) {
+        tm[c.warp * G + head] = m[h];
+        tl[c.warp * G + head] = l[h];
+      }
+#pragma unroll
+      for (int j = 0; j < DT; ++j) {
+        ta[(c.warp * G + head) * D + 8 * j + 2 * t] = o[j][2 * h];
+        ta[(c.warp * G + head) * D + 8 * j + 2 * t + 1] = o[j][2 * h + 1];
+      }
+    }
+  }
+  // Key s (from L2) into one warp's mma_keys state: each quad's lane t scores dims
+  // [t D / 4, (t + 1) D / 4) of heads g and g + 8.
+  template <class C>
+  __device__ static void newest_key(C& c, const bf16* qrow, const bf16* cache, const int* bt,
+                                    int row, int kv_head, int s, int layer, float scale,
+                                    float (&o)[D / 8][4], float (&m)[2], float (&l)[2]) {
+    const int g = c.lane / 4, t = c.lane % 4;
+    const bf16* kp = key_row(cache, bt, row, s, layer, kv_head);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int head = g + 8 * h;
+      float dot = 0.f;
+      if (head < G)
+        for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d)
+          dot = fmaf(load_act(qrow + head * D + d), load_act(kp + d), dot);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+      const float sc = head < G ? dot * scale : -INFINITY;
+      const float m_new = fmaxf(m[h], sc);
+      const float ref = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = __expf(m[h] - ref), p = __expf(sc - ref), pr = round_bf16(p);
+      l[h] = l[h] * alpha + p;
+      m[h] = m_new;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = head < G ? load_act(kp + V_SHIFT + 8 * j + 2 * t + e) : 0.f;
+          o[j][2 * h + e] = o[j][2 * h + e] * alpha + pr * v;
+        }
+    }
+  }
+
+  // A warp's (max, sum, acc) into tmp: [NCW][G] max, [NCW][G] sum, [NCW][G][D] acc.
+  template <class C>
+  __device__ static void to_tmp(C& c, const float (&m)[G], const float (&l)[G],
+                                const float (&acc)[G][DL]) {
     constexpr int NCW = C::NT / 32;
-    // tmp [NCW][G] max, [NCW][G] sum, [NCW][G][D] acc
     float* tm = c.tmp;
     float* tl = tm + NCW * G;
     float* ta = tl + NCW * G;
@@ -344,6 +550,16 @@ struct AttnPartial {
       for (int d = 0; d < DL; ++d)
         if (has(c.lane, d)) ta[(c.warp * G + g) * D + c.lane * DL + d] = acc[g][d];
     }
+  }
+  // The warps' (max, sum, acc) in tmp merged in a fixed order: the normalised output (DIRECT)
+  // or the partial slot.
+  template <class C>
+  __device__ static void merge(C& c, float* acc_out, float* ml, bf16* out, int row, int kv_head,
+                               int slot) {
+    constexpr int NCW = C::NT / 32;
+    const float* tm = c.tmp;
+    const float* tl = tm + NCW * G;
+    const float* ta = tl + NCW * G;
     c.sync();
     for (int idx = c.t; idx < G * D; idx += C::NT) {
       const int g = idx / D, d = idx % D;

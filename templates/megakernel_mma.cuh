@@ -56,6 +56,11 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const unsigned char* p
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
 }
+// the same, each 8x8 matrix transposed (thread i: rows 2 (i % 4), + 1 of column i / 4)
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const unsigned char* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
 __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const unsigned char* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
                : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));

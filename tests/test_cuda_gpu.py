@@ -20,6 +20,7 @@ CUDA_TILE = TileConfig(norm_first=True, norm_sums=True, split_k=1, kv_split=128,
 
 FUSED = replace(CUDA_TILE, fuse_combine=True)
 SLICED = replace(FUSED, split_k=4, kv_split=256, kv_block=16)   # tensor cores' K slices
+LONG_KEYS = replace(SLICED, kv_split=1024, kv_block=128)          # 8 cache blocks a task
 
 
 @pytest.mark.parametrize("batch,tile,knobs", [(1, CUDA_TILE, {}), (2, CUDA_TILE, {}),
@@ -27,12 +28,18 @@ SLICED = replace(FUSED, split_k=4, kv_split=256, kv_block=16)   # tensor cores' 
                                               (1, FUSED, {"kv_ring": True}),
                                               (3, CUDA_TILE, {"kv_ring": True}),
                                               (17, CUDA_TILE, {"mma_chunks": 1}),
-                                              (17, SLICED, {"kv_ahead": 2})])
+                                              (17, SLICED, {"kv_ahead": 2}),
+                                              (17, LONG_KEYS, {"kv_ring": True}),
+                                              (17, LONG_KEYS, {"attn_runs": 2}),
+                                              (1, FUSED, {"kv_ring": True, "attn_mma": True}),
+                                              (17, LONG_KEYS, {"kv_ring": True,
+                                                               "attn_mma": True})])
 def test_cuda_backend_is_as_accurate_as_bf16_eager(batch, tile, knobs):
     """tile: also with fused combines (each unit merged by its last attention piece); knobs:
     the CUDA kernel's own (keys and values through the ring; the cache's unwritten rows are NaN,
     so a stale row read from a page would show; tensor-core pages of one chunk; attention's
-    L2 prefetches held near the consumers)."""
+    L2 prefetches held near the consumers; a task's 16 pages of keys and values streamed
+    through a ring of fewer; two runs of keys a warp in flight; attention on tensor cores)."""
     assert_as_accurate_as_eager(teacher_forced("llama-3.2-1b", batch, kernel="cuda",
                                                cuda=knobs, tile=tile), batch)
 

@@ -102,6 +102,19 @@ def test_cuda_form_keeps_k_slices_and_balance_with_tensor_cores(batch, split, ba
     assert form.block_n == (64 if batch < MMA_FROM else 32)
 
 
+@pytest.mark.parametrize("batch,context,label,block", [
+    (17, 1024, "64x256x4x16xs3xkv1024", 128), (3, 1024, "64x256x4x16xs3xkv1024", 16),
+    (17, 1000, "64x256x4x16xs3xkv1024", 16), (17, 1024, "64x256x4x16xs3xkv64", 16),
+    (17, 1024, "64x256x4x16xs3xkv1024xkb256", 256)])
+def test_cuda_form_takes_whole_cache_blocks_for_tensor_core_attention(batch, context, label,
+                                                                     block):
+    """From MMA_FROM rows on: 128-token blocks where they divide the context and a task's
+    keys; never smaller blocks than asked."""
+    from megakernel.runtime.variant import cuda_form, parse_variant
+
+    assert cuda_form(parse_variant(label), 16, batch, context).kv_block == block
+
+
 @nvcc
 @pytest.mark.parametrize("batch", [5, 17, 64])
 def test_tensor_core_kernel_builds_without_spills(batch, tmp_path, monkeypatch):
