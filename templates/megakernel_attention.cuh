@@ -135,10 +135,7 @@ struct AttnPartial {
     const int npages = ring_pages(lo, span);
     if (c.drain) {
       Pages pg;
-      for (int k = 1; k <= npages; ++k) {
-        see(c, pg, k);
-        give(c, pg, k);
-      }
+      give(c, pg, npages);
       return;
     }
     const int hi = min(lo + span, (int)positions[row] + 1);
@@ -319,10 +316,7 @@ struct AttnPartial {
           fetch_run(c, pg, r[j], cache, bt, row, layer, kv_head, lo, b + NR * STEP, hi, end);
       }
     }
-    if (KV_RING) {
-      see(c, pg, ring_pages(lo, span));
-      give(c, pg, ring_pages(lo, span));
-    }
+    if (KV_RING) give(c, pg, ring_pages(lo, span));
   }
   // load_run of keys [base, base + KPW); KV_RING: their pages waited for first, and those
   // before the block of this warp's next run given back after.
@@ -477,7 +471,6 @@ struct AttnPartial {
       }
       if (base + STEP < end) give(c, pg, pages_through(lo, base + STEP) - 2);
     }
-    see(c, pg, ring_pages(lo, span));
     give(c, pg, ring_pages(lo, span));
     if (c.warp == 0 && hi - 1 >= lo) newest_key(c, qrow, cache, bt, row, kv_head, hi - 1, layer,
                                                  scale, o, m, l);
