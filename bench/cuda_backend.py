@@ -13,9 +13,10 @@ the combine's ticket acquire, tensor-core pages' size and chunks) against eager'
 their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
-stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page reduced,
-2 all its pages reduced, 3 the body done, 4 every warp's body done: the signal's
-release is what follows), where a task's time goes.
+stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page reduced
+(tensor cores: its first page and x's first chunk landed), 2 all its pages reduced, 3 the body
+done, 4 every warp's body done: the signal's release is what follows; 5, timing only, its
+results wrong: as 2 with the tensor-core products left out), where a task's time goes.
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA kernels with at most these many ring copies in flight (auto: "
                          "generate_cuda's choice)")
     ap.add_argument("--probes", default="",
-                    help="with --trace: also trace with end stamps at these marks (1-4)")
+                    help="with --trace: also trace with end stamps at these marks (1-5)")
     ap.add_argument("--lanes", default="1",
                     help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
     ap.add_argument("--kv-rings", default="0",

@@ -311,8 +311,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
         raise ValueError(f"acquire={acquire!r}: one of {', '.join(ACQUIRE)}")
-    if probe not in range(5):
-        raise ValueError(f"probe={probe}: 0 (none) or a mark 1-4")
+    if probe not in range(6):
+        raise ValueError(f"probe={probe}: 0 (none) or a mark 1-5")
     if mma_chunks not in (1, 2, 4, 8, 16):
         raise ValueError(f"mma_chunks={mma_chunks}: a power of two up to 16")
     if kv_ahead < 0:

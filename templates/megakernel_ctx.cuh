@@ -11,13 +11,14 @@
 // MMA (from 5 batch rows on): the projection on tensor cores instead (megakernel_mma.cuh), x's
 // chunks through XS stages at `xs` (XStages: tensor copies from maps of the activations).
 #pragma once
-#include "megakernel_mma.cuh"
-
 #ifndef MK_PROBE
 #define MK_PROBE 0   // a trace's end stamp at a mark of the task (1: a projection's first
-                     // page reduced, 2: its last, 3: the body done, 4: every warp's body done)
-                     // instead of after its signal
+                     // page reduced (tensor cores: landed), 2: its last, 3: the body done, 4:
+                     // every warp's body done) instead of after its signal; 5 (timing only,
+                     // results wrong): as 2 with the tensor-core products left out, the chunk
+                     // loop's waits and frees alone
 #endif
+#include "megakernel_mma.cuh"
 
 namespace mk {
 
@@ -110,6 +111,7 @@ struct Ctx {
       parts = mma_project<Ctx, B, K, K, SEGS, NMAX, XS>(*this, x, 0, rows);
       sync();
       mark(2);
+      mark(5);
     } else {
       project_cores<K, SEGS>(x, rows);
     }
@@ -121,6 +123,8 @@ struct Ctx {
     static_assert(MMA, "K slices are built for tensor-core projections only");
     parts = mma_project<Ctx, B, XK, KS, 1, NMAX, XS>(*this, x, k0, rows);
     sync();
+    mark(2);
+    mark(5);
   }
 
   // The CUDA-core projection (below MMA's batch rows): x in registers.

@@ -222,9 +222,10 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
     const uint32_t g = x0 + ch, st = g % XS;   // x's chunk: its place in the stages
     if (!c.drain) {
       mbar_wait(xfull + st, (g / XS) & 1);
+      if (ch == 0) c.mark(1);   // the first page and x's first chunk landed
       const unsigned char* wt = c.ring.page() + q * tiles * 1024;
       const unsigned char* xt = c.xs + st * XB;
-      if (ch % wk == gk) {   // the group's chunk
+      if (MK_PROBE != 5 && ch % wk == gk) {   // the group's chunk (probe 5: waits only)
 #pragma unroll
         for (int kk = 0; kk < KC / 16; ++kk) {
           if (KS % KC && KS < XK && ch * KC + kk * 16 >= KS) break;   // the next slice's

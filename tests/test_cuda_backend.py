@@ -111,10 +111,10 @@ def test_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
     assert no_spills(log), log
 
 
-@pytest.mark.parametrize("knobs", [{"probe": 5}, {"flight": 0}, {"acquire": "all"}])
+@pytest.mark.parametrize("knobs", [{"probe": 6}, {"flight": 0}, {"acquire": "all"}])
 def test_knobs_out_of_range_are_refused(knobs):
     c = compiled(batch=1)
-    with pytest.raises(ValueError, match=f"{next(iter(knobs))}=(0|5|'all')"):
+    with pytest.raises(ValueError, match=f"{next(iter(knobs))}=(0|6|'all')"):
         generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), **knobs)
 
 

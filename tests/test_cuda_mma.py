@@ -132,6 +132,21 @@ def test_tensor_core_kernel_builds_without_spills(batch, tmp_path, monkeypatch):
 
 
 @nvcc
+@pytest.mark.parametrize("probe", [1, 5])
+def test_tensor_core_probe_kernels_build(probe, tmp_path, monkeypatch):
+    """Traces' end stamps once a projection's first page and x chunk landed (1), and after its
+    chunk loop without the products (5, timing only) build for sm_90a without spills."""
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    c = compiled(17)
+    src = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), probe=probe)
+    assert f"#define MK_PROBE {probe}" in src.source
+    log = build_cubin(src.source).with_suffix(".log").read_text()
+    assert no_spills(log), log
+
+
+@nvcc
 @pytest.mark.parametrize("batch,rows,flight", [(17, 64, 64), (64, 128, 0)])
 def test_backend_benchmark_form_builds_without_spills(batch, rows, flight, tmp_path,
                                                       monkeypatch):
