@@ -128,7 +128,7 @@ class CudaSource:
 def kv_ring_fits(cx: dict, geo: "Geometry") -> bool:
     """Whether an attention task's keys and values can stream through the ring: a cache block a
     page, and the pages of one step of the warps' runs (NCW runs of 16 keys or more, at most
-    the task's keys; ``AttnPartial::lane_keys`` and ``mma_keys``: K and V of every block it
+    the task's keys; ``AttnPartial::lane_keys`` and ``MmaKeys``: K and V of every block it
     meets, one more where it starts inside one) and the next block at most the ring's, so that
     the slowest warp can always go on."""
     lpk = cx["D"] // 32 if cx["D"] > 32 else 1
@@ -304,9 +304,9 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     many tasks behind (0: never); ``attn_runs``: runs of keys each warp of a key-a-lane
     attention task keeps in flight (``AttnPartial::lane_keys``); ``attn_mma``: attention's keys
     and values through the ring (as ``kv_ring``) scored and weighted on tensor cores
-    (``AttnPartial::mma_keys``); None: where the projections are (llama-3.2-1b, H200, ms, a key
-    a lane / tensor cores: 17 rows 2.834 / 2.377, 64 rows 4.859 / 4.085; batch 1, from L2 /
-    tensor cores, 0.797 / 0.807)."""
+    (``MmaKeys``, megakernel_attention_mma.cuh); None: where the projections are (llama-3.2-1b,
+    H200, ms, a key a lane / tensor cores: 17 rows 2.834 / 2.377, 64 rows 4.859 / 4.085; batch
+    1, from L2 / tensor cores, 0.797 / 0.807)."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:

@@ -238,7 +238,7 @@ def cuda_form(v: Variant, sms: int, batch: int = 1, context: int = 0) -> Variant
     of at most 128 weight rows (block_n at most 32: the widest task's rows are a ring page),
     attention in balanced pieces where ``v`` asks for them (``ab``), and cache blocks of
     ``CUDA_KV_BLOCK`` tokens where they divide the ``context`` and the keys a task (so that
-    attention's keys stream through the ring onto tensor cores, ``AttnPartial::mma_keys``)."""
+    attention's keys stream through the ring onto tensor cores, ``MmaKeys``)."""
     from megakernel.compiler.cuda_codegen import MMA_FROM
 
     keys = stream_kv_split(v.kv_block) if v.attn_stream else v.kv_split

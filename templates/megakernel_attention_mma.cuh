@@ -127,7 +127,7 @@ struct MmaKeys {
       }
     }
   }
-  // Key s (from L2) into one warp's mma_keys state: each quad's lane t scores dims
+  // Key s (from L2) into one warp's `run` state: each quad's lane t scores dims
   // [t D / 4, (t + 1) D / 4) of heads g and g + 8.
   template <class C>
   __device__ static void newest_key(C& c, const bf16* qrow, const bf16* cache, const int* bt,
