@@ -4,7 +4,7 @@
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
         [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] [--acquires none,both] \
         [--mma-chunks 1,4] [--mma-pages 16,32] [--kv-aheads 0,2] [--attn-runs 1,2] \
-        [--attn-mmas 0,1] \
+        [--attn-mmas 0,1] [--x-lazies 0,1] \
         [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attn-mmas", default="auto",
                     help="attention through the ring on tensor cores (0, 1, auto: with the "
                          "projections)")
+    ap.add_argument("--x-lazies", default="0",
+                    help="tensor-core projections asking for x's later chunks only where their "
+                         "stage is free (0, 1)")
     args = ap.parse_args(argv)
     grid = {"flight": [None if f == "auto" else int(f) for f in args.flights.split(",")],
             "lanes": [bool(int(a)) for a in args.lanes.split(",")],
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             "kv_ahead": [int(a) for a in args.kv_aheads.split(",")],
             "attn_runs": [int(a) for a in args.attn_runs.split(",")],
             "attn_mma": [None if a == "auto" else bool(int(a))
-                         for a in args.attn_mmas.split(",")]}
+                         for a in args.attn_mmas.split(",")],
+            "x_lazy": [bool(int(a)) for a in args.x_lazies.split(",")]}
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,

@@ -132,21 +132,6 @@ def test_tensor_core_kernel_builds_without_spills(batch, tmp_path, monkeypatch):
 
 
 @nvcc
-@pytest.mark.parametrize("probe", [1, 5])
-def test_tensor_core_probe_kernels_build(probe, tmp_path, monkeypatch):
-    """Traces' end stamps once a projection's first page and x chunk landed (1), and after its
-    chunk loop without the products (5, timing only) build for sm_90a without spills."""
-    from megakernel.runtime.cuda_step import build_cubin
-
-    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
-    c = compiled(17)
-    src = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), probe=probe)
-    assert f"#define MK_PROBE {probe}" in src.source
-    log = build_cubin(src.source).with_suffix(".log").read_text()
-    assert no_spills(log), log
-
-
-@nvcc
 @pytest.mark.parametrize("batch,rows,flight", [(17, 64, 64), (64, 128, 0)])
 def test_backend_benchmark_form_builds_without_spills(batch, rows, flight, tmp_path,
                                                       monkeypatch):
@@ -188,10 +173,15 @@ def test_tensor_core_knobs_out_of_range_are_refused(knobs, match):
 
 @nvcc
 @pytest.mark.parametrize("knobs,line", [({"mma_chunks": 1}, "#define MK_CHUNKS 1"),
-                                        ({"kv_ahead": 2}, "#define MK_KV_AHEAD 2")])
+                                        ({"kv_ahead": 2}, "#define MK_KV_AHEAD 2"),
+                                        ({"probe": 1}, "#define MK_PROBE 1"),
+                                        ({"probe": 5}, "#define MK_PROBE 5"),
+                                        ({"x_lazy": True}, "#define MK_X_LAZY 1")])
 def test_tensor_core_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
-    """One 64-column chunk a page (a narrow task's pages part-filled), and attention's L2
-    prefetches held two tasks ahead of the consumers, build without spills."""
+    """One 64-column chunk a page (a narrow task's pages part-filled), attention's L2
+    prefetches held two tasks ahead of the consumers, traces' end stamps once a projection's
+    first page and x chunk landed (1) and after its chunk loop without the products (5, timing
+    only), and x's chunks asked for where their stage is free build without spills."""
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
