@@ -124,7 +124,7 @@ struct AttnPartial {
 #pragma unroll
       for (int d = 0; d < DL; ++d) acc[g][d] = 0.f;
     }
-    if (MMA_KEYS) {
+    if constexpr (MMA_KEYS) {
       MmaKeys<D, G, AttnPartial>::run(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale);
     } else {
       if (LANES)
