@@ -27,6 +27,47 @@ import statistics
 import torch
 
 
+def _flag(a: str) -> bool:
+    return bool(int(a))
+
+
+def _or_auto(parse):
+    return lambda a: None if a == "auto" else parse(a)
+
+
+# CudaStep knob: its flag (comma-separated values, a CUDA kernel for every combination), the
+# default values, how one value is read, help
+KNOBS = {
+    "flight": ("--flights", "auto", _or_auto(int),
+               "CUDA kernels with at most these many ring copies in flight (auto: "
+               "generate_cuda's choice)"),
+    "lanes": ("--lanes", "1", _flag,
+              "CUDA kernels with attention a key a lane (1) or a key a warp (0)"),
+    "kv_ring": ("--kv-rings", "0", _flag,
+                "CUDA kernels with attention's keys and values through the ring (1)"),
+    "kv_l2": ("--kv-l2s", "1", _flag,
+              "CUDA kernels with attention's keys and values prefetched into L2 by the "
+              "producer (1)"),
+    "acquire": ("--acquires", "none", str,
+                "CUDA kernels whose waits' polls and/or fused combine's ticket are acquire "
+                "operations (none, polls, ticket, both)"),
+    "mma_chunks": ("--mma-chunks", "4", int,
+                   "tensor cores: 64-column chunks of a narrow task a ring page holds"),
+    "mma_page_kib": ("--mma-pages", "16", int, "tensor cores: KiB a ring page, at least"),
+    "kv_ahead": ("--kv-aheads", "0", int,
+                 "attention's L2 prefetches held until the consumers are at most this many "
+                 "tasks behind (0: never)"),
+    "attn_runs": ("--attn-runs", "1", int,
+                  "runs of keys each attention warp keeps in flight (a key a lane)"),
+    "attn_mma": ("--attn-mmas", "auto", _or_auto(_flag),
+                 "attention through the ring on tensor cores (0, 1, auto: with the "
+                 "projections)"),
+    "x_lazy": ("--x-lazies", "0", _flag,
+               "tensor-core projections asking for x's later chunks only where their stage is "
+               "free (0, 1)"),
+}
+
+
 def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out.float().argmax(-1) == ref.float().argmax(-1)).float().mean().item()
 
@@ -113,48 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trace", default=None, help="folder for the (first) CUDA kernel's timeline")
-    ap.add_argument("--flights", default="auto",
-                    help="CUDA kernels with at most these many ring copies in flight (auto: "
-                         "generate_cuda's choice)")
     ap.add_argument("--probes", default="",
                     help="with --trace: also trace with end stamps at these marks (1-5)")
-    ap.add_argument("--lanes", default="1",
-                    help="CUDA kernels with attention a key a lane (1) or a key a warp (0)")
-    ap.add_argument("--kv-rings", default="0",
-                    help="CUDA kernels with attention's keys and values through the ring (1)")
-    ap.add_argument("--kv-l2s", default="1",
-                    help="CUDA kernels with attention's keys and values prefetched into L2 by "
-                         "the producer (1)")
-    ap.add_argument("--acquires", default="none",
-                    help="CUDA kernels whose waits' polls and/or fused combine's ticket are "
-                         "acquire operations (none, polls, ticket, both)")
-    ap.add_argument("--mma-chunks", default="4",
-                    help="tensor cores: 64-column chunks of a narrow task a ring page holds")
-    ap.add_argument("--mma-pages", default="16", help="tensor cores: KiB a ring page, at least")
-    ap.add_argument("--kv-aheads", default="0",
-                    help="attention's L2 prefetches held until the consumers are at most this "
-                         "many tasks behind (0: never)")
-    ap.add_argument("--attn-runs", default="1",
-                    help="runs of keys each attention warp keeps in flight (a key a lane)")
-    ap.add_argument("--attn-mmas", default="auto",
-                    help="attention through the ring on tensor cores (0, 1, auto: with the "
-                         "projections)")
-    ap.add_argument("--x-lazies", default="0",
-                    help="tensor-core projections asking for x's later chunks only where their "
-                         "stage is free (0, 1)")
+    for flag, default, _, text in KNOBS.values():
+        ap.add_argument(flag, default=default, help=text)
     args = ap.parse_args(argv)
-    grid = {"flight": [None if f == "auto" else int(f) for f in args.flights.split(",")],
-            "lanes": [bool(int(a)) for a in args.lanes.split(",")],
-            "kv_ring": [bool(int(r)) for r in args.kv_rings.split(",")],
-            "kv_l2": [bool(int(p)) for p in args.kv_l2s.split(",")],
-            "acquire": args.acquires.split(","),
-            "mma_chunks": [int(c) for c in args.mma_chunks.split(",")],
-            "mma_page_kib": [int(c) for c in args.mma_pages.split(",")],
-            "kv_ahead": [int(a) for a in args.kv_aheads.split(",")],
-            "attn_runs": [int(a) for a in args.attn_runs.split(",")],
-            "attn_mma": [None if a == "auto" else bool(int(a))
-                         for a in args.attn_mmas.split(",")],
-            "x_lazy": [bool(int(a)) for a in args.x_lazies.split(",")]}
+    grid = {knob: [parse(a) for a in getattr(args, flag[2:].replace("-", "_")).split(",")]
+            for knob, (flag, _, parse, _) in KNOBS.items()}
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
