@@ -92,8 +92,10 @@ __host__ __device__ constexpr int n_groups(int tiles) {
 template <int NCW>
 __host__ __device__ constexpr int tiles_a_warp(int most) {
   int w = 1;
-  for (int t = 1; t <= most; ++t) w = (t + n_groups<NCW>(t) - 1) / n_groups<NCW>(t) > w
-                                          ? (t + n_groups<NCW>(t) - 1) / n_groups<NCW>(t) : w;
+  for (int t = 1; t <= most; ++t) {
+    const int g = n_groups<NCW>(t), need = (t + g - 1) / g;
+    w = need > w ? need : w;
+  }
   return w;
 }
 
@@ -201,10 +203,17 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
   uint64_t* xfull = XStages<B, XS>::full(c.xs);
   uint64_t* xempty = xfull + XS;
   const uint32_t x0 = c.xn;
-  auto request = [&](int ch) {   // thread 0: x's chunk ch, once its stage's last reader is done
-    const uint32_t g = x0 + ch, s = g % XS;
+  auto freed = [&](int ch, bool wait) {   // x's chunk ch's stage: its last reader done
+    const uint32_t g = x0 + ch;
+    if (g < XS) return true;
+    if (!wait) return mbar_ready(xempty + g % XS, (g / XS - 1) & 1);
+    mbar_wait(xempty + g % XS, (g / XS - 1) & 1);
+    return true;
+  };
+  auto request = [&](int ch) {   // thread 0: x's chunk ch, once its stage is free
+    const uint32_t s = (x0 + ch) % XS;
     const typename XStages<B, XS>::Source src = *XStages<B, XS>::source(c.xs);
-    if (g >= XS) mbar_wait(xempty + s, (g / XS - 1) & 1);
+    freed(ch, true);
     mbar_expect(xfull + s, XB);
     tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + ch * KC, (int)((x - src.base) / XK),
            xfull + s);
@@ -225,10 +234,7 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
     if (!c.drain && c.t == 0) {
       if (MK_X_LAZY) {   // this chunk's copy at the latest; later ones where their stage is free
         while (asked <= ch) request(asked++);
-        while (asked <= ch + AHEAD && asked < CH &&
-               (x0 + asked < XS ||
-                mbar_ready(xempty + (x0 + asked) % XS, ((x0 + asked) / XS - 1) & 1)))
-          request(asked++);
+        while (asked <= ch + AHEAD && asked < CH && freed(asked, false)) request(asked++);
       } else if (ch + AHEAD < CH) {
         request(ch + AHEAD);
       }
