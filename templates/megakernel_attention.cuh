@@ -116,17 +116,17 @@ struct AttnPartial {
     }
     const int hi = min(lo + span, (int)positions[row] + 1);
     const bf16* qrow = q + (int64_t)row * HQ * D + kv_head * G * D;   // [G, D]
-    float acc[G][DL], m[G], l[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      m[g] = -INFINITY;
-      l[g] = 0.f;
-#pragma unroll
-      for (int d = 0; d < DL; ++d) acc[g][d] = 0.f;
-    }
     if constexpr (MMA_KEYS) {
       MmaKeys<D, G, AttnPartial>::run(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale);
     } else {
+      float acc[G][DL], m[G], l[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+#pragma unroll
+        for (int d = 0; d < DL; ++d) acc[g][d] = 0.f;
+      }
       if (LANES)
         lane_keys(c, qrow, cache, bt, row, kv_head, lo, span, hi, layer, scale, m, l, acc);
       else
@@ -147,7 +147,7 @@ struct AttnPartial {
       float m_new = m[g];
 #pragma unroll
       for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, sc[u][g]);
-      const float ref = m_new == -INFINITY ? 0.f : m_new;     // no key yet: adds nothing
+      const float ref = max_ref(m_new);
       const float alpha = __expf(m[g] - ref);
       float psum = 0.f;
 #pragma unroll
@@ -336,7 +336,7 @@ struct AttnPartial {
       for (int off = LPK; off < 32; off <<= 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       const float m_new = fmaxf(m[g], mx);
-      const float ref = m_new == -INFINITY ? 0.f : m_new;   // no key yet: adds nothing
+      const float ref = max_ref(m_new);
       const float alpha = __expf(m[g] - ref);
       const float p = __expf(sc[g] - ref);
       const float psum = warp_sum(part == 0 ? p : 0.f);
@@ -387,7 +387,7 @@ struct AttnPartial {
       const int g = idx / D, d = idx % D;
       float mx = -INFINITY;
       for (int w = 0; w < NCW; ++w) mx = fmaxf(mx, tm[w * G + g]);
-      const float ref = mx == -INFINITY ? 0.f : mx;
+      const float ref = max_ref(mx);
       float a = 0.f, den = 0.f;
       for (int w = 0; w < NCW; ++w) {
         const float wt = tm[w * G + g] == -INFINITY ? 0.f : __expf(tm[w * G + g] - ref);

@@ -69,7 +69,7 @@ struct MmaKeys {
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m[h], mx);
-        const float ref = m_new == -INFINITY ? 0.f : m_new;   // no key yet: adds nothing
+        const float ref = max_ref(m_new);
         const float alpha = __expf(m[h] - ref);
         float psum = 0.f;
 #pragma unroll
@@ -146,7 +146,7 @@ struct MmaKeys {
       dot += __shfl_xor_sync(0xffffffffu, dot, 2);
       const float sc = head < G ? dot * scale : -INFINITY;
       const float m_new = fmaxf(m[h], sc);
-      const float ref = m_new == -INFINITY ? 0.f : m_new;
+      const float ref = max_ref(m_new);
       const float alpha = __expf(m[h] - ref), p = __expf(sc - ref), pr = round_bf16(p);
       l[h] = l[h] * alpha + p;
       m[h] = m_new;

@@ -58,7 +58,7 @@ struct AttnCombine {
         float cm = mx;
 #pragma unroll
         for (int k = 0; k < CH; ++k) cm = fmaxf(cm, ms[k]);
-        const float ref = cm == -INFINITY ? 0.f : cm;
+        const float ref = max_ref(cm);
         const float keep = mx == -INFINITY ? 0.f : __expf(mx - ref);
         a *= keep;
         den *= keep;

@@ -22,6 +22,10 @@
 
 namespace mk {
 
+// The reference an online softmax's running max m rescales to: m, or 0 where no key has come
+// yet (m = -inf: its terms add nothing, and -inf - -inf would be NaN).
+__device__ __forceinline__ float max_ref(float m) { return m == -INFINITY ? 0.f : m; }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
