@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import ctypes
 
-from megakernel.compiler.cuda_codegen import (KC, MMA_FLIGHT, MMA_PAGE, NCW, SMEM_LIMIT,
-                                              mma_parts, x_stages)
+from megakernel.compiler.cuda_codegen import (MMA_FLIGHT, MMA_PAGE, NCW, SMEM_LIMIT,
+                                              mma_parts, x_bytes, x_stages)
 
 SOURCE = r"""
 #include "megakernel_ctx.cuh"
@@ -74,7 +74,7 @@ def backend_source(batch: int, k: int, rows: int, cluster: int = 1,
         raise SystemExit(f"backend form: tasks of 8-128 rows (a multiple of 8), no clusters; "
                          f"not {rows} in clusters of {cluster}")
     xs = stages or x_stages(batch)
-    xbytes = xs * (-(-batch // 16) * 16 * 2 * KC + 16) + 16
+    xbytes = x_bytes(batch, xs)
     page = max(page_kib * 1024, -(-rows * 128 // 1024) * 1024)
     fixed = xbytes + 4 * mma_parts(1, rows) * batch + 1024
     npage = min(32, (SMEM_LIMIT - fixed) // (page + 16))

@@ -252,6 +252,12 @@ def x_stages(batch: int) -> int:
     return max(4, min(12, X_BYTES // (padded(batch, 16) * 2 * KC)))
 
 
+def x_bytes(batch: int, stages: int) -> int:
+    """Shared memory of x's chunk stages (``XStages`` in megakernel_mma.cuh): each stage's
+    [batch padded to 16, KC] chunk and its two barriers, then where the copies come from."""
+    return stages * (padded(batch, 16) * 2 * KC + 16) + 16
+
+
 def geometry(enc: Encoded, batch: int, mma: int = 0) -> Geometry:
     """Ring pages long enough for the longest weight row (``mma`` > 0, tensor cores: a chunk of
     the largest task's rows, and at least ``mma`` bytes), as many as fit RING_BYTES and the
@@ -267,8 +273,7 @@ def geometry(enc: Encoded, batch: int, mma: int = 0) -> Geometry:
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
-    # x's stages with their two barriers each, and where their copies come from (XStages)
-    xbytes = x_stages(batch) * (padded(batch, 16) * 2 * KC + 16) + 16 if mma else 0
+    xbytes = x_bytes(batch, x_stages(batch)) if mma else 0
     geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma > 0, xbytes)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
         geo = Geometry(page, geo.npage - 1, acc, tmp, mma > 0, xbytes)
