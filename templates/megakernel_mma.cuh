@@ -223,6 +223,11 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
     fence_proxy_async();
     for (; asked < AHEAD && asked < CH; ++asked) request(asked);
   }
+  int tile_of[TPW];   // the warp's n-tiles; past the task's last, its last again (products
+                      // never stored: no predicated ldmatrix or mma, each of which would
+                      // need a warp sync of its own and keep the loads from running ahead)
+#pragma unroll
+  for (int j = 0; j < TPW; ++j) tile_of[j] = min(gn + j * wn, tiles - 1);
   float acc[MT][TPW][4];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
@@ -247,23 +252,20 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
       if (ch == 0) c.mark(1);   // the first page and x's first chunk landed
       const unsigned char* wt = c.ring.page() + q * tiles * 1024;
       const unsigned char* xt = c.xs + st * XB;
-      if (MK_PROBE != 5 && ch % wk == gk) {   // the group's chunk (probe 5: waits only)
+      if (MK_PROBE != 5 && (ch & (wk - 1)) == gk) {   // the group's chunk (probe 5: none)
 #pragma unroll
         for (int kk = 0; kk < KC / 16; ++kk) {
           if (KS % KC && KS < XK && ch * KC + kk * 16 >= KS) break;   // the next slice's
           uint32_t b[TPW][2];   // the warp's tiles' fragments, then x's an m-tile at a time
 #pragma unroll
           for (int j = 0; j < TPW; ++j)
-            if (gn + j * wn < tiles)
-              ldsm_x2(b[j], wt + swz((gn + j * wn) * 8 + c.lane % 8,
-                                     2 * kk + (c.lane / 8) % 2));
+            ldsm_x2(b[j], wt + swz(tile_of[j] * 8 + c.lane % 8, 2 * kk + (c.lane / 8) % 2));
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
             uint32_t a[4];   // rows m * 16 + lane % 16, k pieces 2kk + lane / 16
             ldsm_x4(a, xt + swz(m * 16 + c.lane % 16, 2 * kk + c.lane / 16));
 #pragma unroll
-            for (int j = 0; j < TPW; ++j)
-              if (gn + j * wn < tiles) mma16816(acc[m][j], a, b[j]);
+            for (int j = 0; j < TPW; ++j) mma16816(acc[m][j], a, b[j]);
           }
         }
       }
