@@ -178,11 +178,6 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-#ifndef MK_X_LAZY
-#define MK_X_LAZY 0   // thread 0 asks for x's later chunks only where their stage is free, so
-                      // that warp 0 never waits for the slowest warp before its own products
-#endif
-
 // The consumers' side: acc [SEGS * n, WK, B] of x [B, XK] columns [k0, k0 + KS) times the
 // pages' rows; returns WK. x's chunks come by tensor copies (x at row (x - base) / XK of its
 // map, XStages::Source) into XStages, requested by thread 0 XS - 2 chunks ahead of the one
@@ -203,25 +198,17 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
   uint64_t* xfull = XStages<B, XS>::full(c.xs);
   uint64_t* xempty = xfull + XS;
   const uint32_t x0 = c.xn;
-  auto freed = [&](int ch, bool wait) {   // x's chunk ch's stage: its last reader done
-    const uint32_t g = x0 + ch;
-    if (g < XS) return true;
-    if (!wait) return mbar_ready(xempty + g % XS, (g / XS - 1) & 1);
-    mbar_wait(xempty + g % XS, (g / XS - 1) & 1);
-    return true;
-  };
   auto request = [&](int ch) {   // thread 0: x's chunk ch, once its stage is free
-    const uint32_t s = (x0 + ch) % XS;
+    const uint32_t g = x0 + ch, s = g % XS;
     const typename XStages<B, XS>::Source src = *XStages<B, XS>::source(c.xs);
-    freed(ch, true);
+    if (g >= XS) mbar_wait(xempty + s, (g / XS - 1) & 1);   // its last reader done
     mbar_expect(xfull + s, XB);
     tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + ch * KC, (int)((x - src.base) / XK),
            xfull + s);
   };
-  int asked = 0;   // thread 0: x's chunks requested
   if (!c.drain && c.t == 0) {
     fence_proxy_async();
-    for (; asked < AHEAD && asked < CH; ++asked) request(asked);
+    for (int ch = 0; ch < AHEAD && ch < CH; ++ch) request(ch);
   }
   int tile_of[TPW];   // the warp's n-tiles; past the task's last, its last again (products
                       // never stored: no predicated ldmatrix or mma, each of which would
@@ -236,14 +223,7 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
   for (int ch = 0; ch < CH; ++ch) {
-    if (!c.drain && c.t == 0) {
-      if (MK_X_LAZY) {   // this chunk's copy at the latest; later ones where their stage is free
-        while (asked <= ch) request(asked++);
-        while (asked <= ch + AHEAD && asked < CH && freed(asked, false)) request(asked++);
-      } else if (ch + AHEAD < CH) {
-        request(ch + AHEAD);
-      }
-    }
+    if (!c.drain && c.t == 0 && ch + AHEAD < CH) request(ch + AHEAD);
     const int q = ch % cpp;    // the chunk's place in its page
     if (q == 0) mbar_wait(c.ring.full + c.ring.slot, c.ring.phase);
     const uint32_t g = x0 + ch, st = g % XS;   // x's chunk: its place in the stages
