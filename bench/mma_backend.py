@@ -50,7 +50,7 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
     }
     return;
   }
-  C c{ {smem, full, empty}, acc, nullptr, xs, (int)threadIdx.x, warp, lane};
+  C c{ {smem, full, empty}, acc, nullptr, nullptr, xs, (int)threadIdx.x, warp, lane};
   for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
     c.template project<K, 1, ROWS>(x, ROWS);
     for (int i = c.t; i < ROWS * B; i += C::NT)

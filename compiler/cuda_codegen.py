@@ -208,7 +208,7 @@ class Geometry:
 
     def smem(self, batch: int) -> int:   # + slack to align the pages on 1024 bytes
         return (self.page * self.npage + self.xbytes + 16 * self.npage
-                + 4 * (self.acc + self.tmp + 2) + 1024)     # + flag, progress
+                + 4 * (self.acc + self.tmp + batch + 2) + 1024)   # + rms, flag, progress
 
 
 def padded(n: int, to: int) -> int:

@@ -87,6 +87,7 @@ struct Ctx {
   Ring<NPAGE, PAGE> ring;
   float* acc;     // [rows, parts, B] a task's row parts
   float* tmp;     // scratch of the epilogues and of attention's merge
+  float* rms;     // MMA: [B] the norm's row RMS of the last projection (``mma_normed``)
   unsigned char* xs;   // MMA: x's chunks [XS, B padded to 16, 64], then their barriers
   int t, warp, lane;
   int parts = 1;  // MMA: parts a row of acc (the chunk groups of the last projection)
@@ -195,15 +196,13 @@ struct Ctx {
     }
   }
 
-  // ``project`` with a norm's row RMS from the sums of squares ss around it (HAS_NORM): rs[b]
-  // in every thread after it.
+  // ``project`` with a norm's row RMS from the sums of squares ss around it (HAS_NORM): batch
+  // row b's by ``row_rms(rs, b)`` in every thread after it (rs: the CUDA cores' copy).
   template <int K, int SEGS, bool HAS_NORM, int SUMS, int NMAX>
   __device__ void project_normed(const bf16* x, int rows, const float* ss, float eps,
                                  float (&rs)[B]) {
     if constexpr (MMA) {
       mma_normed<K, SEGS, HAS_NORM, SUMS, NMAX>(x, rows, ss, eps);
-#pragma unroll
-      for (int b = 0; b < B; ++b) rs[b] = 1.f;   // folded into acc
       return;
     }
     sums_begin<B, SUMS>(HAS_NORM && !drain ? ss : nullptr, lane, rs);
@@ -211,9 +210,9 @@ struct Ctx {
     if (HAS_NORM && !drain) rms_finish<B>(rs, K, eps);
   }
 
-  // The MMA projection with the norm's row RMS folded into acc (each part of row b scaled by
-  // it): warp w sums rows w, w + NCW, ... of ss as ``sums_begin`` does, its loads issued before
-  // the weights are read; the RMS through tmp[0, B).
+  // The MMA projection and the norm's row RMS in rms[0, B) (``row_rms``): warp w sums rows w,
+  // w + NCW, ... of ss as ``sums_begin`` does, its loads issued before the weights are read,
+  // and writes their RMS before the barrier that ends the projection.
   template <int K, int SEGS, bool HAS_NORM, int SUMS, int NMAX>
   __device__ void mma_normed(const bf16* x, int rows, const float* ss, float eps) {
     constexpr int RW = (B + NCW - 1) / NCW;    // rows a warp
@@ -225,16 +224,24 @@ struct Ctx {
       if (HAS_NORM && !drain && b < B)
         for (int g = lane; g < SUMS; g += 32) part[j] += __ldcg(ss + g * B + b);
     }
-    project<K, SEGS, NMAX>(x, rows);
-    if (!HAS_NORM || drain) return;
+    parts = mma_project<Ctx, B, K, K, SEGS, NMAX, XS>(*this, x, 0, rows);
+    if (HAS_NORM && !drain)
 #pragma unroll
-    for (int j = 0; j < RW; ++j) {
-      const float v = rsqrtf(warp_sum(part[j]) / K + eps);
-      if (lane == 0 && warp + j * NCW < B) tmp[warp + j * NCW] = v;
-    }
+      for (int j = 0; j < RW; ++j) {
+        const float v = rsqrtf(warp_sum(part[j]) / K + eps);
+        if (lane == 0 && warp + j * NCW < B) rms[warp + j * NCW] = v;
+      }
     sync();
-    for (int i = t; i < SEGS * rows * parts * B; i += NT) acc[i] *= tmp[i % B];
-    sync();
+    mark(2);
+    mark(5);
+  }
+
+  // Batch row b's norm RMS after ``project_normed`` (rs: what it left in this thread).
+  __device__ float row_rms(const float (&rs)[B], int b) const {
+    if constexpr (MMA)
+      return rms[b];
+    else
+      return pick(rs, b);
   }
 
   // Row i's product with x[b], after ``project``: its parts added in order.

@@ -75,7 +75,7 @@ struct Linear {
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n, col = n0 + i;
       float y = c.template result<K>(i, b);
-      if (HAS_NORM) y *= pick(rs, b);
+      if (HAS_NORM) y *= c.row_rms(rs, b);
       y = round_bf16(y);
       if (HAS_RES) y += idx == c.t ? r : load_act(res + b * N + col);
       const bf16 yo = __float2bfloat16(y);
@@ -120,7 +120,7 @@ struct GateUp {
     if (c.drain) return;
     for (int idx = c.t; idx < n * B; idx += C::NT) {
       const int b = idx / n, i = idx % n;
-      const float r = HAS_NORM ? pick(rs, b) : 1.f;
+      const float r = HAS_NORM ? c.row_rms(rs, b) : 1.f;
       const float g = round_bf16(c.template result<K>(i, b) * r);
       const float act = round_bf16(g / (1.f + expf(-g)));
       const float u = round_bf16(c.template result<K>(n + i, b) * r);
@@ -163,7 +163,7 @@ struct QkvRope {
     if (c.drain) return;
     for (int idx = c.t; idx < end * B; idx += C::NT) {
       const int b = idx / end, i = idx % end;
-      const float r = HAS_NORM ? pick(rs, b) : 1.f;
+      const float r = HAS_NORM ? c.row_rms(rs, b) : 1.f;
       float lo = round_bf16(c.template result<K>(i, b) * r);
       float hi = round_bf16(c.template result<K>(end + i, b) * r);
       const bool first = idx == c.t;
