@@ -10,9 +10,12 @@
 // page 1024-byte aligned). x's chunk [B padded to 16, 64] comes into one of XS stages by a
 // tensor copy too (a map of x's row length; its rows past B: whatever follows x, or zeros past
 // the map's end; their products are never read). The consumer warps multiply on their own, no
-// barrier between them: the page's n-tiles (8 rows) are split between WN warp groups (two
-// tiles a warp at most) and the chunks between the WK = NCW / WN warps of a group, fragments
-// by ldmatrix, mma.sync.m16n8k16 (bf16 in, fp32 accumulators). The accumulators land in acc
+// barrier between them: the chunk's weight rows in 16-row tiles (mma's A; two of the 8-row
+// boxes) are split between WN warp groups (a tile a warp while there are no more tiles than
+// warps) and the chunks between the WK = NCW / WN warps of a group; x's rows in 8-row tiles are
+// mma's B; fragments by ldmatrix, mma.sync.m16n8k16 (bf16 in, fp32 accumulators; x as B
+// instead of A: 24 of 32 loads and products a chunk at 17 rows, H200 17 rows 2.220 -> 2.188
+// ms, 64 rows 3.673 -> 3.703). The accumulators land in acc
 // [SEGS * n, WK, B] (row s * n + r of the segments, WK parts a row, summed in a fixed order by
 // Ctx::result): the op bodies' epilogues read them as they read the CUDA-core projection's.
 #pragma once
@@ -79,21 +82,23 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4],
 // Rows of a page a segment of n rows takes (whole 8-row boxes).
 __device__ __forceinline__ int padded8(int n) { return (n + 7) & ~7; }
 
-// Warp groups over a task's n-tiles: two tiles a warp at most (a power of two up to NCW); the
-// NCW / groups warps of a group take every that-many-th chunk (a narrow task's chunks are read
-// by several warps at once: each warp's chain of loads and products a chunk is long).
+// Warp groups over a task's n-tiles (8-row boxes): two a warp at most, one 16-row tile (a power
+// of two up to NCW); the NCW / groups warps of a group take every that-many-th chunk (a narrow
+// task's chunks are read by several warps at once: each warp's chain of loads and products a
+// chunk is long).
 template <int NCW>
 __host__ __device__ constexpr int n_groups(int tiles) {
   int g = 1;
   while (g < NCW && 2 * g < tiles) g <<= 1;
   return g;
 }
-// n-tiles a warp holds at most, for tasks of up to `most` tiles
+// 16-row tiles a warp holds at most, for tasks of up to `most` n-tiles (group g's 16-row
+// tiles: g, g + groups, ...)
 template <int NCW>
 __host__ __device__ constexpr int tiles_a_warp(int most) {
   int w = 1;
   for (int t = 1; t <= most; ++t) {
-    const int g = n_groups<NCW>(t), need = (t + g - 1) / g;
+    const int g = n_groups<NCW>(t), need = ((t + 1) / 2 + g - 1) / g;
     w = need > w ? need : w;
   }
   return w;
@@ -187,7 +192,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 template <class C, int B, int XK, int KS, int SEGS, int NMAX, int XS>
 __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
   constexpr int NCW = C::NCW, MT = (B + 15) / 16, CH = (KS + KC - 1) / KC, XB = MT * 16 * 128;
-  constexpr int TPW = tiles_a_warp<NCW>(SEGS * ((NMAX + 7) / 8));   // n-tiles a warp
+  constexpr int TPW = tiles_a_warp<NCW>(SEGS * ((NMAX + 7) / 8));   // 16-row tiles a warp
+  constexpr int NB = (B + 7) / 8;                                     // x's 8-row tiles
   constexpr int AHEAD = XS - 2;
   static_assert(XS >= 3, "x chunks: at least three stages");
   static_assert(KS % 16 == 0 || KS == XK, "a K slice of whole k-steps (past x's row: zeros)");
@@ -210,14 +216,17 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
     fence_proxy_async();
     for (int ch = 0; ch < AHEAD && ch < CH; ++ch) request(ch);
   }
-  int tile_of[TPW];   // the warp's n-tiles; past the task's last, its last again (products
-                      // never stored: no predicated ldmatrix or mma, each of which would
-                      // need a warp sync of its own and keep the loads from running ahead)
+  const int mtiles = (tiles + 1) / 2;   // the chunk's 16-row weight tiles
+  int a_row[TPW];   // this lane's row of the warp's tiles' A fragments: past the task's last
+                    // tile or the chunk's last row, the last again (products never stored: no
+                    // predicated ldmatrix or mma, each of which would need a warp sync of its
+                    // own and keep the loads from running ahead)
 #pragma unroll
-  for (int j = 0; j < TPW; ++j) tile_of[j] = min(gn + j * wn, tiles - 1);
-  float acc[MT][TPW][4];
+  for (int j = 0; j < TPW; ++j)
+    a_row[j] = min(min(gn + j * wn, mtiles - 1) * 16 + c.lane % 16, tiles * 8 - 1);
+  float acc[NB][TPW][4];
 #pragma unroll
-  for (int m = 0; m < MT; ++m)
+  for (int m = 0; m < NB; ++m)
 #pragma unroll
     for (int j = 0; j < TPW; ++j)
 #pragma unroll
@@ -236,16 +245,22 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
 #pragma unroll
         for (int kk = 0; kk < KC / 16; ++kk) {
           if (KS % KC && KS < XK && ch * KC + kk * 16 >= KS) break;   // the next slice's
-          uint32_t b[TPW][2];   // the warp's tiles' fragments, then x's an m-tile at a time
+          uint32_t xb[NB][2];   // x's 8-row tiles' B fragments, two an ldmatrix
 #pragma unroll
-          for (int j = 0; j < TPW; ++j)
-            ldsm_x2(b[j], wt + swz(tile_of[j] * 8 + c.lane % 8, 2 * kk + (c.lane / 8) % 2));
+          for (int p = 0; p < NB / 2; ++p) {
+            uint32_t r[4];
+            ldsm_x4(r, xt + swz(16 * p + c.lane / 16 * 8 + c.lane % 8, 2 * kk + c.lane / 8 % 2));
+            xb[2 * p][0] = r[0], xb[2 * p][1] = r[1];
+            xb[2 * p + 1][0] = r[2], xb[2 * p + 1][1] = r[3];
+          }
+          if (NB % 2)
+            ldsm_x2(xb[NB - 1], xt + swz(8 * (NB - 1) + c.lane % 8, 2 * kk + c.lane / 8 % 2));
 #pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            uint32_t a[4];   // rows m * 16 + lane % 16, k pieces 2kk + lane / 16
-            ldsm_x4(a, xt + swz(m * 16 + c.lane % 16, 2 * kk + c.lane / 16));
+          for (int j = 0; j < TPW; ++j) {
+            uint32_t a[4];   // the tile's rows a_row, k pieces 2kk + lane / 16
+            ldsm_x4(a, wt + swz(a_row[j], 2 * kk + c.lane / 16));
 #pragma unroll
-            for (int j = 0; j < TPW; ++j) mma16816(acc[m][j], a, b[j]);
+            for (int m = 0; m < NB; ++m) mma16816(acc[m][j], a, xb[m]);
           }
         }
       }
@@ -262,16 +277,16 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
   c.xn = x0 + CH;
   const int g = c.lane / 4, t2 = 2 * (c.lane % 4);
 #pragma unroll
-  for (int j = 0; j < TPW; ++j) {   // (batch m*16 + g [+ 8], page rows tile*8 + t2 [+ 1])
+  for (int j = 0; j < TPW; ++j) {   // (page rows tile*16 + g [+ 8], batch m*8 + t2 [+ 1])
     const int tile = gn + j * wn;
-    if (tile >= tiles) break;
+    if (tile >= mtiles) break;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = tile * 8 + t2 + (e & 1), seg = i / rp, r = i % rp;
-      if (r >= n) continue;
+      const int i = tile * 16 + g + (e >> 1) * 8, seg = i / rp, r = i % rp;
+      if (i >= tiles * 8 || r >= n) continue;
 #pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        const int b = m * 16 + g + (e >> 1) * 8;
+      for (int m = 0; m < NB; ++m) {
+        const int b = m * 8 + t2 + (e & 1);
         if (b < B) c.acc[((seg * n + r) * wk + gk) * B + b] = acc[m][j][e];
       }
     }
