@@ -188,9 +188,10 @@ __device__ __forceinline__ void fence_proxy_async() {
 // map, XStages::Source) into XStages, requested by thread 0 XS - 2 chunks ahead of the one
 // read (its stage's last reader two chunks behind), c.xn counting the chunks taken; each warp
 // waits for its chunks and pages and frees them on its own. Every warp waits for and frees every
-// page (also when draining; x is then neither copied nor counted).
-template <class C, int B, int XK, int KS, int SEGS, int NMAX, int XS>
-__device__ int mma_project(C& c, const bf16* x, int k0, int n) {
+// page (also when draining; x is then neither copied nor counted). `pre`: the caller's own
+// loads, run once x's first chunks are asked for (their latencies overlap).
+template <class C, int B, int XK, int KS, int SEGS, int NMAX, int XS, class Pre>
+__device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
   constexpr int NCW = C::NCW, MT = (B + 15) / 16, CH = (KS + KC - 1) / KC, XB = MT * 16 * 128;
   constexpr int TPW = tiles_a_warp<NCW>(SEGS * ((NMAX + 7) / 8));   // 16-row tiles a warp
   constexpr int NB = (B + 7) / 8;                                     // x's 8-row tiles
@@ -216,6 +217,7 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n) {
     fence_proxy_async();
     for (int ch = 0; ch < AHEAD && ch < CH; ++ch) request(ch);
   }
+  pre();
   const int mtiles = (tiles + 1) / 2;   // the chunk's 16-row weight tiles
   int a_row[TPW];   // this lane's row of the warp's tiles' A fragments: past the task's last
                     // tile or the chunk's last row, the last again (products never stored: no
