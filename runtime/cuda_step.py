@@ -68,13 +68,13 @@ class TensorMap:
 
 
 def kernel_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...],
-                act: torch.Tensor | None = None, batch: int = 0) -> TensorMap:
+                act: torch.Tensor | None = None, x_rows: int = 0) -> TensorMap:
     """The CUDA kernel's ``mk::Maps``: for each row length K of ``ks``, the weight arena read as
     [rows, K] in boxes of 128, 64, 32, 16 and 8 rows by 64 columns, then the activation arena
-    ``act`` read as [rows, K] in boxes of ``batch`` rows padded to 16 (x's chunks,
-    ``megakernel_mma.cuh``); one blank entry's worth where ``ks`` is empty (projections on
-    CUDA cores)."""
-    from megakernel.compiler.cuda_codegen import KC, NBOX, padded
+    ``act`` read as [rows, K] in boxes of ``x_rows`` rows (x's chunks, ``megakernel_mma.cuh``:
+    as many bytes as its copies expect); one blank entry's worth where ``ks`` is empty
+    (projections on CUDA cores)."""
+    from megakernel.compiler.cuda_codegen import KC, NBOX
 
     n = max(1, len(ks))
     maps = TensorMap((NBOX + 1) * n)
@@ -83,7 +83,7 @@ def kernel_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...],
             driver.tensor_map(arena.data_ptr(), arena.numel() // k, k, 128 >> b, KC,
                               into=maps.address + 128 * (i * NBOX + b))
         if act is not None:
-            driver.tensor_map(act.data_ptr(), act.numel() // k, k, padded(batch, 16), KC,
+            driver.tensor_map(act.data_ptr(), act.numel() // k, k, x_rows, KC,
                               into=maps.address + 128 * (n * NBOX + i))
     return maps
 
@@ -192,7 +192,7 @@ class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, **knobs):
         """``knobs``: ``generate_cuda``'s (flight, lanes, kv_ring, probe, kv_l2, acquire, mma,
-        mma_chunks, mma_page_kib, kv_ahead, attn_runs, attn_mma; None: its default)."""
+        mma_chunks, mma_page_kib, kv_ahead, attn_runs, attn_mma, x_pad16; None: its default)."""
         import inspect
 
         from megakernel.compiler.cuda_codegen import generate_cuda
@@ -210,7 +210,7 @@ class CudaStep(MegakernelStep):
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")
         self.maps = kernel_maps(self.driver, self.weights, self.cuda.map_ks, self.act,
-                                compiled.ops.dims.batch)   # arenas now bound
+                                self.cuda.x_rows)   # arenas now bound
 
     def _load_kernel(self, compiled, device):
         """Generate, build and load the CUDA kernel (instead of the Triton module)."""

@@ -7,9 +7,10 @@
 // ring page (as many chunks a page as fit it, up to MK_CHUNKS: a narrow task's pages full too)
 // with TMA tensor copies (maps over the weight arena as [rows, K], one a row length
 // and box height; 128-byte swizzle: row r's 16-byte piece c at r * 128 + (c ^ r % 8) * 16, the
-// page 1024-byte aligned). x's chunk [B padded to 16, 64] comes into one of XS stages by a
-// tensor copy too (a map of x's row length; its rows past B: whatever follows x, or zeros past
-// the map's end; their products are never read). The consumer warps multiply on their own, no
+// page 1024-byte aligned). x's chunk [B, 64] comes into one of XS stages of B padded to 16
+// rows by a tensor copy too (a map of x's row length; the stage's rows past B: what an earlier
+// copy left, their products never read; MK_X_PAD16: copies of 16-row multiples, rows past B
+// whatever follows x, or zeros past the map's end). The consumer warps multiply on their own, no
 // barrier between them: the chunk's weight rows in 16-row tiles (mma's A; two of the 8-row
 // boxes) are split between WN warp groups (a tile a warp while there are no more tiles than
 // warps) and the chunks between the WK = NCW / WN warps of a group; x's rows in 8-row tiles are
@@ -178,6 +179,11 @@ __device__ __forceinline__ const CUtensorMap* xmap(const CUtensorMap* maps) {
   return maps + i;
 }
 
+#ifndef MK_X_PAD16
+#define MK_X_PAD16 0   // x's copies of B rows padded to 16 (1) or of its B rows (0; the maps'
+                       // box height, kernel_maps)
+#endif
+
 // x's stores (generic proxy, acquired or ordered by a barrier) before tensor copies read it
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -193,6 +199,7 @@ __device__ __forceinline__ void fence_proxy_async() {
 template <class C, int B, int XK, int KS, int SEGS, int NMAX, int XS, class Pre>
 __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
   constexpr int NCW = C::NCW, MT = (B + 15) / 16, CH = (KS + KC - 1) / KC, XB = MT * 16 * 128;
+  constexpr int XR = MK_X_PAD16 ? MT * 16 : B;                        // rows a copy of x
   constexpr int TPW = tiles_a_warp<NCW>(SEGS * ((NMAX + 7) / 8));   // 16-row tiles a warp
   constexpr int NB = (B + 7) / 8;                                     // x's 8-row tiles
   constexpr int AHEAD = XS - 2;
@@ -209,7 +216,7 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
     const uint32_t g = x0 + ch, s = g % XS;
     const typename XStages<B, XS>::Source src = *XStages<B, XS>::source(c.xs);
     if (g >= XS) mbar_wait(xempty + s, (g / XS - 1) & 1);   // its last reader done
-    mbar_expect(xfull + s, XB);
+    mbar_expect(xfull + s, XR * 128);
     tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + ch * KC, (int)((x - src.base) / XK),
            xfull + s);
   };
