@@ -290,7 +290,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   acquire: str = "none", mma: bool | None = None,
                   mma_chunks: int = MMA_CHUNKS, mma_page_kib: int = MMA_PAGE // 1024,
                   kv_ahead: int = 0, attn_runs: int = ATTN_RUNS,
-                  attn_mma: bool | None = None, x_pad16: bool = False) -> CudaSource:
+                  attn_mma: bool | None = None, x_pad16: bool = False,
+                  stagger: bool = False) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
     FLIGHT, or with tensor cores any pages up to MMA_FLIGHT bytes; 2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
@@ -314,7 +315,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     H200, ms, a key a lane / tensor cores: 17 rows 2.834 / 2.377, 64 rows 4.859 / 4.085; batch
     1, from L2 / tensor cores, 0.797 / 0.807); ``x_pad16``: x's tensor copies of its batch
     rows padded to 16 (rows past them whatever follows x), else of its rows alone
-    (``MK_X_PAD16``, megakernel_mma.cuh)."""
+    (``MK_X_PAD16``, megakernel_mma.cuh); ``stagger``: each worker walks a tensor-core task's
+    chunks from chunk (its block % chunks) on (``MK_STAGGER``)."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
@@ -353,7 +355,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
         flight_bytes=flight_bytes, mma_chunks=mma_chunks, kv_ahead=kv_ahead,
-        attn_runs=attn_runs, attn_mma=attn_mma, x_pad16=x_pad16,
+        attn_runs=attn_runs, attn_mma=attn_mma, x_pad16=x_pad16, stagger=stagger,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
         acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=x_stages(batch),
         xbytes=geo.xbytes, map_ks=map_ks,

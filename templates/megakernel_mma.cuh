@@ -80,6 +80,17 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+#ifndef MK_STAGGER
+#define MK_STAGGER 0   // each worker walks a task's chunks from chunk (its block % chunks) on, so
+                       // that the workers do not all read the same chunk of x at once
+#endif
+
+// The chunk at place `ch` of a worker's walk over a task's CH chunks.
+template <int CH>
+__device__ __forceinline__ int chunk_at(int ch) {
+  return MK_STAGGER ? (ch + (int)(blockIdx.x % CH)) % CH : ch;
+}
+
 // Rows of a page a segment of n rows takes (whole 8-row boxes).
 __device__ __forceinline__ int padded8(int n) { return (n + 7) & ~7; }
 
@@ -136,7 +147,7 @@ __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
       for (int s = 0; s < SEGS; ++s)
         for (int r = 0, b = 0; r < rp; r += 128 >> b) {
           while ((128 >> b) > rp - r) ++b;
-          tma_2d(page + at * 128, map + b, k0 + ch * KC, row[s] + r, bar);
+          tma_2d(page + at * 128, map + b, k0 + chunk_at<CH>(ch) * KC, row[s] + r, bar);
           at += 128 >> b;
         }
     p.ring.advance();
@@ -217,7 +228,8 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
     const typename XStages<B, XS>::Source src = *XStages<B, XS>::source(c.xs);
     if (g >= XS) mbar_wait(xempty + s, (g / XS - 1) & 1);   // its last reader done
     mbar_expect(xfull + s, XR * 128);
-    tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + ch * KC, (int)((x - src.base) / XK),
+    tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + chunk_at<CH>(ch) * KC,
+           (int)((x - src.base) / XK),
            xfull + s);
   };
   if (!c.drain && c.t == 0) {
@@ -250,10 +262,11 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
       if (ch == 0) c.mark(1);   // the first page and x's first chunk landed
       const unsigned char* wt = c.ring.page() + q * tiles * 1024;
       const unsigned char* xt = c.xs + st * XB;
+      const int kc = chunk_at<CH>(ch) * KC;   // the chunk's first column past k0
       if (MK_PROBE != 5 && (ch & (wk - 1)) == gk) {   // the group's chunk (probe 5: none)
 #pragma unroll
         for (int kk = 0; kk < KC / 16; ++kk) {
-          if (KS % KC && KS < XK && ch * KC + kk * 16 >= KS) break;   // the next slice's
+          if (KS % KC && KS < XK && kc + kk * 16 >= KS) break;   // the next slice's
           uint32_t xb[NB][2];   // x's 8-row tiles' B fragments, two an ldmatrix
 #pragma unroll
           for (int p = 0; p < NB / 2; ++p) {
