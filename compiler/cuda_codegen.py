@@ -259,10 +259,11 @@ def x_bytes(batch: int, stages: int) -> int:
     return stages * (padded(batch, 16) * 2 * KC + 16) + 16
 
 
-def geometry(enc: Encoded, batch: int, mma: int = 0) -> Geometry:
+def geometry(enc: Encoded, batch: int, mma: int = 0, xs: int = 0) -> Geometry:
     """Ring pages long enough for the longest weight row (``mma`` > 0, tensor cores: a chunk of
-    the largest task's rows, and at least ``mma`` bytes), as many as fit RING_BYTES and the
-    block's shared memory with the scratch the opcodes need."""
+    the largest task's rows, and at least ``mma`` bytes, beside ``xs`` stages of x's chunks, 0:
+    ``x_stages``), as many as fit RING_BYTES and the block's shared memory with the scratch the
+    opcodes need."""
     proj = [(kind, cx) for _, kind, cx, _ in enc.variants
             if kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)]
     page, acc = _proj_geometry(proj, batch, mma)
@@ -274,7 +275,7 @@ def geometry(enc: Encoded, batch: int, mma: int = 0) -> Geometry:
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
-    xbytes = x_bytes(batch, x_stages(batch)) if mma else 0
+    xbytes = x_bytes(batch, xs or x_stages(batch)) if mma else 0
     geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma > 0, xbytes)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
         geo = Geometry(page, geo.npage - 1, acc, tmp, mma > 0, xbytes)
@@ -291,7 +292,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   mma_chunks: int = MMA_CHUNKS, mma_page_kib: int = MMA_PAGE // 1024,
                   kv_ahead: int = 0, attn_runs: int = ATTN_RUNS,
                   attn_mma: bool | None = None, x_pad16: bool = False,
-                  stagger: bool = False) -> CudaSource:
+                  stagger: bool = False, x_depth: int = 0) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
     FLIGHT, or with tensor cores any pages up to MMA_FLIGHT bytes; 2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
@@ -316,7 +317,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     1, from L2 / tensor cores, 0.797 / 0.807); ``x_pad16``: x's tensor copies of its batch
     rows padded to 16 (rows past them whatever follows x), else of its rows alone
     (``MK_X_PAD16``, megakernel_mma.cuh); ``stagger``: each worker walks a tensor-core task's
-    chunks from chunk (its block % chunks) on (``MK_STAGGER``)."""
+    chunks from chunk (its block % chunks) on (``MK_STAGGER``); ``x_depth``: stages of x's
+    chunks (0: ``x_stages``; thread 0 asks for chunks that many less two ahead)."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
@@ -333,7 +335,10 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         raise ValueError(f"mma_page_kib={mma_page_kib}: 1 to 128")
     tensor = batch >= MMA_FROM if mma is None else mma
     attn_mma = tensor if attn_mma is None else attn_mma
-    geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0)
+    if not (x_depth == 0 or 3 <= x_depth <= 32):
+        raise ValueError(f"x_depth={x_depth}: 0 (x_stages) or 3 to 32")
+    xs = x_depth or x_stages(batch)
+    geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0, xs)
     check_supported(enc, lanes, geo)
     # tensor cores: pages (a chunk's rows each) up to MMA_FLIGHT bytes, unless pages are asked
     flight_bytes = MMA_FLIGHT if geo.mma and flight is None else 0
@@ -357,7 +362,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         flight_bytes=flight_bytes, mma_chunks=mma_chunks, kv_ahead=kv_ahead,
         attn_runs=attn_runs, attn_mma=attn_mma, x_pad16=x_pad16, stagger=stagger,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
-        acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=x_stages(batch),
+        acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=xs,
         xbytes=geo.xbytes, map_ks=map_ks,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch),
