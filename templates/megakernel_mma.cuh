@@ -229,8 +229,7 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
     if (g >= XS) mbar_wait(xempty + s, (g / XS - 1) & 1);   // its last reader done
     mbar_expect(xfull + s, XR * 128);
     tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + chunk_at<CH>(ch) * KC,
-           (int)((x - src.base) / XK),
-           xfull + s);
+           (int)((x - src.base) / XK), xfull + s);
   };
   if (!c.drain && c.t == 0) {
     fence_proxy_async();
