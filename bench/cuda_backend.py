@@ -5,6 +5,7 @@
         [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] [--acquires none,both] \
         [--mma-chunks 1,4] [--mma-pages 16,32] [--kv-aheads 0,2] [--attn-runs 1,2] \
         [--attn-mmas 0,1] [--x-pad16s 0,1] [--staggers 0,1] [--x-depths 8,16] \
+        [--x-chunks 1,2] \
         [--probes 1,2,3]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
@@ -70,6 +71,8 @@ KNOBS = {
                 "first (0)"),
     "x_depth": ("--x-depths", "0", int,
                 "tensor-core projections' stages of x's chunks (0: the backend's choice)"),
+    "x_chunks": ("--x-chunks", "1", int,
+                 "tensor-core projections' 64-column chunks of x a stage (1, 2, 4, 8)"),
 }
 
 

@@ -158,9 +158,15 @@ __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
 // then a full barrier a stage (its tensor copy landed), an empty one (every consumer warp done
 // with it), and where the copies come from: x's maps, one a row length of MK_XKS, over the
 // buffer at `base` (kept here for the one thread that copies, not in every thread's registers).
+#ifndef MK_X_CHUNKS
+#define MK_X_CHUNKS 1   // x's 64-column chunks a stage (one request, one wait and one release
+                        // a stage: a power of two)
+#endif
+
 template <int B, int XS>
 struct XStages {
-  static constexpr int STAGE = (B + 15) / 16 * 16 * 128, BYTES = XS * (STAGE + 16) + 16;
+  static constexpr int CHUNK = (B + 15) / 16 * 16 * 128, STAGE = MK_X_CHUNKS * CHUNK,
+                       BYTES = XS * (STAGE + 16) + 16;
   struct Source {
     const CUtensorMap* maps;
     const bf16* base;
@@ -202,14 +208,16 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 // The consumers' side: acc [SEGS * n, WK, B] of x [B, XK] columns [k0, k0 + KS) times the
 // pages' rows; returns WK. x's chunks come by tensor copies (x at row (x - base) / XK of its
-// map, XStages::Source) into XStages, requested by thread 0 XS - 2 chunks ahead of the one
-// read (its stage's last reader two chunks behind), c.xn counting the chunks taken; each warp
-// waits for its chunks and pages and frees them on its own. Every warp waits for and frees every
-// page (also when draining; x is then neither copied nor counted). `pre`: the caller's own
-// loads, run once x's first chunks are asked for (their latencies overlap).
+// map, XStages::Source) into XStages (MK_X_CHUNKS a stage), requested by thread 0 XS - 2
+// stages ahead of the one read (its last reader two stages behind), c.xn counting the stages
+// taken; each warp waits for its stages and pages and frees them on its own. Every warp waits
+// for and frees every page (also when draining; x is then neither copied nor counted). `pre`:
+// the caller's own loads, run once x's first chunks are asked for (their latencies overlap).
 template <class C, int B, int XK, int KS, int SEGS, int NMAX, int XS, class Pre>
 __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
   constexpr int NCW = C::NCW, MT = (B + 15) / 16, CH = (KS + KC - 1) / KC, XB = MT * 16 * 128;
+  constexpr int XC = MK_X_CHUNKS, NSC = (CH + XC - 1) / XC;   // chunks a stage; stages a task
+  static_assert(XC > 0 && (XC & (XC - 1)) == 0, "x's chunks a stage: a power of two");
   constexpr int XR = MK_X_PAD16 ? MT * 16 : B;                        // rows a copy of x
   constexpr int TPW = tiles_a_warp<NCW>(SEGS * ((NMAX + 7) / 8));   // 16-row tiles a warp
   constexpr int NB = (B + 7) / 8;                                     // x's 8-row tiles
@@ -223,17 +231,19 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
   uint64_t* xfull = XStages<B, XS>::full(c.xs);
   uint64_t* xempty = xfull + XS;
   const uint32_t x0 = c.xn;
-  auto request = [&](int ch) {   // thread 0: x's chunk ch, once its stage is free
-    const uint32_t g = x0 + ch, s = g % XS;
+  auto request = [&](int sc) {   // thread 0: x's chunks of stage sc, once the stage is free
+    const uint32_t g = x0 + sc, s = g % XS;
     const typename XStages<B, XS>::Source src = *XStages<B, XS>::source(c.xs);
+    const int sub = XC == 1 ? 1 : min(XC, CH - sc * XC);   // its chunks
     if (g >= XS) mbar_wait(xempty + s, (g / XS - 1) & 1);   // its last reader done
-    mbar_expect(xfull + s, XR * 128);
-    tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + chunk_at<CH>(ch) * KC,
-           (int)((x - src.base) / XK), xfull + s);
+    mbar_expect(xfull + s, sub * XR * 128);
+    for (int u = 0; u < sub; ++u)
+      tma_2d(c.xs + s * XC * XB + u * XB, xmap<XK>(src.maps),
+             k0 + chunk_at<CH>(sc * XC + u) * KC, (int)((x - src.base) / XK), xfull + s);
   };
   if (!c.drain && c.t == 0) {
     fence_proxy_async();
-    for (int ch = 0; ch < AHEAD && ch < CH; ++ch) request(ch);
+    for (int sc = 0; sc < AHEAD && sc < NSC; ++sc) request(sc);
   }
   pre();
   const int mtiles = (tiles + 1) / 2;   // the chunk's 16-row weight tiles
@@ -252,15 +262,16 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
   for (int ch = 0; ch < CH; ++ch) {
-    if (!c.drain && c.t == 0 && ch + AHEAD < CH) request(ch + AHEAD);
+    const int sc = ch / XC, u = ch % XC;   // x's stage of the chunk, the chunk's place in it
+    if (!c.drain && c.t == 0 && u == 0 && sc + AHEAD < NSC) request(sc + AHEAD);
     const int q = ch % cpp;    // the chunk's place in its page
     if (q == 0) mbar_wait(c.ring.full + c.ring.slot, c.ring.phase);
-    const uint32_t g = x0 + ch, st = g % XS;   // x's chunk: its place in the stages
+    const uint32_t g = x0 + sc, st = g % XS;   // x's stage: its place in the stages
     if (!c.drain) {
-      mbar_wait(xfull + st, (g / XS) & 1);
+      if (u == 0) mbar_wait(xfull + st, (g / XS) & 1);
       if (ch == 0) c.mark(1);   // the first page and x's first chunk landed
       const unsigned char* wt = c.ring.page() + q * tiles * 1024;
-      const unsigned char* xt = c.xs + st * XB;
+      const unsigned char* xt = c.xs + (st * XC + u) * XB;
       const int kc = chunk_at<CH>(ch) * KC;   // the chunk's first column past k0
       if (MK_PROBE != 5 && (ch & (wk - 1)) == gk) {   // the group's chunk (probe 5: none)
 #pragma unroll
@@ -289,13 +300,13 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
     const bool last = q == cpp - 1 || ch == CH - 1;   // the page's last chunk
     __syncwarp();
     if (c.lane == 0) {   // the warp done with x's stage (none drained) and the page
-      if (!c.drain) mbar_arrive(xempty + st);
+      if (!c.drain && (u == XC - 1 || ch == CH - 1)) mbar_arrive(xempty + st);
       if (last) mbar_arrive(c.ring.empty + c.ring.slot);
     }
     if (last) c.ring.advance();
   }
   if (c.drain) return wk;
-  c.xn = x0 + CH;
+  c.xn = x0 + NSC;
   const int g = c.lane / 4, t2 = 2 * (c.lane % 4);
 #pragma unroll
   for (int j = 0; j < TPW; ++j) {   // (page rows tile*16 + g [+ 8], batch m*8 + t2 [+ 1])

@@ -165,7 +165,8 @@ def test_tensor_core_flight_is_in_bytes_unless_pages_are_asked():
 @pytest.mark.parametrize("knobs,match", [({"mma_chunks": 3}, "mma_chunks=3"),
                                          ({"mma_page_kib": 0}, "mma_page_kib=0"),
                                          ({"kv_ahead": -1}, "kv_ahead=-1"),
-                                         ({"x_depth": 2}, "x_depth=2")])
+                                         ({"x_depth": 2}, "x_depth=2"),
+                                         ({"x_chunks": 3}, "x_chunks=3")])
 def test_tensor_core_knobs_out_of_range_are_refused(knobs, match):
     c = compiled(17)
     with pytest.raises(ValueError, match=match):
@@ -179,13 +180,14 @@ def test_tensor_core_knobs_out_of_range_are_refused(knobs, match):
                                         ({"probe": 5}, "#define MK_PROBE 5"),
                                         ({"x_pad16": True}, "#define MK_X_PAD16 1"),
                                         ({"stagger": True}, "#define MK_STAGGER 1"),
-                                        ({"x_depth": 16}, "XS = 16,")])
+                                        ({"x_depth": 16}, "XS = 16,"),
+                                        ({"x_chunks": 2}, "#define MK_X_CHUNKS 2")])
 def test_tensor_core_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
     """One 64-column chunk a page (a narrow task's pages part-filled), attention's L2
     prefetches held two tasks ahead of the consumers, traces' end stamps once a projection's
     first page and x chunk landed (1) and after its chunk loop without the products (5, timing
-    only), x's copies of 16-row boxes, chunks walked from the worker's own first and
-    16 stages of x build without spills."""
+    only), x's copies of 16-row boxes, chunks walked from the worker's own first,
+    16 stages of x and two chunks of x a stage build without spills."""
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
