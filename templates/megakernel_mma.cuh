@@ -206,6 +206,63 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
+// One chunk's products of a warp: its TPW 16-row weight tiles (A, rows a_row of the page's
+// chunk at wt) times x's NB 8-row tiles (B, the stage's chunk at xt) into acc, k-step by
+// k-step; SLICE > 0: the k-steps from column SLICE of the task's on left out (kc: the chunk's
+// first column).
+template <int NB, int TPW, int SLICE>
+__device__ __forceinline__ void chunk_products(float (&acc)[NB][TPW][4],
+                                               const unsigned char* wt,
+                                               const unsigned char* xt, const int (&a_row)[TPW],
+                                               int kc, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KC / 16; ++kk) {
+    if (SLICE && kc + kk * 16 >= SLICE) break;   // the next slice's
+    uint32_t xb[NB][2];   // x's 8-row tiles' B fragments, two an ldmatrix
+#pragma unroll
+    for (int p = 0; p < NB / 2; ++p) {
+      uint32_t r[4];
+      ldsm_x4(r, xt + swz(16 * p + lane / 16 * 8 + lane % 8, 2 * kk + lane / 8 % 2));
+      xb[2 * p][0] = r[0], xb[2 * p][1] = r[1];
+      xb[2 * p + 1][0] = r[2], xb[2 * p + 1][1] = r[3];
+    }
+    if (NB % 2) ldsm_x2(xb[NB - 1], xt + swz(8 * (NB - 1) + lane % 8, 2 * kk + lane / 8 % 2));
+#pragma unroll
+    for (int j = 0; j < TPW; ++j) {
+      uint32_t a[4];   // the tile's rows a_row, k pieces 2kk + lane / 16
+      ldsm_x4(a, wt + swz(a_row[j], 2 * kk + lane / 16));
+#pragma unroll
+      for (int m = 0; m < NB; ++m) mma16816(acc[m][j], a, xb[m]);
+    }
+  }
+}
+
+// A warp's products into out [SEGS * n, wk, B] (its part gk): lane (g, t) holds page rows
+// tile * 16 + g (+ 8) of its tiles (group gn's: gn, gn + wn, ...) for batch rows m * 8 + 2t
+// (+ 1); rows past the task's (tiles 8-row boxes of n rows a segment padded to 8) and batch
+// rows past B left out.
+template <int B, int NB, int TPW>
+__device__ __forceinline__ void store_products(float* out, const float (&acc)[NB][TPW][4],
+                                               int lane, int gn, int wn, int gk, int wk,
+                                               int tiles, int n) {
+  const int g = lane / 4, t2 = 2 * (lane % 4), rp = padded8(n), mtiles = (tiles + 1) / 2;
+#pragma unroll
+  for (int j = 0; j < TPW; ++j) {
+    const int tile = gn + j * wn;
+    if (tile >= mtiles) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = tile * 16 + g + (e >> 1) * 8, seg = i / rp, r = i % rp;
+      if (i >= tiles * 8 || r >= n) continue;
+#pragma unroll
+      for (int m = 0; m < NB; ++m) {
+        const int b = m * 8 + t2 + (e & 1);
+        if (b < B) out[((seg * n + r) * wk + gk) * B + b] = acc[m][j][e];
+      }
+    }
+  }
+}
+
 // The consumers' side: acc [SEGS * n, WK, B] of x [B, XK] columns [k0, k0 + KS) times the
 // pages' rows; returns WK. x's chunks come by tensor copies (x at row (x - base) / XK of its
 // map, XStages::Source) into XStages (MK_X_CHUNKS a stage), requested by thread 0 XS - 2
@@ -273,29 +330,8 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
       const unsigned char* wt = c.ring.page() + q * tiles * 1024;
       const unsigned char* xt = c.xs + (st * XC + u) * XB;
       const int kc = chunk_at<CH>(ch) * KC;   // the chunk's first column past k0
-      if (MK_PROBE != 5 && (ch & (wk - 1)) == gk) {   // the group's chunk (probe 5: none)
-#pragma unroll
-        for (int kk = 0; kk < KC / 16; ++kk) {
-          if (KS % KC && KS < XK && kc + kk * 16 >= KS) break;   // the next slice's
-          uint32_t xb[NB][2];   // x's 8-row tiles' B fragments, two an ldmatrix
-#pragma unroll
-          for (int p = 0; p < NB / 2; ++p) {
-            uint32_t r[4];
-            ldsm_x4(r, xt + swz(16 * p + c.lane / 16 * 8 + c.lane % 8, 2 * kk + c.lane / 8 % 2));
-            xb[2 * p][0] = r[0], xb[2 * p][1] = r[1];
-            xb[2 * p + 1][0] = r[2], xb[2 * p + 1][1] = r[3];
-          }
-          if (NB % 2)
-            ldsm_x2(xb[NB - 1], xt + swz(8 * (NB - 1) + c.lane % 8, 2 * kk + c.lane / 8 % 2));
-#pragma unroll
-          for (int j = 0; j < TPW; ++j) {
-            uint32_t a[4];   // the tile's rows a_row, k pieces 2kk + lane / 16
-            ldsm_x4(a, wt + swz(a_row[j], 2 * kk + c.lane / 16));
-#pragma unroll
-            for (int m = 0; m < NB; ++m) mma16816(acc[m][j], a, xb[m]);
-          }
-        }
-      }
+      if (MK_PROBE != 5 && (ch & (wk - 1)) == gk)   // the group's chunk (probe 5: none)
+        chunk_products<NB, TPW, (KS % KC && KS < XK) ? KS : 0>(acc, wt, xt, a_row, kc, c.lane);
     }
     const bool last = q == cpp - 1 || ch == CH - 1;   // the page's last chunk
     __syncwarp();
@@ -307,22 +343,7 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
   }
   if (c.drain) return wk;
   c.xn = x0 + NSC;
-  const int g = c.lane / 4, t2 = 2 * (c.lane % 4);
-#pragma unroll
-  for (int j = 0; j < TPW; ++j) {   // (page rows tile*16 + g [+ 8], batch m*8 + t2 [+ 1])
-    const int tile = gn + j * wn;
-    if (tile >= mtiles) break;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = tile * 16 + g + (e >> 1) * 8, seg = i / rp, r = i % rp;
-      if (i >= tiles * 8 || r >= n) continue;
-#pragma unroll
-      for (int m = 0; m < NB; ++m) {
-        const int b = m * 8 + t2 + (e & 1);
-        if (b < B) c.acc[((seg * n + r) * wk + gk) * B + b] = acc[m][j][e];
-      }
-    }
-  }
+  store_products<B, NB, TPW>(c.acc, acc, c.lane, gn, wn, gk, wk, tiles, n);
   return wk;
 }
 
