@@ -318,7 +318,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     H200, ms, a key a lane / tensor cores: 17 rows 2.834 / 2.377, 64 rows 4.859 / 4.085; batch
     1, from L2 / tensor cores, 0.797 / 0.807); ``x_pad16``: x's tensor copies of its batch
     rows padded to 16 (rows past them whatever follows x), else of its rows alone
-    (``MK_X_PAD16``, megakernel_mma.cuh); ``stagger``: each worker walks a tensor-core task's
+    (``MK_X_ROWS``, megakernel_mma.cuh); ``stagger``: each worker walks a tensor-core task's
     chunks from chunk (its block % chunks) on (``MK_STAGGER``); ``x_depth``: stages of x's
     chunks (0: ``x_stages``; thread 0 asks for stages that many less two ahead); ``x_chunks``:
     x's 64-column chunks a stage (``MK_X_CHUNKS``: one request, wait and release a stage)."""
@@ -343,6 +343,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     if x_chunks not in (1, 2, 4, 8):
         raise ValueError(f"x_chunks={x_chunks}: 1, 2, 4 or 8")
     xs = x_depth or x_stages(batch, x_chunks)
+    x_rows = padded(batch, 16) if x_pad16 else batch
     geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0, xs, x_chunks)
     check_supported(enc, lanes, geo)
     # tensor cores: pages (a chunk's rows each) up to MMA_FLIGHT bytes, unless pages are asked
@@ -365,11 +366,11 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
         flight_bytes=flight_bytes, mma_chunks=mma_chunks, kv_ahead=kv_ahead,
-        attn_runs=attn_runs, attn_mma=attn_mma, x_pad16=x_pad16, stagger=stagger, x_chunks=x_chunks,
+        attn_runs=attn_runs, attn_mma=attn_mma, x_rows=x_rows, stagger=stagger,
+        x_chunks=x_chunks,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
         acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=xs,
         xbytes=geo.xbytes, map_ks=map_ks,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch),
-                      tuple(map_ks) if geo.mma else (),
-                      padded(batch, 16) if x_pad16 else batch)
+                      tuple(map_ks) if geo.mma else (), x_rows)

@@ -88,7 +88,8 @@ struct Ctx {
   float* acc;     // [rows, parts, B] a task's row parts
   float* tmp;     // scratch of the epilogues and of attention's merge
   float* rms;     // MMA: [B] the norm's row RMS of the last projection (``mma_normed``)
-  unsigned char* xs;   // MMA: x's chunks [XS, B padded to 16, 64], then their barriers
+  unsigned char* xs;   // MMA: x's stages [XS, MK_X_CHUNKS, B padded to 16, 64], then their
+                       // barriers
   int t, warp, lane;
   int parts = 1;  // MMA: parts a row of acc (the chunk groups of the last projection)
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
@@ -114,9 +115,7 @@ struct Ctx {
   __device__ void project(const bf16* x, int rows) {
     if constexpr (MMA) {
       parts = mma_project<Ctx, B, K, K, SEGS, NMAX, XS>(*this, x, 0, rows, [] {});
-      sync();
-      mark(2);
-      mark(5);
+      mma_end();
     } else {
       project_cores<K, SEGS>(x, rows);
     }
@@ -127,6 +126,11 @@ struct Ctx {
   __device__ void project_slice(const bf16* x, int k0, int rows) {
     static_assert(MMA, "K slices are built for tensor-core projections only");
     parts = mma_project<Ctx, B, XK, KS, 1, NMAX, XS>(*this, x, k0, rows, [] {});
+    mma_end();
+  }
+
+  // After an MMA projection: every warp's parts in acc (and the probes' marks 2 and 5).
+  __device__ void mma_end() {
     sync();
     mark(2);
     mark(5);
@@ -234,9 +238,7 @@ struct Ctx {
         const float v = rsqrtf(warp_sum(part[j]) / K + eps);
         if (lane == 0 && warp + j * NCW < B) rms[warp + j * NCW] = v;
       }
-    sync();
-    mark(2);
-    mark(5);
+    mma_end();
   }
 
   // Batch row b's norm RMS after ``project_normed`` (rs: what it left in this thread).

@@ -9,14 +9,14 @@
 // and box height; 128-byte swizzle: row r's 16-byte piece c at r * 128 + (c ^ r % 8) * 16, the
 // page 1024-byte aligned). x's chunk [B, 64] comes into one of XS stages of B padded to 16
 // rows by a tensor copy too (a map of x's row length; the stage's rows past B: what an earlier
-// copy left, their products never read; MK_X_PAD16: copies of 16-row multiples, rows past B
-// whatever follows x, or zeros past the map's end). The consumer warps multiply on their own, no
-// barrier between them: the chunk's weight rows in 16-row tiles (mma's A; two of the 8-row
-// boxes) are split between WN warp groups (a tile a warp while there are no more tiles than
-// warps) and the chunks between the WK = NCW / WN warps of a group; x's rows in 8-row tiles are
-// mma's B; fragments by ldmatrix, mma.sync.m16n8k16 (bf16 in, fp32 accumulators; x as B
-// instead of A: 24 of 32 loads and products a chunk at 17 rows, H200 17 rows 2.220 -> 2.188
-// ms, 64 rows 3.673 -> 3.703). The accumulators land in acc
+// copy left, their products never read; MK_X_ROWS: copies of that many rows, where a 16-row
+// multiple the rows past B whatever follows x, or zeros past the map's end). The consumer
+// warps multiply on their own, no barrier between them: the chunk's weight rows in 16-row
+// tiles (mma's A; two of the 8-row boxes) are split between WN warp groups (a tile a warp
+// while there are no more tiles than warps) and the chunks between the WK = NCW / WN warps of
+// a group; x's rows in 8-row tiles are mma's B; fragments by ldmatrix, mma.sync.m16n8k16
+// (bf16 in, fp32 accumulators; x as B instead of A: 24 of 32 loads and products a chunk at 17
+// rows, H200 17 rows 2.220 -> 2.188 ms, 64 rows 3.673 -> 3.703). The accumulators land in acc
 // [SEGS * n, WK, B] (row s * n + r of the segments, WK parts a row, summed in a fixed order by
 // Ctx::result): the op bodies' epilogues read them as they read the CUDA-core projection's.
 #pragma once
@@ -196,9 +196,9 @@ __device__ __forceinline__ const CUtensorMap* xmap(const CUtensorMap* maps) {
   return maps + i;
 }
 
-#ifndef MK_X_PAD16
-#define MK_X_PAD16 0   // x's copies of B rows padded to 16 (1) or of its B rows (0; the maps'
-                       // box height, kernel_maps)
+#ifndef MK_X_ROWS
+#define MK_X_ROWS 0   // rows of x's copies (CudaSource.x_rows: the maps' box height,
+                      // kernel_maps); 0: B
 #endif
 
 // x's stores (generic proxy, acquired or ordered by a barrier) before tensor copies read it
@@ -275,7 +275,7 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
   constexpr int NCW = C::NCW, MT = (B + 15) / 16, CH = (KS + KC - 1) / KC, XB = MT * 16 * 128;
   constexpr int XC = MK_X_CHUNKS, NSC = (CH + XC - 1) / XC;   // chunks a stage; stages a task
   static_assert(XC > 0 && (XC & (XC - 1)) == 0, "x's chunks a stage: a power of two");
-  constexpr int XR = MK_X_PAD16 ? MT * 16 : B;                        // rows a copy of x
+  constexpr int XR = MK_X_ROWS ? MK_X_ROWS : B;                       // rows a copy of x
   constexpr int TPW = tiles_a_warp<NCW>(SEGS * ((NMAX + 7) / 8));   // 16-row tiles a warp
   constexpr int NB = (B + 7) / 8;                                     // x's 8-row tiles
   constexpr int AHEAD = XS - 2;

@@ -59,15 +59,6 @@ __device__ __forceinline__ bool mbar_done(uint64_t* bar, uint32_t parity) {
       : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
   return ok != 0;
 }
-// Whether a barrier's phase has completed, at once (no suspended wait).
-__device__ __forceinline__ bool mbar_ready(uint64_t* bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-  return ok != 0;
-}
 // Waits for a ring barrier's phase. No wait of a working kernel comes near MK_RING_SPINS polls
 // (a page lands within a memory latency; a page is freed within a counter wait, whose own
 // watchdog drains the ring; 2^31 polls of a phase not yet complete take tens of seconds at

@@ -178,7 +178,7 @@ def test_tensor_core_knobs_out_of_range_are_refused(knobs, match):
                                         ({"kv_ahead": 2}, "#define MK_KV_AHEAD 2"),
                                         ({"probe": 1}, "#define MK_PROBE 1"),
                                         ({"probe": 5}, "#define MK_PROBE 5"),
-                                        ({"x_pad16": True}, "#define MK_X_PAD16 1"),
+                                        ({"x_pad16": True}, "#define MK_X_ROWS 32"),
                                         ({"stagger": True}, "#define MK_STAGGER 1"),
                                         ({"x_depth": 16}, "XS = 16,"),
                                         ({"x_chunks": 2}, "#define MK_X_CHUNKS 2")])
