@@ -67,7 +67,7 @@ KNOBS = {
                 "tensor-core projections copying x's rows padded to 16 (1) or its rows alone "
                 "(0)"),
     "stagger": ("--staggers", "0", _flag,
-                "tensor-core projections walked from chunk (worker % chunks) on (1) or from the "
+                "tensor-core projections walked from chunk (worker %% chunks) on (1) or from the "
                 "first (0)"),
     "x_depth": ("--x-depths", "0", int,
                 "tensor-core projections' stages of x's chunks (0: the backend's choice)"),
