@@ -81,7 +81,8 @@ def top1(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def compare(model, variant: str, batch: int, context: int, iters: int, rounds: int,
-            trace: str | None, grid: dict[str, list], probes: list[int]) -> dict:
+            trace: str | None, grid: dict[str, list], probes: list[int],
+            chunk_log: int = 0) -> dict:
     """``grid``: each CudaStep knob's values; a CUDA kernel for every combination."""
     import itertools
 
@@ -118,6 +119,8 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
         for name, step in steps.items():
             step.synchronize()
             row[f"{name}_ms"] = statistics.median(times[name])
+    if trace and chunk_log:
+        waits(compiled, model, cache, (tokens, positions), combos[0] | {"chunk_log": chunk_log})
     for probe in [0, *probes] if trace else []:
         print(f"trace, end stamps at mark {probe}" if probe else "trace", flush=True)
         draw(compiled, model, cache, (tokens, positions), trace, batch,
@@ -127,6 +130,28 @@ def compare(model, variant: str, batch: int, context: int, iters: int, rounds: i
 
 def _short(value) -> str:
     return str(int(value)) if isinstance(value, bool) else str(value)
+
+
+def waits(compiled, model, cache, inputs, knobs: dict) -> None:
+    """The wait logs of a traced launch (``chunk_log``): medians by kind, then one task of
+    each kind chunk by chunk (worker 5's first, warp 0 and the producer), ns."""
+    from megakernel.runtime.cuda_step import CudaStep
+    from megakernel.runtime.trace import chunk_log, chunk_table
+
+    step = CudaStep(compiled, model, cache, trace=True, **knobs)
+    with torch.inference_mode():
+        for _ in range(3):
+            step(*inputs, cache)
+    log = chunk_log(step)
+    print("wait log (ns, medians)", flush=True)
+    for row in chunk_table(log):
+        print("  ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in row.items()))
+    first = {}
+    for rec in log:
+        if rec["worker"] == 5 and rec["stream"] != 1 and \
+                first.setdefault((rec["stream"], rec["kind"]), rec["task"]) == rec["task"]:
+            print(" ".join(f"{k}={v}" for k, v in rec.items() if k != "worker"))
 
 
 def draw(compiled, model, cache, inputs, folder: str, batch: int, knobs: dict) -> None:
@@ -164,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, help="folder for the (first) CUDA kernel's timeline")
     ap.add_argument("--probes", default="",
                     help="with --trace: also trace with end stamps at these marks (1-5)")
+    ap.add_argument("--chunk-log", type=int, default=0,
+                    help="with --trace: also log this many tensor-core chunks and ring pages "
+                         "a worker (their waits)")
     for flag, default, _, text in KNOBS.values():
         ap.add_argument(flag, default=default, help=text)
     args = ap.parse_args(argv)
@@ -172,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model, device="cuda", dtype="bfloat16", progress=False).model
     for batch in parse_batch_sizes(args.batch_sizes):
         row = compare(model, args.variant, batch, args.context, args.iters, args.rounds,
-                      args.trace, grid, [int(p) for p in args.probes.split(",") if p])
+                      args.trace, grid, [int(p) for p in args.probes.split(",") if p],
+                      args.chunk_log)
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
     return 0

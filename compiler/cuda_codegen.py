@@ -294,7 +294,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   mma_chunks: int = MMA_CHUNKS, mma_page_kib: int = MMA_PAGE // 1024,
                   kv_ahead: int = 0, attn_runs: int = ATTN_RUNS,
                   attn_mma: bool | None = None, x_pad16: bool = False,
-                  stagger: bool = False, x_depth: int = 0, x_chunks: int = 1) -> CudaSource:
+                  stagger: bool = False, x_depth: int = 0, x_chunks: int = 1,
+                  chunk_log: int = 0) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
     FLIGHT, or with tensor cores any pages up to MMA_FLIGHT bytes; 2, 4, 8
     for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
@@ -321,7 +322,9 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     (``MK_X_ROWS``, megakernel_mma.cuh); ``stagger``: each worker walks a tensor-core task's
     chunks from chunk (its block % chunks) on (``MK_STAGGER``); ``x_depth``: stages of x's
     chunks (0: ``x_stages``; thread 0 asks for stages that many less two ahead); ``x_chunks``:
-    x's 64-column chunks a stage (``MK_X_CHUNKS``: one request, wait and release a stage)."""
+    x's 64-column chunks a stage (``MK_X_CHUNKS``: one request, wait and release a stage);
+    ``chunk_log``: traces also log that many of each worker's tensor-core chunks (the waits
+    of warps 0 and NCW - 1) and ring pages (the producer's waits; ``runtime.trace.chunk_log``)."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
@@ -340,6 +343,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     attn_mma = tensor if attn_mma is None else attn_mma
     if not (x_depth == 0 or 3 <= x_depth <= 32):
         raise ValueError(f"x_depth={x_depth}: 0 (x_stages) or 3 to 32")
+    if chunk_log < 0:
+        raise ValueError(f"chunk_log={chunk_log}: entries, 0 or more")
     if x_chunks not in (1, 2, 4, 8):
         raise ValueError(f"x_chunks={x_chunks}: 1, 2, 4 or 8")
     xs = x_depth or x_stages(batch, x_chunks)
@@ -367,7 +372,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
         flight_bytes=flight_bytes, mma_chunks=mma_chunks, kv_ahead=kv_ahead,
         attn_runs=attn_runs, attn_mma=attn_mma, x_rows=x_rows, stagger=stagger,
-        x_chunks=x_chunks,
+        x_chunks=x_chunks, chunk_log=chunk_log,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
         acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=xs,
         xbytes=geo.xbytes, map_ks=map_ks,

@@ -193,7 +193,7 @@ class CudaStep(MegakernelStep):
                  trace: bool = False, **knobs):
         """``knobs``: ``generate_cuda``'s (flight, lanes, kv_ring, probe, kv_l2, acquire, mma,
         mma_chunks, mma_page_kib, kv_ahead, attn_runs, attn_mma, x_pad16, stagger, x_depth,
-        x_chunks; None: its default)."""
+        x_chunks, chunk_log; None: its default)."""
         import inspect
 
         from megakernel.compiler.cuda_codegen import generate_cuda
@@ -208,6 +208,11 @@ class CudaStep(MegakernelStep):
                              f"known: {', '.join(sorted(known))}")
         self.knobs = {k: v for k, v in knobs.items() if v is not None}
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
+        if trace and self.knobs.get("chunk_log"):   # room for the wait logs after the stamps
+            from megakernel.runtime.trace import LOG_WORDS
+
+            self.stamps = torch.cat([self.stamps, self.stamps.new_zeros(
+                3 * self.cuda.num_workers * self.knobs["chunk_log"] * LOG_WORDS)])
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")
         self.maps = kernel_maps(self.driver, self.weights, self.cuda.map_ks, self.act,

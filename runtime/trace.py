@@ -169,3 +169,57 @@ def draw_timeline(traces: list[TaskTrace], path: Path, title: str, unit: str) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+LOG_WORDS = 6   # int64 words a wait-log entry (mk::LOG_WORDS)
+
+
+def chunk_log(step) -> list[dict]:
+    """The wait logs of a CUDA step's last traced launch (``chunk_log`` knob): per worker, lane
+    0 of consumer warps 0 and NCW - 1 a tensor-core chunk each (``stream`` 0 and 1: ``request``
+    thread 0's ask for x, ``page`` the weight page's wait, ``x`` x's wait and the products'
+    issue, ``sync`` the warp's sync, ``period`` to the next chunk of the task) and the producer a
+    ring page each (stream 2: ``flight`` its wait for a copy in flight to land, ``empty`` for
+    the page to be freed, ``period`` to its next page), ns."""
+    n = step.knobs.get("chunk_log", 0)
+    if not (step.trace_mode and n):
+        raise ValueError("this step was built without trace=True and chunk_log")
+    step.synchronize()
+    words = step.stamps[1 + 3 * len(step.owners):].view(-1, 3, n, LOG_WORDS).tolist()
+    tasks = step.compiled.tasks.tasks
+    out = []
+    for worker, streams in enumerate(words):
+        for stream, entries in enumerate(streams):
+            entries = [e for e in entries if e[1]]
+            for e, nxt in zip(entries, entries[1:] + [None]):
+                index = e[0] >> 32
+                rec = dict(worker=worker, stream=stream, task=step.owners[index][0],
+                           kind=tasks[step.owners[index][0]].kind)
+                same = nxt is not None and nxt[0] >> 32 == index
+                rec["period"] = nxt[1] - e[1] if same else None
+                if stream < 2:
+                    rec.update(chunk=e[0] & 0xFFFF, chunks=(e[0] >> 16) & 0xFFFF,
+                               request=e[2] - e[1], page=e[3] - e[2], x=e[5] - e[3],
+                               sync=e[4] - e[5])
+                else:
+                    rec.update(bytes=e[0] & 0xFFFFFFFF, flight=e[2] - e[1], empty=e[3] - e[2])
+                out.append(rec)
+    return out
+
+
+def chunk_table(log: list[dict]) -> list[dict]:
+    """Medians of ``chunk_log``'s waits by (stream, kind): a row each, ns."""
+    from statistics import median
+
+    groups = defaultdict(list)
+    for rec in log:
+        groups[rec["stream"], rec["kind"]].append(rec)
+    rows = []
+    for (stream, kind), recs in sorted(groups.items()):
+        keys = ["request", "page", "x", "sync"] if stream < 2 else ["flight", "empty"]
+        row = dict(stream=("warp 0", "warp last", "producer")[stream], kind=kind, n=len(recs))
+        for k in keys + ["period"]:
+            vals = [r[k] for r in recs if r[k] is not None]
+            row[k] = median(vals) if vals else None
+        rows.append(row)
+    return rows

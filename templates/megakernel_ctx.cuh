@@ -95,6 +95,8 @@ struct Ctx {
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing
   int64_t probe_t = 0;  // MK_PROBE > 0 (traces only): when thread 0 passed mark MK_PROBE
   uint32_t xn = 0;      // MMA: x's chunks taken so far
+  int task = 0;         // MK_CHUNK_LOG: the task being run (its index in the tables)
+  WaitLog log;          // MK_CHUNK_LOG: a chunk's waits (lane 0 of warps 0 and NCW - 1)
 
   // MMA: x's barriers and maps (over the buffer at `base`) set up (thread 0, before the
   // launch's first barrier)

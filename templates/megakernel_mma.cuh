@@ -319,10 +319,13 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
   for (int ch = 0; ch < CH; ++ch) {
+    const int64_t t0 = MK_CHUNK_LOG ? globaltimer() : 0;
     const int sc = ch / XC, u = ch % XC;   // x's stage of the chunk, the chunk's place in it
     if (!c.drain && c.t == 0 && u == 0 && sc + AHEAD < NSC) request(sc + AHEAD);
+    const int64_t t1 = MK_CHUNK_LOG ? globaltimer() : 0;
     const int q = ch % cpp;    // the chunk's place in its page
     if (q == 0) mbar_wait(c.ring.full + c.ring.slot, c.ring.phase);
+    const int64_t t2 = MK_CHUNK_LOG ? globaltimer() : 0;
     const uint32_t g = x0 + sc, st = g % XS;   // x's stage: its place in the stages
     if (!c.drain) {
       if (u == 0) mbar_wait(xfull + st, (g / XS) & 1);
@@ -333,8 +336,12 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
       if (MK_PROBE != 5 && (ch & (wk - 1)) == gk)   // the group's chunk (probe 5: none)
         chunk_products<NB, TPW, (KS % KC && KS < XK) ? KS : 0>(acc, wt, xt, a_row, kc, c.lane);
     }
+    const int64_t t3 = MK_CHUNK_LOG ? globaltimer() : 0;   // (after the products' issue)
     const bool last = q == cpp - 1 || ch == CH - 1;   // the page's last chunk
     __syncwarp();
+    if (MK_CHUNK_LOG && c.lane == 0)
+      c.log.add(((int64_t)c.task << 32) | ((int64_t)CH << 16) | ch, t0, t1, t2,
+                MK_CHUNK_LOG ? globaltimer() : 0, t3);
     if (c.lane == 0) {   // the warp done with x's stage (none drained) and the page
       if (!c.drain && (u == XC - 1 || ch == CH - 1)) mbar_arrive(xempty + st);
       if (last) mbar_arrive(c.ring.empty + c.ring.slot);

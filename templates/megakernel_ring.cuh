@@ -143,6 +143,24 @@ __device__ __forceinline__ int64_t globaltimer() {
   return t;
 }
 
+// A trace's log of one thread's waits (MK_CHUNK_LOG entries of LOG_WORDS int64 at p: a tag,
+// then stamps), where p is set (traces only): what a tensor-core chunk or a ring page waited
+// for, read by ``runtime.trace.chunk_log``.
+#ifndef MK_CHUNK_LOG
+#define MK_CHUNK_LOG 0
+#endif
+constexpr int LOG_WORDS = 6;
+struct WaitLog {
+  int64_t* p = nullptr;
+  int n = 0;
+  __device__ __forceinline__ void add(int64_t tag, int64_t a, int64_t b, int64_t c,
+                                      int64_t d, int64_t e) {
+    if (MK_CHUNK_LOG == 0 || p == nullptr || n >= MK_CHUNK_LOG) return;
+    int64_t* w = p + LOG_WORDS * n++;
+    w[0] = tag, w[1] = a, w[2] = b, w[3] = c, w[4] = d, w[5] = e;
+  }
+};
+
 // ---- the weight ring ----
 // Shared state of one worker: NPAGE pages of PAGE bytes, a full and an empty barrier a page.
 template <int NPAGE, int PAGE>
@@ -194,6 +212,8 @@ struct Producer {
   uint32_t sizes[FLIGHT_BYTES ? NPAGE : 1];
   const volatile int* progress = nullptr;   // the consumers' task (MK_KV_AHEAD)
   int task = 0;                             // the task whose pages are being copied
+  WaitLog log;                              // MK_CHUNK_LOG: a page's waits
+  int first = 0;                            // MK_CHUNK_LOG: the worker's first instruction
 
   template <int K>
   __device__ void stream(const bf16* src, int rows) {
@@ -219,6 +239,7 @@ struct Producer {
   // The next page, free and told to expect `bytes`, for the caller's copies (its full barrier
   // ring.full + ring.slot); the caller advances the ring after them.
   __device__ unsigned char* begin_page(uint32_t bytes) {
+    const int64_t t0 = MK_CHUNK_LOG ? globaltimer() : 0;
     if (FLIGHT < NPAGE && issued >= FLIGHT) {     // the copy FLIGHT places back has landed
       const uint32_t old = issued - FLIGHT;
       mbar_wait(ring.full + old % NPAGE, (old / NPAGE) & 1);
@@ -233,7 +254,9 @@ struct Producer {
       pending += bytes;
     }
     ++issued;
+    const int64_t t1 = MK_CHUNK_LOG ? globaltimer() : 0;
     mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
+    if (MK_CHUNK_LOG) log.add(((int64_t)(first + task) << 32) | bytes, t0, t1, globaltimer(), 0, 0);
     mbar_expect(ring.full + ring.slot, bytes);
     return ring.page();
   }
