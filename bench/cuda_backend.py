@@ -4,9 +4,7 @@
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
         [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] [--acquires none,both] \
         [--mma-chunks 1,4] [--mma-pages 16,32] [--kv-aheads 0,2] [--attn-runs 1,2] \
-        [--attn-mmas 0,1] [--x-pad16s 0,1] [--staggers 0,1] [--x-depths 8,16] \
-        [--x-chunks 1,2] \
-        [--probes 1,2,3]
+        [--attn-mmas 0,1] [--x-depths 8,16] [--probes 1,2,3] [--chunk-log 4096]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, attention a key a lane, its keys
@@ -63,16 +61,8 @@ KNOBS = {
     "attn_mma": ("--attn-mmas", "auto", _or_auto(_flag),
                  "attention through the ring on tensor cores (0, 1, auto: with the "
                  "projections)"),
-    "x_pad16": ("--x-pad16s", "0", _flag,
-                "tensor-core projections copying x's rows padded to 16 (1) or its rows alone "
-                "(0)"),
-    "stagger": ("--staggers", "0", _flag,
-                "tensor-core projections walked from chunk (worker %% chunks) on (1) or from the "
-                "first (0)"),
     "x_depth": ("--x-depths", "0", int,
                 "tensor-core projections' stages of x's chunks (0: the backend's choice)"),
-    "x_chunks": ("--x-chunks", "1", int,
-                 "tensor-core projections' 64-column chunks of x a stage (1, 2, 4, 8)"),
 }
 
 

@@ -123,7 +123,7 @@ class CudaSource:
     threads: int        # a worker's threads: NCW consumer warps and the producer warp
     smem: int           # dynamic shared memory a worker takes, bytes
     map_ks: tuple[int, ...] = ()   # row lengths of the weight maps it takes (NBOX each)
-    x_rows: int = 0     # rows of x's tensor copies (its maps' box height; tensor cores)
+    x_rows: int = 0     # rows of x's tensor copies (its maps' box height; tensor cores): B
 
 
 def kv_ring_fits(cx: dict, geo: "Geometry") -> bool:
@@ -248,24 +248,22 @@ def _proj_geometry(proj: list, batch: int, mma: int) -> tuple[int, int]:
                       for kind, cx in proj), default=1)
 
 
-def x_stages(batch: int, chunks: int = 1) -> int:
-    """Stages of x's chunks (``chunks`` a stage): enough to cover L2's latency where a page is
-    small."""
-    return max(4, min(12, X_BYTES // (padded(batch, 16) * 2 * KC * chunks)))
+def x_stages(batch: int) -> int:
+    """Stages of x's chunks: enough to cover L2's latency where a page is small."""
+    return max(4, min(12, X_BYTES // (padded(batch, 16) * 2 * KC)))
 
 
-def x_bytes(batch: int, stages: int, chunks: int = 1) -> int:
+def x_bytes(batch: int, stages: int) -> int:
     """Shared memory of x's chunk stages (``XStages`` in megakernel_mma.cuh): each stage's
-    ``chunks`` [batch padded to 16, KC] chunks and its two barriers, then where the copies come
-    from."""
-    return stages * (padded(batch, 16) * 2 * KC * chunks + 16) + 16
+    [batch padded to 16, KC] chunk and its two barriers, then where the copies come from."""
+    return stages * (padded(batch, 16) * 2 * KC + 16) + 16
 
 
-def geometry(enc: Encoded, batch: int, mma: int = 0, xs: int = 0, xc: int = 1) -> Geometry:
+def geometry(enc: Encoded, batch: int, mma: int = 0, xs: int = 0) -> Geometry:
     """Ring pages long enough for the longest weight row (``mma`` > 0, tensor cores: a chunk of
-    the largest task's rows, and at least ``mma`` bytes, beside ``xs`` stages of ``xc`` x
-    chunks, 0: ``x_stages``), as many as fit RING_BYTES and the block's shared memory with the
-    scratch the opcodes need."""
+    the largest task's rows, and at least ``mma`` bytes, beside ``xs`` stages of x's chunks,
+    0: ``x_stages``), as many as fit RING_BYTES and the block's shared memory with the scratch
+    the opcodes need."""
     proj = [(kind, cx) for _, kind, cx, _ in enc.variants
             if kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)]
     page, acc = _proj_geometry(proj, batch, mma)
@@ -277,7 +275,7 @@ def geometry(enc: Encoded, batch: int, mma: int = 0, xs: int = 0, xc: int = 1) -
             tmp = max(tmp, batch * cx["BLOCK_N"])
         elif kind == "attn_partial":
             tmp = max(tmp, NCW * cx["G"] * (2 + cx["D"]) + cx["G"] * cx["D"])  # merge, q
-    xbytes = x_bytes(batch, xs or x_stages(batch, xc), xc) if mma else 0
+    xbytes = x_bytes(batch, xs or x_stages(batch)) if mma else 0
     geo = Geometry(page, max(2, RING_BYTES // page), acc, tmp, mma > 0, xbytes)
     while geo.npage > 2 and geo.smem(batch) > SMEM_LIMIT:
         geo = Geometry(page, geo.npage - 1, acc, tmp, mma > 0, xbytes)
@@ -293,8 +291,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   acquire: str = "none", mma: bool | None = None,
                   mma_chunks: int = MMA_CHUNKS, mma_page_kib: int = MMA_PAGE // 1024,
                   kv_ahead: int = 0, attn_runs: int = ATTN_RUNS,
-                  attn_mma: bool | None = None, x_pad16: bool = False,
-                  stagger: bool = False, x_depth: int = 0, x_chunks: int = 1,
+                  attn_mma: bool | None = None, x_depth: int = 0,
                   chunk_log: int = 0) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
     FLIGHT, or with tensor cores any pages up to MMA_FLIGHT bytes; 2, 4, 8
@@ -317,14 +314,10 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     and values through the ring (as ``kv_ring``) scored and weighted on tensor cores
     (``MmaKeys``, megakernel_attention_mma.cuh); None: where the projections are (llama-3.2-1b,
     H200, ms, a key a lane / tensor cores: 17 rows 2.834 / 2.377, 64 rows 4.859 / 4.085; batch
-    1, from L2 / tensor cores, 0.797 / 0.807); ``x_pad16``: x's tensor copies of its batch
-    rows padded to 16 (rows past them whatever follows x), else of its rows alone
-    (``MK_X_ROWS``, megakernel_mma.cuh); ``stagger``: each worker walks a tensor-core task's
-    chunks from chunk (its block % chunks) on (``MK_STAGGER``); ``x_depth``: stages of x's
-    chunks (0: ``x_stages``; thread 0 asks for stages that many less two ahead); ``x_chunks``:
-    x's 64-column chunks a stage (``MK_X_CHUNKS``: one request, wait and release a stage);
-    ``chunk_log``: traces also log that many of each worker's tensor-core chunks (the waits
-    of warps 0 and NCW - 1) and ring pages (the producer's waits; ``runtime.trace.chunk_log``)."""
+    1, from L2 / tensor cores, 0.797 / 0.807); ``x_depth``: stages of x's chunks (0:
+    ``x_stages``; thread 0 asks for chunks that many less two ahead); ``chunk_log``: traces
+    also log that many of each worker's tensor-core chunks (the waits of warps 0 and NCW - 1)
+    and ring pages (the producer's waits; ``runtime.trace.chunk_log``)."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
@@ -345,11 +338,8 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         raise ValueError(f"x_depth={x_depth}: 0 (x_stages) or 3 to 32")
     if chunk_log < 0:
         raise ValueError(f"chunk_log={chunk_log}: entries, 0 or more")
-    if x_chunks not in (1, 2, 4, 8):
-        raise ValueError(f"x_chunks={x_chunks}: 1, 2, 4 or 8")
-    xs = x_depth or x_stages(batch, x_chunks)
-    x_rows = padded(batch, 16) if x_pad16 else batch
-    geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0, xs, x_chunks)
+    xs = x_depth or x_stages(batch)
+    geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0, xs)
     check_supported(enc, lanes, geo)
     # tensor cores: pages (a chunk's rows each) up to MMA_FLIGHT bytes, unless pages are asked
     flight_bytes = MMA_FLIGHT if geo.mma and flight is None else 0
@@ -371,11 +361,10 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
         flight_bytes=flight_bytes, mma_chunks=mma_chunks, kv_ahead=kv_ahead,
-        attn_runs=attn_runs, attn_mma=attn_mma, x_rows=x_rows, stagger=stagger,
-        x_chunks=x_chunks, chunk_log=chunk_log,
+        attn_runs=attn_runs, attn_mma=attn_mma, chunk_log=chunk_log,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
         acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=xs,
         xbytes=geo.xbytes, map_ks=map_ks,
         h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
     return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch),
-                      tuple(map_ks) if geo.mma else (), x_rows)
+                      tuple(map_ks) if geo.mma else (), batch)

@@ -192,8 +192,8 @@ class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, **knobs):
         """``knobs``: ``generate_cuda``'s (flight, lanes, kv_ring, probe, kv_l2, acquire, mma,
-        mma_chunks, mma_page_kib, kv_ahead, attn_runs, attn_mma, x_pad16, stagger, x_depth,
-        x_chunks, chunk_log; None: its default)."""
+        mma_chunks, mma_page_kib, kv_ahead, attn_runs, attn_mma, x_depth, chunk_log;
+        None: its default)."""
         import inspect
 
         from megakernel.compiler.cuda_codegen import generate_cuda

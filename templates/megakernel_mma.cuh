@@ -9,8 +9,7 @@
 // and box height; 128-byte swizzle: row r's 16-byte piece c at r * 128 + (c ^ r % 8) * 16, the
 // page 1024-byte aligned). x's chunk [B, 64] comes into one of XS stages of B padded to 16
 // rows by a tensor copy too (a map of x's row length; the stage's rows past B: what an earlier
-// copy left, their products never read; MK_X_ROWS: copies of that many rows, where a 16-row
-// multiple the rows past B whatever follows x, or zeros past the map's end). The consumer
+// copy left, their products never read). The consumer
 // warps multiply on their own, no barrier between them: the chunk's weight rows in 16-row
 // tiles (mma's A; two of the 8-row boxes) are split between WN warp groups (a tile a warp
 // while there are no more tiles than warps) and the chunks between the WK = NCW / WN warps of
@@ -80,17 +79,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-#ifndef MK_STAGGER
-#define MK_STAGGER 0   // each worker walks a task's chunks from chunk (its block % chunks) on, so
-                       // that the workers do not all read the same chunk of x at once
-#endif
-
-// The chunk at place `ch` of a worker's walk over a task's CH chunks.
-template <int CH>
-__device__ __forceinline__ int chunk_at(int ch) {
-  return MK_STAGGER ? (ch + (int)(blockIdx.x % CH)) % CH : ch;
-}
-
 // Rows of a page a segment of n rows takes (whole 8-row boxes).
 __device__ __forceinline__ int padded8(int n) { return (n + 7) & ~7; }
 
@@ -147,7 +135,7 @@ __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
       for (int s = 0; s < SEGS; ++s)
         for (int r = 0, b = 0; r < rp; r += 128 >> b) {
           while ((128 >> b) > rp - r) ++b;
-          tma_2d(page + at * 128, map + b, k0 + chunk_at<CH>(ch) * KC, row[s] + r, bar);
+          tma_2d(page + at * 128, map + b, k0 + ch * KC, row[s] + r, bar);
           at += 128 >> b;
         }
     p.ring.advance();
@@ -158,15 +146,9 @@ __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
 // then a full barrier a stage (its tensor copy landed), an empty one (every consumer warp done
 // with it), and where the copies come from: x's maps, one a row length of MK_XKS, over the
 // buffer at `base` (kept here for the one thread that copies, not in every thread's registers).
-#ifndef MK_X_CHUNKS
-#define MK_X_CHUNKS 1   // x's 64-column chunks a stage (one request, one wait and one release
-                        // a stage: a power of two)
-#endif
-
 template <int B, int XS>
 struct XStages {
-  static constexpr int CHUNK = (B + 15) / 16 * 16 * 128, STAGE = MK_X_CHUNKS * CHUNK,
-                       BYTES = XS * (STAGE + 16) + 16;
+  static constexpr int STAGE = (B + 15) / 16 * 16 * 128, BYTES = XS * (STAGE + 16) + 16;
   struct Source {
     const CUtensorMap* maps;
     const bf16* base;
@@ -195,11 +177,6 @@ __device__ __forceinline__ const CUtensorMap* xmap(const CUtensorMap* maps) {
   while (i < (int)(sizeof(KS) / sizeof(int)) - 1 && KS[i] != XK) ++i;
   return maps + i;
 }
-
-#ifndef MK_X_ROWS
-#define MK_X_ROWS 0   // rows of x's copies (CudaSource.x_rows: the maps' box height,
-                      // kernel_maps); 0: B
-#endif
 
 // x's stores (generic proxy, acquired or ordered by a barrier) before tensor copies read it
 __device__ __forceinline__ void fence_proxy_async() {
@@ -265,17 +242,17 @@ __device__ __forceinline__ void store_products(float* out, const float (&acc)[NB
 
 // The consumers' side: acc [SEGS * n, WK, B] of x [B, XK] columns [k0, k0 + KS) times the
 // pages' rows; returns WK. x's chunks come by tensor copies (x at row (x - base) / XK of its
-// map, XStages::Source) into XStages (MK_X_CHUNKS a stage), requested by thread 0 XS - 2
-// stages ahead of the one read (its last reader two stages behind), c.xn counting the stages
-// taken; each warp waits for its stages and pages and frees them on its own. Every warp waits
-// for and frees every page (also when draining; x is then neither copied nor counted). `pre`:
-// the caller's own loads, run once x's first chunks are asked for (their latencies overlap).
+// map, XStages::Source) into XStages, requested by thread 0 XS - 2 chunks ahead of the one
+// read (its last reader two chunks behind), c.xn counting the chunks taken; each warp waits
+// for its chunks and pages and frees them on its own. Every warp waits for and frees every
+// page and x chunk (also when draining; x is then neither copied nor counted): waiting only
+// for a warp's own chunks (every WK-th), with arrivals of several at once, was no faster
+// (H200, llama-3.2-1b, 17 rows, four 16-row tiles a warp of a wide task: 2.172 ms against
+// 2.146; two: 2.109). `pre`: the caller's own loads, run once x's first chunks are asked for
+// (their latencies overlap).
 template <class C, int B, int XK, int KS, int SEGS, int NMAX, int XS, class Pre>
 __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
-  constexpr int NCW = C::NCW, MT = (B + 15) / 16, CH = (KS + KC - 1) / KC, XB = MT * 16 * 128;
-  constexpr int XC = MK_X_CHUNKS, NSC = (CH + XC - 1) / XC;   // chunks a stage; stages a task
-  static_assert(XC > 0 && (XC & (XC - 1)) == 0, "x's chunks a stage: a power of two");
-  constexpr int XR = MK_X_ROWS ? MK_X_ROWS : B;                       // rows a copy of x
+  constexpr int NCW = C::NCW, CH = (KS + KC - 1) / KC, XB = XStages<B, XS>::STAGE;
   constexpr int TPW = tiles_a_warp<NCW>(SEGS * ((NMAX + 7) / 8));   // 16-row tiles a warp
   constexpr int NB = (B + 7) / 8;                                     // x's 8-row tiles
   constexpr int AHEAD = XS - 2;
@@ -288,19 +265,17 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
   uint64_t* xfull = XStages<B, XS>::full(c.xs);
   uint64_t* xempty = xfull + XS;
   const uint32_t x0 = c.xn;
-  auto request = [&](int sc) {   // thread 0: x's chunks of stage sc, once the stage is free
-    const uint32_t g = x0 + sc, s = g % XS;
+  auto request = [&](int ch) {   // thread 0: x's chunk ch, once its stage is free
+    const uint32_t g = x0 + ch, s = g % XS;
     const typename XStages<B, XS>::Source src = *XStages<B, XS>::source(c.xs);
-    const int sub = XC == 1 ? 1 : min(XC, CH - sc * XC);   // its chunks
     if (g >= XS) mbar_wait(xempty + s, (g / XS - 1) & 1);   // its last reader done
-    mbar_expect(xfull + s, sub * XR * 128);
-    for (int u = 0; u < sub; ++u)
-      tma_2d(c.xs + s * XC * XB + u * XB, xmap<XK>(src.maps),
-             k0 + chunk_at<CH>(sc * XC + u) * KC, (int)((x - src.base) / XK), xfull + s);
+    mbar_expect(xfull + s, B * 128);
+    tma_2d(c.xs + s * XB, xmap<XK>(src.maps), k0 + ch * KC, (int)((x - src.base) / XK),
+           xfull + s);
   };
   if (!c.drain && c.t == 0) {
     fence_proxy_async();
-    for (int sc = 0; sc < AHEAD && sc < NSC; ++sc) request(sc);
+    for (int ch = 0; ch < AHEAD && ch < CH; ++ch) request(ch);
   }
   pre();
   const int mtiles = (tiles + 1) / 2;   // the chunk's 16-row weight tiles
@@ -320,21 +295,19 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
   for (int ch = 0; ch < CH; ++ch) {
     const int64_t t0 = MK_CHUNK_LOG ? globaltimer() : 0;
-    const int sc = ch / XC, u = ch % XC;   // x's stage of the chunk, the chunk's place in it
-    if (!c.drain && c.t == 0 && u == 0 && sc + AHEAD < NSC) request(sc + AHEAD);
+    if (!c.drain && c.t == 0 && ch + AHEAD < CH) request(ch + AHEAD);
     const int64_t t1 = MK_CHUNK_LOG ? globaltimer() : 0;
     const int q = ch % cpp;    // the chunk's place in its page
     if (q == 0) mbar_wait(c.ring.full + c.ring.slot, c.ring.phase);
     const int64_t t2 = MK_CHUNK_LOG ? globaltimer() : 0;
-    const uint32_t g = x0 + sc, st = g % XS;   // x's stage: its place in the stages
+    const uint32_t g = x0 + ch, st = g % XS;   // x's stage
     if (!c.drain) {
-      if (u == 0) mbar_wait(xfull + st, (g / XS) & 1);
+      mbar_wait(xfull + st, (g / XS) & 1);
       if (ch == 0) c.mark(1);   // the first page and x's first chunk landed
       const unsigned char* wt = c.ring.page() + q * tiles * 1024;
-      const unsigned char* xt = c.xs + (st * XC + u) * XB;
-      const int kc = chunk_at<CH>(ch) * KC;   // the chunk's first column past k0
       if (MK_PROBE != 5 && (ch & (wk - 1)) == gk)   // the group's chunk (probe 5: none)
-        chunk_products<NB, TPW, (KS % KC && KS < XK) ? KS : 0>(acc, wt, xt, a_row, kc, c.lane);
+        chunk_products<NB, TPW, (KS % KC && KS < XK) ? KS : 0>(acc, wt, c.xs + st * XB, a_row,
+                                                                ch * KC, c.lane);
     }
     const int64_t t3 = MK_CHUNK_LOG ? globaltimer() : 0;   // (after the products' issue)
     const bool last = q == cpp - 1 || ch == CH - 1;   // the page's last chunk
@@ -342,14 +315,14 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
     if (MK_CHUNK_LOG && c.lane == 0)
       c.log.add(((int64_t)c.task << 32) | ((int64_t)CH << 16) | ch, t0, t1, t2,
                 MK_CHUNK_LOG ? globaltimer() : 0, t3);
-    if (c.lane == 0) {   // the warp done with x's stage (none drained) and the page
-      if (!c.drain && (u == XC - 1 || ch == CH - 1)) mbar_arrive(xempty + st);
+    if (c.lane == 0) {   // the warp done with x's chunk (none drained) and the page
+      if (!c.drain) mbar_arrive(xempty + st);
       if (last) mbar_arrive(c.ring.empty + c.ring.slot);
     }
     if (last) c.ring.advance();
   }
   if (c.drain) return wk;
-  c.xn = x0 + NSC;
+  c.xn = x0 + CH;
   store_products<B, NB, TPW>(c.acc, acc, c.lane, gn, wn, gk, wk, tiles, n);
   return wk;
 }

@@ -166,7 +166,7 @@ def test_tensor_core_flight_is_in_bytes_unless_pages_are_asked():
                                          ({"mma_page_kib": 0}, "mma_page_kib=0"),
                                          ({"kv_ahead": -1}, "kv_ahead=-1"),
                                          ({"x_depth": 2}, "x_depth=2"),
-                                         ({"x_chunks": 3}, "x_chunks=3")])
+                                         ({"chunk_log": -1}, "chunk_log=-1")])
 def test_tensor_core_knobs_out_of_range_are_refused(knobs, match):
     c = compiled(17)
     with pytest.raises(ValueError, match=match):
@@ -178,16 +178,13 @@ def test_tensor_core_knobs_out_of_range_are_refused(knobs, match):
                                         ({"kv_ahead": 2}, "#define MK_KV_AHEAD 2"),
                                         ({"probe": 1}, "#define MK_PROBE 1"),
                                         ({"probe": 5}, "#define MK_PROBE 5"),
-                                        ({"x_pad16": True}, "#define MK_X_ROWS 32"),
-                                        ({"stagger": True}, "#define MK_STAGGER 1"),
                                         ({"x_depth": 16}, "XS = 16,"),
-                                        ({"x_chunks": 2}, "#define MK_X_CHUNKS 2")])
+                                        ({"chunk_log": 64}, "#define MK_CHUNK_LOG 64")])
 def test_tensor_core_knob_kernels_build(knobs, line, tmp_path, monkeypatch):
     """One 64-column chunk a page (a narrow task's pages part-filled), attention's L2
     prefetches held two tasks ahead of the consumers, traces' end stamps once a projection's
     first page and x chunk landed (1) and after its chunk loop without the products (5, timing
-    only), x's copies of 16-row boxes, chunks walked from the worker's own first,
-    16 stages of x and two chunks of x a stage build without spills."""
+    only), 16 stages of x and the wait logs build without spills."""
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
