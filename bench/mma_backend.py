@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 
-from megakernel.compiler.cuda_codegen import (MMA_FLIGHT, MMA_PAGE, NCW, SMEM_LIMIT,
+from megakernel.compiler.cuda_codegen import (MMA_PAGE, NCW, SMEM_LIMIT,
                                               mma_parts, x_bytes, x_stages)
 
 SOURCE = r"""
@@ -63,7 +63,7 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
 
 
 def backend_source(batch: int, k: int, rows: int, cluster: int = 1,
-                   flight_kib: int = MMA_FLIGHT // 1024,
+                   flight_kib: int = 64,
                    page_kib: int = MMA_PAGE // 1024, stages: int = 0,
                    chunks: int = 4) -> tuple[str, int]:
     """The kernel for one shape and its dynamic shared memory: pages of ``page_kib`` KiB (a

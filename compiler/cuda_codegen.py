@@ -27,7 +27,6 @@ RING_BYTES = 192 * 1024    # the weight ring, at most
 MIN_PAGE = 16 * 1024       # bytes a ring page, at least (larger where a weight row is longer)
 MMA_FROM = 5               # batch rows from which projections run on tensor cores
 X_BYTES = 32 * 1024       # x's chunk stages (tensor cores): about this many bytes, 4-12 stages
-MMA_FLIGHT = 64 * 1024     # bytes of weight pages a tensor-core worker keeps in flight
 MMA_PAGE = 16 * 1024       # a tensor-core ring page's bytes, at least (a wider task's chunk: more)
 MMA_CHUNKS = 4             # chunks of a narrow tensor-core task a page holds, at most
 KC = 64                    # columns a tensor-core chunk (megakernel_mma.cuh)
@@ -294,8 +293,9 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   attn_mma: bool | None = None, x_depth: int = 0,
                   chunk_log: int = 0) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
-    FLIGHT, or with tensor cores any pages up to MMA_FLIGHT bytes; 2, 4, 8
-    for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms, llama-3.2-1b, batch 1);
+    FLIGHT; batch 1: 2, 4, 8 for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms,
+    llama-3.2-1b; tensor cores, 17 / 64 rows: 2 pages 2.109 / 3.590 ms, 3 pages 2.107 /
+    3.619, any pages up to 64 KiB 2.167 / 3.690);
     ``probe``: traces stamp a task's end at a mark of its body (``MK_PROBE`` in
     megakernel_ctx.cuh) instead of its signal; ``lanes``: attention a key a lane
     (``AttnPartial::lane_keys``) or a key a warp; None: a key a lane where the head dim builds
@@ -341,10 +341,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     xs = x_depth or x_stages(batch)
     geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0, xs)
     check_supported(enc, lanes, geo)
-    # tensor cores: pages (a chunk's rows each) up to MMA_FLIGHT bytes, unless pages are asked
-    flight_bytes = MMA_FLIGHT if geo.mma and flight is None else 0
-    if flight is None:
-        flight = geo.npage if geo.mma else FLIGHT
+    flight = FLIGHT if flight is None else flight
     map_ks = sorted({cx["K"] for _, kind, cx, _ in enc.variants
                      if geo.mma and kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)}) or [0]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
@@ -360,7 +357,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
-        flight_bytes=flight_bytes, mma_chunks=mma_chunks, kv_ahead=kv_ahead,
+        mma_chunks=mma_chunks, kv_ahead=kv_ahead,
         attn_runs=attn_runs, attn_mma=attn_mma, chunk_log=chunk_log,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
         acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=xs,

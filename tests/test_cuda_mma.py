@@ -154,12 +154,12 @@ def test_backend_benchmark_form_refuses_other_shapes(rows, cluster):
         backend_source(16, 2048, rows, cluster)
 
 
-def test_tensor_core_flight_is_in_bytes_unless_pages_are_asked():
+def test_tensor_core_flight_is_two_pages_unless_asked():
     c = compiled(17)
     auto = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks))
     pages = generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), flight=3)
-    assert "65536 bytes in flight" in auto.source
-    assert "3 copies, any bytes in flight" in pages.source
+    assert "(2 copies in flight at most)" in auto.source
+    assert "(3 copies in flight at most)" in pages.source
 
 
 @pytest.mark.parametrize("knobs,match", [({"mma_chunks": 3}, "mma_chunks=3"),
