@@ -140,6 +140,19 @@ def test_hop_benchmark_builds_without_spills(tmp_path, monkeypatch):
     assert no_spills(log), log
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_wait_costs_benchmark_builds_without_spills(tmp_path, monkeypatch):
+    """``bench/wait_costs.py``'s kernel (a timer read, a completed barrier's try_wait, an
+    arrival and a shared-memory round trip timed beside a stream of bulk copies) builds for
+    sm_90a without spills."""
+    from megakernel.bench.wait_costs import SOURCE
+    from megakernel.runtime.cuda_step import build_cubin
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    log = build_cubin(SOURCE).with_suffix(".log").read_text()
+    assert no_spills(log), log
+
+
 def test_hop_reference_is_a_mean_field_per_round():
     """The hop benchmark's float64 reference: one round by hand on 2 blocks of 2 values."""
     from megakernel.bench.hop_cuda import reference
