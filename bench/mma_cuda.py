@@ -26,7 +26,7 @@ form (the CUDA backend's own projection body, alone).
 
     python -m megakernel.bench.mma_cuda --batches 16,32,64 --forms rows,tiles,backend \\
         [--rows 16,32] [--tile-rows 128,256] [--clusters 1,2,4] [--backend-rows 32,64,128] \\
-        [--flight-kib 64,0] [--page-kib 16,32] [--n 65536 --k 2048]
+        [--flight-kib 64,0] [--page-kib 16,32] [--n 65536 --k 2048] [--chunk-log 4096]
 
 Prints microseconds a launch and the weights' TB/s of each (batch, form, rows) beside
 ``torch.mm`` on the same operands; every launch's y is checked against an fp32 product.
@@ -204,6 +204,23 @@ def forms() -> dict:
             "backend": ("mma_backend", backend_source, backend_args)}
 
 
+def print_waits(driver, operands, grid: int, stream: int, source: tuple[str, int],
+                n: int) -> None:
+    """One launch of the backend form built with wait logs of ``n`` entries a stream; their
+    medians (``runtime.trace.chunk_table``)."""
+    from megakernel.bench.mma_backend import backend_args
+    from megakernel.runtime.cuda_step import build_cubin
+    from megakernel.runtime.trace import LOG_WORDS, chunk_table, wait_entries
+
+    func = driver.load(build_cubin(source[0]), "mma_backend", source[1])
+    log = torch.zeros(grid * 3 * n * LOG_WORDS, dtype=torch.int64, device="cuda")
+    driver.launch(func, grid, NT, source[1], stream, backend_args(driver, *operands, log=log))
+    torch.cuda.synchronize()
+    for row in chunk_table([dict(r, kind="backend") for r in wait_entries(log.tolist(), n)]):
+        print("  " + "  ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in row.items()), flush=True)
+
+
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
@@ -228,6 +245,9 @@ def main(argv=None) -> int:
     ap.add_argument("--x-stages", default="0",
                     help="backend form: stages of x's chunks (0: the backend's choice)")
     ap.add_argument("--chunks", default="4", help="backend form: chunks a page at most")
+    ap.add_argument("--chunk-log", type=int, default=0,
+                    help="backend form: also one launch with wait logs of this many entries "
+                         "(medians printed, as the megakernel's --chunk-log)")
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=50)
@@ -281,6 +301,10 @@ def main(argv=None) -> int:
                 if not err < 1e-2:
                     raise SystemExit(f"wrong product: B={batch}, {form}, rows={rows}, "
                                      f"cluster={cluster}: {err}")
+                if form == "backend" and args.chunk_log:
+                    print_waits(driver, (x, w, y, rows), grid, stream, source_of(
+                        batch, k, rows, cluster, **extra, chunk_log=args.chunk_log),
+                        args.chunk_log)
     return 0
 
 

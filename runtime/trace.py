@@ -174,28 +174,22 @@ def draw_timeline(traces: list[TaskTrace], path: Path, title: str, unit: str) ->
 LOG_WORDS = 6   # int64 words a wait-log entry (mk::LOG_WORDS)
 
 
-def chunk_log(step) -> list[dict]:
-    """The wait logs of a CUDA step's last traced launch (``chunk_log`` knob): per worker, lane
-    0 of consumer warps 0 and NCW - 1 a tensor-core chunk each (``stream`` 0 and 1: ``request``
-    thread 0's ask for x, ``page`` the weight page's wait, ``x`` x's wait and the products'
-    issue, ``sync`` the warp's sync, ``period`` to the next chunk of the task) and the producer a
-    ring page each (stream 2: ``flight`` its wait for a copy in flight to land, ``empty`` for
-    the page to be freed, ``period`` to its next page), ns."""
-    n = step.knobs.get("chunk_log", 0)
-    if not (step.trace_mode and n):
-        raise ValueError("this step was built without trace=True and chunk_log")
-    step.synchronize()
-    words = step.stamps[1 + 3 * len(step.owners):].view(-1, 3, n, LOG_WORDS).tolist()
-    tasks = step.compiled.tasks.tasks
+def wait_entries(words: list, n: int) -> list[dict]:
+    """The wait logs' entries from their raw int64 words ([workers * 3 * n * LOG_WORDS], as the
+    kernel left them; ``MK_CHUNK_LOG`` n): per worker, lane 0 of consumer warps 0 and NCW - 1 a
+    tensor-core chunk each (``stream`` 0 and 1: ``request`` thread 0's ask for x, ``page`` the
+    weight page's wait, ``x`` x's wait and the products' issue, ``sync`` the warp's sync,
+    ``period`` to the next chunk of the task) and the producer a ring page each (stream 2:
+    ``flight`` its wait for a copy in flight to land, ``empty`` for the page to be freed,
+    ``period`` to its next page), ns; ``index``: the instruction (or task) the entry is of."""
     out = []
-    for worker, streams in enumerate(words):
-        for stream, entries in enumerate(streams):
-            entries = [e for e in entries if e[1]]
+    rows = [words[i:i + LOG_WORDS] for i in range(0, len(words), LOG_WORDS)]
+    for w in range(len(rows) // (3 * n)):
+        for stream in range(3):
+            entries = [e for e in rows[(3 * w + stream) * n:(3 * w + stream + 1) * n] if e[1]]
             for e, nxt in zip(entries, entries[1:] + [None]):
-                index = e[0] >> 32
-                rec = dict(worker=worker, stream=stream, task=step.owners[index][0],
-                           kind=tasks[step.owners[index][0]].kind)
-                same = nxt is not None and nxt[0] >> 32 == index
+                rec = dict(worker=w, stream=stream, index=e[0] >> 32)
+                same = nxt is not None and nxt[0] >> 32 == rec["index"]
                 rec["period"] = nxt[1] - e[1] if same else None
                 if stream < 2:
                     rec.update(chunk=e[0] & 0xFFFF, chunks=(e[0] >> 16) & 0xFFFF,
@@ -204,6 +198,21 @@ def chunk_log(step) -> list[dict]:
                 else:
                     rec.update(bytes=e[0] & 0xFFFFFFFF, flight=e[2] - e[1], empty=e[3] - e[2])
                 out.append(rec)
+    return out
+
+
+def chunk_log(step) -> list[dict]:
+    """The wait logs of a CUDA step's last traced launch (``chunk_log`` knob; ``wait_entries``),
+    each entry with its task and the task's kind."""
+    n = step.knobs.get("chunk_log", 0)
+    if not (step.trace_mode and n):
+        raise ValueError("this step was built without trace=True and chunk_log")
+    step.synchronize()
+    tasks = step.compiled.tasks.tasks
+    out = []
+    for rec in wait_entries(step.stamps[1 + 3 * len(step.owners):].tolist(), n):
+        task = step.owners[rec.pop("index")][0]
+        out.append(dict(rec, task=task, kind=tasks[task].kind))
     return out
 
 

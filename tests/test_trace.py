@@ -10,8 +10,9 @@ from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
-from megakernel.runtime.trace import (TaskTrace, critical_path, kind_table, path_table,
-                                      phase_table, trace_step)
+from megakernel.runtime.trace import (LOG_WORDS, TaskTrace, chunk_table, critical_path,
+                                      kind_table, path_table, phase_table, trace_step,
+                                      wait_entries)
 from megakernel.runtime.variant import parse_variant
 
 
@@ -109,6 +110,34 @@ def test_trace_cli_takes_one_model_first_or_by_option(capsys):
     with pytest.raises(SystemExit):
         main(["trace", "-o", "t.png"])
     assert "a model is required" in capsys.readouterr().err
+
+
+def test_wait_entries_read_the_logs_as_the_kernel_writes_them():
+    """Two workers' logs of n = 3 entries a stream (unused entries zero): consumer entries are
+    [index << 32 | chunks << 16 | chunk, top, requested, page landed, synced, products issued],
+    producer entries [index << 32 | bytes, begun, flight ok, empty ok, 0, 0]."""
+    n = 3
+    words = [0] * (2 * 3 * n * LOG_WORDS)
+
+    def put(worker, stream, i, entry):
+        at = ((3 * worker + stream) * n + i) * LOG_WORDS
+        words[at:at + LOG_WORDS] = entry
+
+    put(1, 0, 0, [7 << 32 | 32 << 16 | 0, 100, 160, 290, 500, 470])
+    put(1, 0, 1, [7 << 32 | 32 << 16 | 1, 800, 810, 900, 1000, 990])
+    put(1, 0, 2, [9 << 32 | 4 << 16 | 0, 2000, 2001, 2002, 2004, 2003])
+    put(0, 2, 0, [5 << 32 | 16384, 50, 80, 90, 0, 0])
+    recs = wait_entries(words, n)
+    assert [(r["worker"], r["stream"], r["index"]) for r in recs] == [(0, 2, 5), (1, 0, 7),
+                                                                      (1, 0, 7), (1, 0, 9)]
+    first = recs[1]
+    assert (first["chunk"], first["chunks"], first["request"], first["page"], first["x"],
+            first["sync"], first["period"]) == (0, 32, 60, 130, 180, 30, 700)
+    assert recs[2]["period"] is None and recs[3]["period"] is None   # last of their task
+    assert (recs[0]["bytes"], recs[0]["flight"], recs[0]["empty"]) == (16384, 30, 10)
+    table = chunk_table([dict(r, kind="k") for r in recs])
+    assert [(row["stream"], row["n"]) for row in table] == [("warp 0", 3), ("producer", 1)]
+    assert table[0]["period"] == 700 and table[0]["page"] == 90
 
 
 def test_variant_labels():
