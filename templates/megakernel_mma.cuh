@@ -240,6 +240,28 @@ __device__ __forceinline__ void store_products(float* out, const float (&acc)[NB
   }
 }
 
+// This lane's row of a warp's TPW 16-row tiles' A fragments (group gn's tiles: gn, gn + wn,
+// ...; a task of `tiles` 8-row boxes): past the task's last tile or the chunk's last row, the
+// last again (products never stored: no predicated ldmatrix or mma, each of which would need a
+// warp sync of its own and keep the loads from running ahead).
+template <int TPW>
+__device__ __forceinline__ void a_rows(int (&a_row)[TPW], int gn, int wn, int tiles, int lane) {
+  const int mtiles = (tiles + 1) / 2;   // the chunk's 16-row weight tiles
+#pragma unroll
+  for (int j = 0; j < TPW; ++j)
+    a_row[j] = min(min(gn + j * wn, mtiles - 1) * 16 + lane % 16, tiles * 8 - 1);
+}
+
+// A chunk's entry in a wait log (MK_CHUNK_LOG): its task, the task's chunks, the chunk, and
+// the stamps at its top, after x's request, after the page's wait and after the products'
+// issue, then now (after the warp's sync).
+__device__ __forceinline__ void log_chunk(WaitLog& log, int task, int chunks, int ch,
+                                          int64_t top, int64_t requested, int64_t paged,
+                                          int64_t issued) {
+  log.add(((int64_t)task << 32) | ((int64_t)chunks << 16) | ch, top, requested, paged,
+          globaltimer(), issued);
+}
+
 // The consumers' side: acc [SEGS * n, WK, B] of x [B, XK] columns [k0, k0 + KS) times the
 // pages' rows; returns WK. x's chunks come by tensor copies (x at row (x - base) / XK of its
 // map, XStages::Source) into XStages, requested by thread 0 XS - 2 chunks ahead of the one
@@ -278,21 +300,9 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
     for (int ch = 0; ch < AHEAD && ch < CH; ++ch) request(ch);
   }
   pre();
-  const int mtiles = (tiles + 1) / 2;   // the chunk's 16-row weight tiles
-  int a_row[TPW];   // this lane's row of the warp's tiles' A fragments: past the task's last
-                    // tile or the chunk's last row, the last again (products never stored: no
-                    // predicated ldmatrix or mma, each of which would need a warp sync of its
-                    // own and keep the loads from running ahead)
-#pragma unroll
-  for (int j = 0; j < TPW; ++j)
-    a_row[j] = min(min(gn + j * wn, mtiles - 1) * 16 + c.lane % 16, tiles * 8 - 1);
-  float acc[NB][TPW][4];
-#pragma unroll
-  for (int m = 0; m < NB; ++m)
-#pragma unroll
-    for (int j = 0; j < TPW; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+  int a_row[TPW];
+  a_rows<TPW>(a_row, gn, wn, tiles, c.lane);
+  float acc[NB][TPW][4] = {};
   for (int ch = 0; ch < CH; ++ch) {
     const int64_t t0 = MK_CHUNK_LOG ? globaltimer() : 0;
     if (!c.drain && c.t == 0 && ch + AHEAD < CH) request(ch + AHEAD);
@@ -312,9 +322,7 @@ __device__ int mma_project(C& c, const bf16* x, int k0, int n, Pre&& pre) {
     const int64_t t3 = MK_CHUNK_LOG ? globaltimer() : 0;   // (after the products' issue)
     const bool last = q == cpp - 1 || ch == CH - 1;   // the page's last chunk
     __syncwarp();
-    if (MK_CHUNK_LOG && c.lane == 0)
-      c.log.add(((int64_t)c.task << 32) | ((int64_t)CH << 16) | ch, t0, t1, t2,
-                MK_CHUNK_LOG ? globaltimer() : 0, t3);
+    if (MK_CHUNK_LOG && c.lane == 0) log_chunk(c.log, c.task, CH, ch, t0, t1, t2, t3);
     if (c.lane == 0) {   // the warp done with x's chunk (none drained) and the page
       if (!c.drain) mbar_arrive(xempty + st);
       if (last) mbar_arrive(c.ring.empty + c.ring.slot);
