@@ -88,8 +88,7 @@ struct Ctx {
   float* acc;     // [rows, parts, B] a task's row parts
   float* tmp;     // scratch of the epilogues and of attention's merge
   float* rms;     // MMA: [B] the norm's row RMS of the last projection (``mma_normed``)
-  unsigned char* xs;   // MMA: x's stages [XS, B padded to 16, 64], then their
-                       // barriers
+  unsigned char* xs;   // MMA: x's stages [XS, B padded to 16, 64], then their barriers
   int t, warp, lane;
   int parts = 1;  // MMA: parts a row of acc (the chunk groups of the last projection)
   bool drain = false;   // after a watchdog trip: consume pages, compute nothing

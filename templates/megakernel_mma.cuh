@@ -8,13 +8,13 @@
 // with TMA tensor copies (maps over the weight arena as [rows, K], one a row length
 // and box height; 128-byte swizzle: row r's 16-byte piece c at r * 128 + (c ^ r % 8) * 16, the
 // page 1024-byte aligned). x's chunk [B, 64] comes into one of XS stages of B padded to 16
-// rows by a tensor copy too (a map of x's row length; the stage's rows past B: what an earlier
-// copy left, their products never read). The consumer
-// warps multiply on their own, no barrier between them: the chunk's weight rows in 16-row
-// tiles (mma's A; two of the 8-row boxes) are split between WN warp groups (a tile a warp
-// while there are no more tiles than warps) and the chunks between the WK = NCW / WN warps of
-// a group; x's rows in 8-row tiles are mma's B; fragments by ldmatrix, mma.sync.m16n8k16
-// (bf16 in, fp32 accumulators; x as B instead of A: 24 of 32 loads and products a chunk at 17
+// rows by a tensor copy too (a map of x's row length, boxes of B rows; the stage's rows past
+// B: what an earlier copy left, their products never read). The consumer warps multiply on
+// their own, no barrier between them: the chunk's weight rows in 16-row tiles (mma's A; two
+// of the 8-row boxes) are split between WN warp groups (a tile a warp while there are no more
+// tiles than warps) and the chunks between the WK = NCW / WN warps of a group; x's rows in
+// 8-row tiles are mma's B; fragments by ldmatrix, mma.sync.m16n8k16 (bf16 in, fp32
+// accumulators; x as B instead of A: 24 of 32 loads and products a chunk at 17
 // rows, H200 17 rows 2.220 -> 2.188 ms, 64 rows 3.673 -> 3.703). The accumulators land in acc
 // [SEGS * n, WK, B] (row s * n + r of the segments, WK parts a row, summed in a fixed order by
 // Ctx::result): the op bodies' epilogues read them as they read the CUDA-core projection's.
