@@ -4,7 +4,7 @@
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
         [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] [--acquires none,both] \
         [--mma-chunks 1,4] [--mma-pages 16,32] [--kv-aheads 0,2] [--attn-runs 1,2] \
-        [--attn-mmas 0,1] [--x-depths 8,16] [--probes 1,2,3] [--chunk-log 4096]
+        [--attn-mmas 0,1] [--x-depths 8,16] [--tileds 0,1] [--probes 1,2,3] [--chunk-log 4096]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, attention a key a lane, its keys
@@ -63,6 +63,9 @@ KNOBS = {
                  "projections)"),
     "x_depth": ("--x-depths", "0", int,
                 "tensor-core projections' stages of x's chunks (0: the backend's choice)"),
+    "tiled": ("--tileds", "0", _flag,
+              "tensor-core weight tiles by bulk copies from tiled copies of the weights (1) or "
+              "by tensor copies of row boxes (0)"),
 }
 
 
