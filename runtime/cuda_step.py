@@ -81,6 +81,7 @@ def kernel_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...],
 
     n = max(1, len(ks))
     maps = TensorMap((NBOX + 1) * n, 16 * n)
+    maps.tiled = tiled   # (kept alive with the parameter that points at them)
     for i, t in enumerate(tiled):
         at = maps.address + 128 * (NBOX + 1) * n
         ctypes.c_uint64.from_address(at + 8 * i).value = t.data_ptr()

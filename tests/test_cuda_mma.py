@@ -188,18 +188,20 @@ def test_tensor_core_kernel_builds_without_spills(batch, tmp_path, monkeypatch):
 
 
 @nvcc
-@pytest.mark.parametrize("batch,rows,flight,log", [(17, 64, 64, 0), (64, 128, 0, 0),
-                                                   (17, 128, 64, 256)])
-def test_backend_benchmark_form_builds_without_spills(batch, rows, flight, log, tmp_path,
+@pytest.mark.parametrize("batch,rows,flight,log,tiled", [(17, 64, 64, 0, False),
+                                                         (64, 128, 0, 0, False),
+                                                         (17, 128, 64, 256, True)])
+def test_backend_benchmark_form_builds_without_spills(batch, rows, flight, log, tiled, tmp_path,
                                                       monkeypatch):
-    """The backend form builds without spills, also with wait logs (``log`` entries a stream)."""
+    """The backend form builds without spills, also with wait logs (``log`` entries a stream)
+    and tiled weights."""
     from megakernel.bench.mma_backend import backend_source
     from megakernel.compiler.cuda_codegen import SMEM_LIMIT
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
-    source, smem = backend_source(batch, 2048, rows, 1, flight, chunk_log=log)
-    assert f"#define MK_CHUNK_LOG {log}\n" in source
+    source, smem = backend_source(batch, 2048, rows, 1, flight, chunk_log=log, tiled=tiled)
+    assert f"#define MK_CHUNK_LOG {log}\n#define MK_TILED {int(tiled)}\n" in source
     assert smem <= SMEM_LIMIT
     log = build_cubin(source).with_suffix(".log").read_text()
     assert no_spills(log), log
