@@ -9,7 +9,8 @@
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, attention a key a lane, its keys
 and values through the ring or prefetched into L2 (and how far ahead), which of the waits and
-the combine's ticket acquire, tensor-core pages' size and chunks) against eager's (relative norm of the difference, top-1 agreement), then
+the combine's ticket acquire, tensor-core pages' size and chunks, x's stages, tiled weights)
+against eager's (relative norm of the difference, top-1 agreement), then
 their median step times, measured in alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end

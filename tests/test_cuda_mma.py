@@ -1,7 +1,8 @@
 """The CUDA backend's tensor-core projections (from 5 batch rows on), without a GPU: what the
 generated kernel takes (K slices, weight maps), what it refuses, its shared-memory sums, the
-weight arena's alignment the maps need, the tiled weights' layout, and (where nvcc is installed) that it builds for sm_90a
-without spills. Its results are compared on the GPU in test_cuda_gpu.py."""
+weight arena's alignment the maps need, the tiled weights' layout, and (where nvcc is
+installed) that it builds for sm_90a without spills. Its results are compared on the GPU in
+test_cuda_gpu.py."""
 import shutil
 
 import pytest
