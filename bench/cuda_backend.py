@@ -130,7 +130,7 @@ def waits(compiled, model, cache, inputs, knobs: dict) -> None:
     """The wait logs of a traced launch (``chunk_log``): medians by kind, then one task of
     each kind chunk by chunk (worker 5's first, warp 0 and the producer), ns."""
     from megakernel.runtime.cuda_step import CudaStep
-    from megakernel.runtime.trace import chunk_log, chunk_table
+    from megakernel.runtime.trace import chunk_lines, chunk_log, chunk_table
 
     step = CudaStep(compiled, model, cache, trace=True, **knobs)
     with torch.inference_mode():
@@ -138,9 +138,7 @@ def waits(compiled, model, cache, inputs, knobs: dict) -> None:
             step(*inputs, cache)
     log = chunk_log(step)
     print("wait log (ns, medians)", flush=True)
-    for row in chunk_table(log):
-        print("  ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in row.items()))
+    print("\n".join(chunk_lines(chunk_table(log))))
     first = {}
     for rec in log:
         if rec["worker"] == 5 and rec["stream"] != 1 and \

@@ -82,8 +82,8 @@ def kernel_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...],
     n = max(1, len(ks))
     maps = TensorMap((NBOX + 1) * n, 16 * n)
     maps.tiled = tiled   # (kept alive with the parameter that points at them)
+    at = maps.address + 128 * (NBOX + 1) * n
     for i, t in enumerate(tiled):
-        at = maps.address + 128 * (NBOX + 1) * n
         ctypes.c_uint64.from_address(at + 8 * i).value = t.data_ptr()
         ctypes.c_int64.from_address(at + 8 * (n + i)).value = t.shape[1]
     for i, k in enumerate(ks):

@@ -232,3 +232,9 @@ def chunk_table(log: list[dict]) -> list[dict]:
             row[k] = median(vals) if vals else None
         rows.append(row)
     return rows
+
+
+def chunk_lines(rows: list[dict]) -> list[str]:
+    """``chunk_table``'s rows as printed lines: key=value, nanoseconds whole."""
+    return ["  ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in row.items()) for row in rows]

@@ -137,6 +137,7 @@ __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
 #pragma unroll
   for (int s = 0; s < SEGS; ++s) row[s] = (int)((src[s] - base) / K);
   const int rp = padded8(n), tile = SEGS * rp * 128, cpp = chunks_a_page<P::PAGE_BYTES>(tile);
+  const int ki = MK_TILED ? p.k_index(K) : 0;   // (tiled: the row length's tiled arena)
   for (int ch0 = 0; ch0 < CH; ch0 += cpp) {
     const int m = min(cpp, CH - ch0);
     unsigned char* page = p.begin_page(m * tile);
@@ -146,9 +147,9 @@ __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
 #pragma unroll
       for (int s = 0; s < SEGS; ++s)
         if (MK_TILED) {   // rows [row_s, row_s + rp) of chunk k0 / KC + ch, end to end
-          const int i = p.k_index(K);
-          bulk_copy(page + at * 128, p.tiled[i] + ((k0 / KC + ch) * p.tiled_rows[i] + row[s]) * KC,
-                    rp * 128, bar);
+          bulk_copy(page + at * 128,
+                    p.tiled[ki] + ((k0 / KC + ch) * p.tiled_rows[ki] + row[s]) * KC, rp * 128,
+                    bar);
           at += rp;
         } else {
           for (int r = 0, b = 0; r < rp; r += 128 >> b) {

@@ -256,7 +256,8 @@ struct Producer {
     ++issued;
     const int64_t t1 = MK_CHUNK_LOG ? globaltimer() : 0;
     mbar_wait(ring.empty + ring.slot, ring.phase ^ 1);
-    if (MK_CHUNK_LOG) log.add(((int64_t)(first + task) << 32) | bytes, t0, t1, globaltimer(), 0, 0);
+    if (MK_CHUNK_LOG)
+      log.add(((int64_t)(first + task) << 32) | bytes, t0, t1, globaltimer(), 0, 0);
     mbar_expect(ring.full + ring.slot, bytes);
     return ring.page();
   }

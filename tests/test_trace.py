@@ -10,9 +10,9 @@ from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
-from megakernel.runtime.trace import (LOG_WORDS, TaskTrace, chunk_table, critical_path,
-                                      kind_table, path_table, phase_table, trace_step,
-                                      wait_entries)
+from megakernel.runtime.trace import (LOG_WORDS, TaskTrace, chunk_lines, chunk_table,
+                                      critical_path, kind_table, path_table, phase_table,
+                                      trace_step, wait_entries)
 from megakernel.runtime.variant import parse_variant
 
 
@@ -138,6 +138,8 @@ def test_wait_entries_read_the_logs_as_the_kernel_writes_them():
     table = chunk_table([dict(r, kind="k") for r in recs])
     assert [(row["stream"], row["n"]) for row in table] == [("warp 0", 3), ("producer", 1)]
     assert table[0]["period"] == 700 and table[0]["page"] == 90
+    assert chunk_lines(table)[1] == ("stream=producer  kind=k  n=1  flight=30  empty=10  "
+                                     "period=None")
 
 
 def test_variant_labels():
