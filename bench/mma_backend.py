@@ -45,8 +45,6 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
   if (warp == NCW) {
     if (lane == 0) {
       P p{ { {smem, full, empty} }, maps.m, w, {K} };
-      p.tiled = maps.tiled;
-      p.tiled_rows = maps.tiled_rows;
       if (MK_CHUNK_LOG && log != nullptr)   // as the megakernel's: warp 0, warp NCW - 1, producer
         p.log.p = log + (3 * blockIdx.x + 2) * MK_CHUNK_LOG * LOG_WORDS;
       for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
@@ -74,15 +72,13 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
 def backend_source(batch: int, k: int, rows: int, cluster: int = 1,
                    flight_kib: int = 64,
                    page_kib: int = MMA_PAGE // 1024, stages: int = 0,
-                   chunks: int = 4, chunk_log: int = 0,
-                   tiled: bool = False) -> tuple[str, int]:
+                   chunks: int = 4, chunk_log: int = 0) -> tuple[str, int]:
     """The kernel for one shape and its dynamic shared memory: pages of ``page_kib`` KiB (a
     chunk of ``rows`` rows at least; as many chunks as fit, up to ``chunks``), as many as fit
     beside x's ``stages`` (0: the backend's choice) and acc, at most
     ``flight_kib`` KiB of them in flight (0: as many as the ring holds); ``chunk_log``: wait
     logs of that many entries a stream (``backend_args``' ``log``; ``runtime.trace.wait_entries``
-    reads them); ``tiled``: the weight tiles by bulk copies from W's tiled copy (``MK_TILED``;
-    ``backend_args``' ``tiled``)."""
+    reads them)."""
     if cluster != 1 or rows % 8 or rows > 128:
         raise SystemExit(f"backend form: tasks of 8-128 rows (a multiple of 8), no clusters; "
                          f"not {rows} in clusters of {cluster}")
@@ -94,21 +90,18 @@ def backend_source(batch: int, k: int, rows: int, cluster: int = 1,
     if npage < 2:
         raise SystemExit(f"backend form: pages of {page} bytes, fewer than two fit")
     source = (f"#define MK_CHUNKS {chunks}\n#define MK_CHUNK_LOG {chunk_log}\n"
-              f"#define MK_TILED {int(tiled)}\n"
               f"constexpr int NCW = {NCW}, NPAGE = {npage}, PAGE = {page}, B = {batch}, "
               f"K = {k}, ROWS = {rows}, XS = {xs}, XBYTES = {xbytes}, "
               f"FLIGHT_BYTES = {flight_kib * 1024};\n") + SOURCE
     return source, fixed + npage * (page + 16)
 
 
-def backend_args(driver, x, w, y, rows: int, log=None, tiled: bool = False) -> list:
-    """Launch arguments: W's and x's maps (W and x as the arenas; ``tiled``: with W's tiled
-    copy), W, x, y, N, the wait logs' int64 buffer (``log``: 3 streams a block of
-    ``chunk_log`` entries, or none)."""
-    from megakernel.runtime.cuda_step import kernel_maps, tiled_arena
+def backend_args(driver, x, w, y, rows: int, log=None) -> list:
+    """Launch arguments: W's and x's maps (W and x as the arenas), W, x, y, N, the wait logs'
+    int64 buffer (``log``: 3 streams a block of ``chunk_log`` entries, or none)."""
+    from megakernel.runtime.cuda_step import kernel_maps
 
-    maps = kernel_maps(driver, w.view(-1), (w.shape[1],), x.view(-1), x.shape[0],
-                       (tiled_arena(w),) if tiled else ())
+    maps = kernel_maps(driver, w.view(-1), (w.shape[1],), x.view(-1), x.shape[0])
     return [maps.param, ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(x.data_ptr()),
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(w.shape[0]),
             ctypes.c_void_p(0 if log is None else log.data_ptr())]

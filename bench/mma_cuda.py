@@ -26,8 +26,7 @@ form (the CUDA backend's own projection body, alone).
 
     python -m megakernel.bench.mma_cuda --batches 16,32,64 --forms rows,tiles,backend \\
         [--rows 16,32] [--tile-rows 128,256] [--clusters 1,2,4] [--backend-rows 32,64,128] \\
-        [--flight-kib 64,0] [--page-kib 16,32] [--n 65536 --k 2048] [--chunk-log 4096] \\
-        [--tiled 0,1]
+        [--flight-kib 64,0] [--page-kib 16,32] [--n 65536 --k 2048] [--chunk-log 4096]
 
 Prints microseconds a launch and the weights' TB/s of each (batch, form, rows) beside
 ``torch.mm`` on the same operands; every launch's y is checked against an fp32 product.
@@ -206,21 +205,20 @@ def forms() -> dict:
 
 
 def print_waits(driver, operands, grid: int, stream: int, source: tuple[str, int],
-                n: int, tiled: bool = False) -> None:
+                n: int) -> None:
     """One launch of the backend form built with wait logs of ``n`` entries a stream; their
     medians (``runtime.trace.chunk_table``)."""
     from megakernel.bench.mma_backend import backend_args
     from megakernel.runtime.cuda_step import build_cubin
-    from megakernel.runtime.trace import LOG_WORDS, chunk_lines, chunk_table, wait_entries
+    from megakernel.runtime.trace import LOG_WORDS, chunk_table, wait_entries
 
     func = driver.load(build_cubin(source[0]), "mma_backend", source[1])
     log = torch.zeros(grid * 3 * n * LOG_WORDS, dtype=torch.int64, device="cuda")
-    driver.launch(func, grid, NT, source[1], stream,
-                  backend_args(driver, *operands, log=log, tiled=tiled))
+    driver.launch(func, grid, NT, source[1], stream, backend_args(driver, *operands, log=log))
     torch.cuda.synchronize()
-    for line in chunk_lines(chunk_table([dict(r, kind="backend")
-                                         for r in wait_entries(log.tolist(), n)])):
-        print("  " + line, flush=True)
+    for row in chunk_table([dict(r, kind="backend") for r in wait_entries(log.tolist(), n)]):
+        print("  " + "  ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in row.items()), flush=True)
 
 
 def _ints(text: str) -> list[int]:
@@ -247,9 +245,6 @@ def main(argv=None) -> int:
     ap.add_argument("--x-stages", default="0",
                     help="backend form: stages of x's chunks (0: the backend's choice)")
     ap.add_argument("--chunks", default="4", help="backend form: chunks a page at most")
-    ap.add_argument("--tiled", default="0",
-                    help="backend form: weight tiles from W's tiled copy (1) or by tensor copies "
-                         "of row boxes (0)")
     ap.add_argument("--chunk-log", type=int, default=0,
                     help="backend form: also one launch with wait logs of this many entries "
                          "(medians printed, as the megakernel's --chunk-log)")
@@ -265,10 +260,10 @@ def main(argv=None) -> int:
     shapes = {"rows": [(r, 1, {}) for r in _ints(args.rows)],
               "tiles": [(r, c, {}) for r in _ints(args.tile_rows) for c in _ints(args.clusters)],
               "backend": [(r, 1, {"flight_kib": f, "page_kib": p, "stages": xs,
-                                  "chunks": c, "tiled": bool(t)})
+                                  "chunks": c})
                           for r in _ints(args.backend_rows) for f in _ints(args.flight_kib)
                           for p in _ints(args.page_kib) for xs in _ints(args.x_stages)
-                          for c in _ints(args.chunks) for t in _ints(args.tiled)]}
+                          for c in _ints(args.chunks)]}
     for batch in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(batch, k, device="cuda").bfloat16()
         ref = x.float() @ w.float().T                                    # [B, N]
@@ -290,8 +285,7 @@ def main(argv=None) -> int:
                     if not grid:
                         raise SystemExit(f"no cluster of {cluster} blocks of {smem} bytes fits")
                 y = torch.full((batch, n), float("nan"), device="cuda").bfloat16()
-                launch_args = args_of(driver, x, w, y, rows,
-                                      **({"tiled": extra["tiled"]} if "tiled" in extra else {}))
+                launch_args = args_of(driver, x, w, y, rows)
 
                 def launch():
                     driver.launch(func, grid, NT, smem, stream, launch_args, cluster)
@@ -310,7 +304,7 @@ def main(argv=None) -> int:
                 if form == "backend" and args.chunk_log:
                     print_waits(driver, (x, w, y, rows), grid, stream, source_of(
                         batch, k, rows, cluster, **extra, chunk_log=args.chunk_log),
-                        args.chunk_log, extra["tiled"])
+                        args.chunk_log)
     return 0
 
 

@@ -284,24 +284,6 @@ def geometry(enc: Encoded, batch: int, mma: int = 0, xs: int = 0) -> Geometry:
     return geo
 
 
-def check_tiled(enc: Encoded, geo: "Geometry") -> None:
-    """Tiled weights (``generate_cuda``'s ``tiled``) take tensor-core projections whose rows and
-    slices are whole 64-column chunks and whose segments start and end on 8-row boxes (a
-    chunk's rows are copied as they lie in the tiled arena, swizzled by their row there)."""
-    if not geo.mma:
-        raise ValueError("tiled weights are for tensor-core projections (batch rows "
-                         f"{MMA_FROM} and more)")
-    for _, kind, cx, _ in enc.variants:
-        spec = CUDA_OPS[kind] if kind in CUDA_OPS else None
-        if spec is None or not spec.rows(cx):
-            continue
-        seg = spec.rows(cx) // spec.segs
-        if cx["K"] % KC or cx.get("KS", KC) % KC or seg % 8 or cx.get("D", 16) % 16:
-            raise ValueError(f"tiled weights: {kind} with K {cx['K']}, slices of "
-                             f"{cx.get('KS', cx['K'])} and segments of {seg} rows (whole "
-                             f"{KC}-column chunks and 8-row boxes)")
-
-
 def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   flight: int | None = None, lanes: bool | None = None,
                   kv_ring: bool = False, probe: int = 0, kv_l2: bool = True,
@@ -309,7 +291,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
                   mma_chunks: int = MMA_CHUNKS, mma_page_kib: int = MMA_PAGE // 1024,
                   kv_ahead: int = 0, attn_runs: int = ATTN_RUNS,
                   attn_mma: bool | None = None, x_depth: int = 0,
-                  chunk_log: int = 0, tiled: bool = False) -> CudaSource:
+                  chunk_log: int = 0) -> CudaSource:
     """``flight``: copies a worker's producer keeps issued and not landed, at most (None:
     FLIGHT; batch 1: 2, 4, 8 for q/k/v and o only and 2 for the rest: 0.820, 0.825, 0.825 ms,
     llama-3.2-1b; tensor cores, 17 / 64 rows: 2 pages 2.109 / 3.590 ms, 3 pages 2.107 /
@@ -335,9 +317,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     1, from L2 / tensor cores, 0.797 / 0.807); ``x_depth``: stages of x's chunks (0:
     ``x_stages``; thread 0 asks for chunks that many less two ahead); ``chunk_log``: traces
     also log that many of each worker's tensor-core chunks (the waits of warps 0 and NCW - 1)
-    and ring pages (the producer's waits; ``runtime.trace.chunk_log``); ``tiled``: tensor-core
-    weight tiles by one bulk copy a segment and chunk from tiled copies of the weights
-    (``MK_TILED``; ``cuda_step.tiled_arena``) instead of tensor copies of row boxes."""
+    and ring pages (the producer's waits; ``runtime.trace.chunk_log``)."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
@@ -361,8 +341,6 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     xs = x_depth or x_stages(batch)
     geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0, xs)
     check_supported(enc, lanes, geo)
-    if tiled:
-        check_tiled(enc, geo)
     flight = FLIGHT if flight is None else flight
     map_ks = sorted({cx["K"] for _, kind, cx, _ in enc.variants
                      if geo.mma and kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)}) or [0]
@@ -380,7 +358,7 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
         page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
         mma_chunks=mma_chunks, kv_ahead=kv_ahead,
-        attn_runs=attn_runs, attn_mma=attn_mma, chunk_log=chunk_log, tiled=tiled,
+        attn_runs=attn_runs, attn_mma=attn_mma, chunk_log=chunk_log,
         acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
         acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=xs,
         xbytes=geo.xbytes, map_ks=map_ks,

@@ -60,32 +60,24 @@ class TensorMap:
     """The 128 bytes of ``count`` CUtensorMaps, 64-byte aligned in host memory (as the driver
     asks); ``param`` (which keeps its buffer alive) is what a launch passes."""
 
-    def __init__(self, count: int = 1, extra: int = 0):
-        size = -(-(128 * count + extra) // 64) * 64     # (and ``extra`` bytes after the maps)
-        buf = (ctypes.c_ubyte * (size + 64))()
+    def __init__(self, count: int = 1):
+        buf = (ctypes.c_ubyte * (128 * count + 64))()
         offset = -ctypes.addressof(buf) % 64
-        self.param = (ctypes.c_ubyte * size).from_buffer(buf, offset)   # holds buf
+        self.param = (ctypes.c_ubyte * (128 * count)).from_buffer(buf, offset)   # holds buf
         self.address = ctypes.addressof(self.param)
 
 
 def kernel_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...],
-                act: torch.Tensor | None = None, x_rows: int = 0,
-                tiled: tuple[torch.Tensor, ...] = ()) -> TensorMap:
+                act: torch.Tensor | None = None, x_rows: int = 0) -> TensorMap:
     """The CUDA kernel's ``mk::Maps``: for each row length K of ``ks``, the weight arena read as
     [rows, K] in boxes of 128, 64, 32, 16 and 8 rows by 64 columns, then the activation arena
     ``act`` read as [rows, K] in boxes of ``x_rows`` rows (x's chunks, ``megakernel_mma.cuh``:
-    as many bytes as its copies expect), then the addresses and rows of the ``tiled`` arenas
-    (``tiled_arena``, one a row length; zeros without); one blank entry's worth where ``ks`` is
-    empty (projections on CUDA cores)."""
+    as many bytes as its copies expect); one blank entry's worth where ``ks`` is empty
+    (projections on CUDA cores)."""
     from megakernel.compiler.cuda_codegen import KC, NBOX
 
     n = max(1, len(ks))
-    maps = TensorMap((NBOX + 1) * n, 16 * n)
-    maps.tiled = tiled   # (kept alive with the parameter that points at them)
-    at = maps.address + 128 * (NBOX + 1) * n
-    for i, t in enumerate(tiled):
-        ctypes.c_uint64.from_address(at + 8 * i).value = t.data_ptr()
-        ctypes.c_int64.from_address(at + 8 * (n + i)).value = t.shape[1]
+    maps = TensorMap((NBOX + 1) * n)
     for i, k in enumerate(ks):
         for b in range(NBOX):
             driver.tensor_map(arena.data_ptr(), arena.numel() // k, k, 128 >> b, KC,
@@ -94,22 +86,6 @@ def kernel_maps(driver: "Driver", arena: torch.Tensor, ks: tuple[int, ...],
             driver.tensor_map(act.data_ptr(), act.numel() // k, k, x_rows, KC,
                               into=maps.address + 128 * (n * NBOX + i))
     return maps
-
-
-def tiled_arena(w: torch.Tensor, pad: int = 128) -> torch.Tensor:
-    """The weight arena read as [rows, K] (``w``, K a multiple of 64) as [K / 64, rows + pad, 64]:
-    each 64-column chunk's rows end to end, so that a task's rows of a chunk are one contiguous
-    copy, each row's 16-byte pieces where the 128-byte swizzle puts them (piece p of row r in
-    slot p ^ r % 8, as ``swz`` in megakernel_mma.cuh reads them); rows past the arena's zero."""
-    rows, k = w.shape
-    if k % 64:
-        raise ValueError(f"tiled weights: rows of whole 64-column chunks, not {k}")
-    src = w.view(rows, k // 64, 8, 8).permute(1, 0, 2, 3)            # [C, rows, piece, 8]
-    slot = torch.arange(8, device=w.device)
-    piece = slot[None, :] ^ (torch.arange(rows, device=w.device) % 8)[:, None]   # [rows, slot]
-    out = w.new_zeros(k // 64, rows + pad, 8, 8)
-    out[:, :rows] = torch.gather(src, 2, piece[None, :, :, None].expand(k // 64, rows, 8, 8))
-    return out.view(k // 64, rows + pad, 64)
 
 
 class _LaunchAttribute(ctypes.Structure):       # CUlaunchAttribute: id, pad, a 64-byte value
@@ -216,8 +192,8 @@ class CudaStep(MegakernelStep):
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False, **knobs):
         """``knobs``: ``generate_cuda``'s (flight, lanes, kv_ring, probe, kv_l2, acquire, mma,
-        mma_chunks, mma_page_kib, kv_ahead, attn_runs, attn_mma, x_depth, chunk_log,
-        tiled; None: its default)."""
+        mma_chunks, mma_page_kib, kv_ahead, attn_runs, attn_mma, x_depth, chunk_log;
+        None: its default)."""
         import inspect
 
         from megakernel.compiler.cuda_codegen import generate_cuda
@@ -239,10 +215,8 @@ class CudaStep(MegakernelStep):
                 3 * self.cuda.num_workers * self.knobs["chunk_log"] * LOG_WORDS)])
         if self.weights.dtype != torch.bfloat16:
             raise ValueError(f"the CUDA backend builds bf16 models, not {self.weights.dtype}")
-        self.tiled = tuple(tiled_arena(self.weights[:self.weights.numel() // k * k].view(-1, k))
-                           for k in self.cuda.map_ks) if self.knobs.get("tiled") else ()
         self.maps = kernel_maps(self.driver, self.weights, self.cuda.map_ks, self.act,
-                                self.cuda.x_rows, self.tiled)   # arenas now bound
+                                self.cuda.x_rows)   # arenas now bound
 
     def _load_kernel(self, compiled, device):
         """Generate, build and load the CUDA kernel (instead of the Triton module)."""

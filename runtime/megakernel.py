@@ -57,9 +57,8 @@ def load_kernel(source: str, name: str):
 def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, list[int]]:
     """Copy every distinct parameter into one arena and make the model's parameters views of it.
     Returns (arena, offset of each weight id in units of ALIGN elements). A matrix starts on a
-    multiple of eight of its rows too, so that the arena read as [rows, K] holds every matrix of
-    row length K at a whole row, a multiple of 8 (the CUDA backend's tensor maps and its tiled
-    copies: ``cuda_step.tiled_arena``)."""
+    multiple of its row length too, so that the arena read as [rows, K] holds every matrix of
+    row length K at a whole row (the CUDA backend's tensor maps)."""
     from math import lcm
 
     from megakernel.compiler.encode import ALIGN
@@ -68,7 +67,7 @@ def bind_weights(model, names: tuple[str, ...], device) -> tuple[torch.Tensor, l
     offsets, top, starts = [], 0, {}          # tied parameters share one slot
     for p in params:
         if id(p) not in starts:
-            step = lcm(ALIGN, 8 * p.shape[-1]) if p.dim() == 2 else ALIGN
+            step = lcm(ALIGN, p.shape[-1]) if p.dim() == 2 else ALIGN
             top = -(-top // step) * step
             starts[id(p)] = top
             top += -(-p.numel() // ALIGN) * ALIGN

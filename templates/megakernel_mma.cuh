@@ -111,17 +111,7 @@ template <int NK>
 struct Maps {
   CUtensorMap m[NK * NBOX];
   CUtensorMap x[NK];
-  const bf16* tiled[NK];     // MK_TILED: the weight arena read as [rows, K] of each row length
-                             // as [K / 64, rows, 64], each row's pieces swizzled
-                             // (``cuda_step.tiled_arena``)
-  long long tiled_rows[NK];  // its rows
 };
-
-#ifndef MK_TILED
-#define MK_TILED 0   // weight tiles by one bulk copy a segment and chunk from the tiled arenas
-                     // (Maps::tiled: a chunk's rows contiguous, already in the swizzle's order)
-                     // instead of tensor copies of 8-128-row boxes
-#endif
 
 // The producer's copies of a tensor-core task: for each 64-column chunk of [k0, k0 + KS), each
 // segment's rows [row_s, row_s + n) of its matrix (at src[s]) as 8-row-aligned boxes into one
@@ -130,14 +120,11 @@ template <class P, int K, int KS, int SEGS>
 __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
                       const bf16* const (&src)[SEGS], int n, int k0) {
   static_assert(KS % 8 == 0, "tensor-core projections take whole 16-byte pieces");
-  static_assert(!MK_TILED || (K % KC == 0 && KS % KC == 0),
-                "tiled weights: rows and their slices of whole 64-column chunks");
   constexpr int CH = (KS + KC - 1) / KC;    // columns past K: zeros (the map's end)
   int row[SEGS];
 #pragma unroll
   for (int s = 0; s < SEGS; ++s) row[s] = (int)((src[s] - base) / K);
   const int rp = padded8(n), tile = SEGS * rp * 128, cpp = chunks_a_page<P::PAGE_BYTES>(tile);
-  const int ki = MK_TILED ? p.k_index(K) : 0;   // (tiled: the row length's tiled arena)
   for (int ch0 = 0; ch0 < CH; ch0 += cpp) {
     const int m = min(cpp, CH - ch0);
     unsigned char* page = p.begin_page(m * tile);
@@ -146,17 +133,10 @@ __device__ void tiles(P& p, const CUtensorMap* map, const bf16* base,
     for (int ch = ch0; ch < ch0 + m; ++ch)
 #pragma unroll
       for (int s = 0; s < SEGS; ++s)
-        if (MK_TILED) {   // rows [row_s, row_s + rp) of chunk k0 / KC + ch, end to end
-          bulk_copy(page + at * 128,
-                    p.tiled[ki] + ((k0 / KC + ch) * p.tiled_rows[ki] + row[s]) * KC, rp * 128,
-                    bar);
-          at += rp;
-        } else {
-          for (int r = 0, b = 0; r < rp; r += 128 >> b) {
-            while ((128 >> b) > rp - r) ++b;
-            tma_2d(page + at * 128, map + b, k0 + ch * KC, row[s] + r, bar);
-            at += 128 >> b;
-          }
+        for (int r = 0, b = 0; r < rp; r += 128 >> b) {
+          while ((128 >> b) > rp - r) ++b;
+          tma_2d(page + at * 128, map + b, k0 + ch * KC, row[s] + r, bar);
+          at += 128 >> b;
         }
     p.ring.advance();
   }
@@ -362,15 +342,12 @@ struct WeightProducer : Producer<NPAGE, PAGE, NCW, FLIGHT, FLIGHT_BYTES> {
   const CUtensorMap* maps;   // [NK, NBOX]
   const bf16* base;          // the arena's first element (row 0 of every map)
   int ks[NK];
-  const bf16* const* tiled = nullptr;      // MK_TILED: Maps::tiled, Maps::tiled_rows
-  const long long* tiled_rows = nullptr;
 
-  __device__ int k_index(int k) const {
+  __device__ const CUtensorMap* map_of(int k) const {
     int i = 0;
     while (i < NK - 1 && ks[i] != k) ++i;
-    return i;
+    return maps + i * NBOX;
   }
-  __device__ const CUtensorMap* map_of(int k) const { return maps + k_index(k) * NBOX; }
   // rows [src[s], src[s] + n * K) of each segment, over the whole of K
   template <int K, int SEGS>
   __device__ void project(const bf16* const (&src)[SEGS], int n) {

@@ -33,15 +33,13 @@ LONG_KEYS = replace(SLICED, kv_split=1024, kv_block=128)          # 8 cache bloc
                                               (17, LONG_KEYS, {"attn_runs": 2}),
                                               (1, FUSED, {"kv_ring": True, "attn_mma": True}),
                                               (17, LONG_KEYS, {"kv_ring": True,
-                                                               "attn_mma": True}),
-                                              (17, SLICED, {"tiled": True})])
+                                                               "attn_mma": True})])
 def test_cuda_backend_is_as_accurate_as_bf16_eager(batch, tile, knobs):
     """tile: also with fused combines (each unit merged by its last attention piece); knobs:
     the CUDA kernel's own (keys and values through the ring; the cache's unwritten rows are NaN,
     so a stale row read from a page would show; tensor-core pages of one chunk; attention's
     L2 prefetches held near the consumers; a task's 16 pages of keys and values streamed
-    through a ring of fewer; two runs of keys a warp in flight; attention on tensor cores;
-    weight tiles from tiled copies of the weights)."""
+    through a ring of fewer; two runs of keys a warp in flight; attention on tensor cores)."""
     assert_as_accurate_as_eager(teacher_forced("llama-3.2-1b", batch, kernel="cuda",
                                                cuda=knobs, tile=tile), batch)
 

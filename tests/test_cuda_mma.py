@@ -1,12 +1,10 @@
 """The CUDA backend's tensor-core projections (from 5 batch rows on), without a GPU: what the
 generated kernel takes (K slices, weight maps), what it refuses, its shared-memory sums, the
-weight arena's alignment the maps need, the tiled weights' layout, and (where nvcc is
-installed) that it builds for sm_90a without spills. Its results are compared on the GPU in
-test_cuda_gpu.py."""
+weight arena's alignment the maps need, and (where nvcc is installed) that it builds for sm_90a
+without spills. Its results are compared on the GPU in test_cuda_gpu.py."""
 import shutil
 
 import pytest
-import torch
 from test_cuda_backend import no_spills
 
 from megakernel.compiler.cuda_codegen import MMA_FROM, NCW, generate_cuda, mma_parts
@@ -61,62 +59,7 @@ def test_acc_holds_every_task_shape(segs, rows):
     assert most >= segs * rows
 
 
-def test_tiled_arena_puts_each_chunks_rows_end_to_end_in_swizzled_order():
-    """Chunk c's row r in the tiled arena holds W[r, 64c:64c + 64] with its 16-byte piece p in
-    slot p ^ r % 8 (where the 128-byte swizzle puts it); the padding rows are zero."""
-    from megakernel.runtime.cuda_step import tiled_arena
-
-    w = torch.randn(21, 192).bfloat16()                     # [rows, K]
-    t = tiled_arena(w, pad=8)                                # [K / 64, rows + 8, 64]
-    assert t.shape == (3, 29, 64)
-    for c in range(3):
-        for r in range(21):
-            for p in range(8):
-                slot = p ^ r % 8
-                assert torch.equal(t[c, r, 8 * slot:8 * slot + 8],
-                                   w[r, 64 * c + 8 * p:64 * c + 8 * p + 8])
-    assert not t[:, 21:].any()
-    with pytest.raises(ValueError, match="64-column chunks"):
-        tiled_arena(torch.zeros(4, 96).bfloat16())
-
-
-def chunked_model() -> torch.nn.Module:
-    """A small llama whose rows are whole 64-column chunks (tiled weights take no other)."""
-    from dataclasses import replace
-
-    from megakernel.models.presets import PRESETS
-    from megakernel.models.transformer import CausalLM
-
-    cfg = replace(PRESETS["tiny-llama"], hidden_size=128, intermediate_size=256, num_layers=1,
-                  num_heads=4, num_kv_heads=2, head_dim=32)
-    return CausalLM(cfg).bfloat16()
-
-
-@nvcc
-def test_tiled_weight_kernel_builds_without_spills(tmp_path, monkeypatch):
-    """17 rows with the weight tiles copied from tiled arenas (one bulk copy a segment and
-    chunk) builds for sm_90a without spills; a model whose rows are not whole chunks is refused
-    by name."""
-    from megakernel.runtime.cuda_step import build_cubin
-
-    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
-    c = compile_model(chunked_model(), CompileOptions(17, 64, tile=SLICED, num_workers=16))
-    src = generate_cuda(c.encoded, "chunked", 17, len(c.tasks.tasks), tiled=True)
-    assert "#define MK_TILED 1" in src.source
-    log = build_cubin(src.source).with_suffix(".log").read_text()
-    assert no_spills(log), log
-    c = compiled(17)
-    with pytest.raises(ValueError, match="tiled weights: qkv_rope with K 96"):
-        generate_cuda(c.encoded, "tiny", 17, len(c.tasks.tasks), tiled=True)
-
-
-def test_tiled_weights_are_refused_without_tensor_cores():
-    c = compiled(1, TileConfig(norm_first=True, norm_sums=True, split_k=1))
-    with pytest.raises(ValueError, match="tiled weights are for tensor-core projections"):
-        generate_cuda(c.encoded, "tiny", 1, len(c.tasks.tasks), tiled=True)
-
-
-def test_weight_arena_puts_every_matrix_on_a_whole_row_a_multiple_of_8():
+def test_weight_arena_puts_every_matrix_on_a_whole_row():
     from megakernel.compiler.encode import ALIGN
     from megakernel.runtime.megakernel import bind_weights
 
@@ -125,7 +68,7 @@ def test_weight_arena_puts_every_matrix_on_a_whole_row_a_multiple_of_8():
     arena, offsets = bind_weights(model, names, "cpu")
     for name, off in zip(names, offsets):
         k = model.get_parameter(name).shape[-1]
-        assert off * ALIGN % (8 * k) == 0, name
+        assert off * ALIGN % k == 0, name
         assert model.get_parameter(name).data_ptr() == arena.data_ptr() + 2 * off * ALIGN
 
 
@@ -189,20 +132,18 @@ def test_tensor_core_kernel_builds_without_spills(batch, tmp_path, monkeypatch):
 
 
 @nvcc
-@pytest.mark.parametrize("batch,rows,flight,log,tiled", [(17, 64, 64, 0, False),
-                                                         (64, 128, 0, 0, False),
-                                                         (17, 128, 64, 256, True)])
-def test_backend_benchmark_form_builds_without_spills(batch, rows, flight, log, tiled, tmp_path,
+@pytest.mark.parametrize("batch,rows,flight,log", [(17, 64, 64, 0), (64, 128, 0, 0),
+                                                   (17, 128, 64, 256)])
+def test_backend_benchmark_form_builds_without_spills(batch, rows, flight, log, tmp_path,
                                                       monkeypatch):
-    """The backend form builds without spills, also with wait logs (``log`` entries a stream)
-    and tiled weights."""
+    """The backend form builds without spills, also with wait logs (``log`` entries a stream)."""
     from megakernel.bench.mma_backend import backend_source
     from megakernel.compiler.cuda_codegen import SMEM_LIMIT
     from megakernel.runtime.cuda_step import build_cubin
 
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
-    source, smem = backend_source(batch, 2048, rows, 1, flight, chunk_log=log, tiled=tiled)
-    assert f"#define MK_CHUNK_LOG {log}\n#define MK_TILED {int(tiled)}\n" in source
+    source, smem = backend_source(batch, 2048, rows, 1, flight, chunk_log=log)
+    assert f"#define MK_CHUNK_LOG {log}\n" in source
     assert smem <= SMEM_LIMIT
     log = build_cubin(source).with_suffix(".log").read_text()
     assert no_spills(log), log
