@@ -4,14 +4,14 @@
         --variant 64x256x4x132xs3xkv128xq2xkb128xnfxnsxsk1xni [--iters 200] [--trace DIR] \
         [--flights 2,4] [--lanes 0,1] [--kv-rings 0,1] [--kv-l2s 0,1] [--acquires none,both] \
         [--mma-chunks 1,4] [--mma-pages 16,32] [--kv-aheads 0,2] [--attn-runs 1,2] \
-        [--attn-mmas 0,1] [--x-depths 8,16] [--tileds 0,1] [--probes 1,2,3] [--chunk-log 4096]
+        [--attn-mmas 0,1] [--x-depths 8,16] [--probes 1,2,3] [--chunk-log 4096]
 
 For each batch size: one decode step's logits of the Triton kernel and of a CUDA kernel for each
 combination of the backend's knobs (ring copies in flight, attention a key a lane, its keys
 and values through the ring or prefetched into L2 (and how far ahead), which of the waits and
-the combine's ticket acquire, tensor-core pages' size and chunks, x's stages, tiled weights)
-against eager's (relative norm of the difference, top-1 agreement), then
-their median step times, measured in alternating rounds (GPU only).
+the combine's ticket acquire, tensor-core pages' size and chunks, x's stages) against eager's
+(relative norm of the difference, top-1 agreement), then their median step times, measured in
+alternating rounds (GPU only).
 ``--trace DIR``: the trace tables and timeline of the first CUDA kernel (as ``megakernel trace``
 prints and draws them), and with ``--probes`` those of the same kernel with each task's end
 stamped at that mark of its body instead (``MK_PROBE``: 1 a projection's first page reduced
@@ -64,9 +64,6 @@ KNOBS = {
                  "projections)"),
     "x_depth": ("--x-depths", "0", int,
                 "tensor-core projections' stages of x's chunks (0: the backend's choice)"),
-    "tiled": ("--tileds", "0", _flag,
-              "tensor-core weight tiles by bulk copies from tiled copies of the weights (1) or "
-              "by tensor copies of row boxes (0)"),
 }
 
 

@@ -210,15 +210,15 @@ def print_waits(driver, operands, grid: int, stream: int, source: tuple[str, int
     medians (``runtime.trace.chunk_table``)."""
     from megakernel.bench.mma_backend import backend_args
     from megakernel.runtime.cuda_step import build_cubin
-    from megakernel.runtime.trace import LOG_WORDS, chunk_table, wait_entries
+    from megakernel.runtime.trace import LOG_WORDS, chunk_lines, chunk_table, wait_entries
 
     func = driver.load(build_cubin(source[0]), "mma_backend", source[1])
     log = torch.zeros(grid * 3 * n * LOG_WORDS, dtype=torch.int64, device="cuda")
     driver.launch(func, grid, NT, source[1], stream, backend_args(driver, *operands, log=log))
     torch.cuda.synchronize()
-    for row in chunk_table([dict(r, kind="backend") for r in wait_entries(log.tolist(), n)]):
-        print("  " + "  ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
-                               for k, v in row.items()), flush=True)
+    for line in chunk_lines(chunk_table([dict(r, kind="backend")
+                                         for r in wait_entries(log.tolist(), n)])):
+        print("  " + line, flush=True)
 
 
 def _ints(text: str) -> list[int]:
