@@ -1,7 +1,7 @@
 """Attention op bodies of the megakernel (``@triton.jit``, one tile task each): a partial over
 one key range of one row's query heads of a kv head, a pair (or a group) of a row's kv heads
 over all its keys, a stream over the keys of consecutive (row, kv head) units, and the combine
-of partials.
+of partials (their L2 prefetches: ``kv_prefetch``).
 
 The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``rope_ops.cache_slots``;
 partials are fp32 acc [P, G, D] and (max, sum) [P, G, 2], one slot per key range (P in all), the
@@ -39,19 +39,6 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
     v_shift = B * HKV * S * D                     # from the K plane to the V plane
     return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
             tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
-
-
-@triton.jit
-def prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B: tl.constexpr,
-                      HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
-    """Ask L2 for the keys and values at positions ss [N], one 128-byte line per lane, their
-    block-table entries in one gather (GPU only)."""
-    LINE: tl.constexpr = 64                            # 2-byte elements per 128-byte line
-    key = cache_slots(row, ss, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
-    v_shift = B * HKV * S * D
-    for d0 in tl.static_range(0, D, LINE):
-        kernel_loop.prefetch_line(cache_ptr + key + d0)
-        kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift)
 
 
 @triton.jit
@@ -326,29 +313,6 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
             m = tl.full([BLOCK_G], float("-inf"), tl.float32)
             l = tl.zeros([BLOCK_G], tl.float32)
             acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-
-
-@triton.jit
-def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row,
-                          kv_head, slot, lo, span, layer, counters_ptr, epoch, ticket, first,
-                          count, scale: tl.constexpr,
-                          B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                          S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                          KV_SPLIT: tl.constexpr, BS: tl.constexpr,
-                          CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                          STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr,
-                          IN_BLOCK: tl.constexpr = False, FUSED: tl.constexpr = False,
-                          BLOCK_SPLIT: tl.constexpr = 1):
-    """Ask L2 for the keys and values of earlier steps that ``attn_partial_op`` will read with
-    these arguments, [lo, min(lo + span, position)), one 128-byte line per lane (GPU only; the
-    key of this step comes from a q/k/v task). PF_KEYS keys at a time, their block-table
-    entries in one gather: one memory latency per PF_KEYS keys, not one per step."""
-    hi = tl.minimum(lo + span, tl.load(pos_ptr + row).to(tl.int32))
-    k0 = lo
-    while k0 < hi:
-        ss = tl.minimum(k0 + tl.arange(0, PF_KEYS), hi - 1)                      # [PF_KEYS]
-        prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B, HKV, S, D, BS)
-        k0 += PF_KEYS
 
 
 @triton.jit

@@ -24,8 +24,8 @@ def _template_dir() -> Path:
     return Path(pkg.__file__).parent
 
 
-def field_expr(field, word: int, unit: int = 1) -> str:
-    w = f"w{HEADER_WORDS + word}"          # the instruction's words, loaded once per task
+def field_expr(field, word: int, unit: int = 1, words: str = "w") -> str:
+    w = f"{words}{HEADER_WORDS + word}"    # the instruction's words, loaded once per task
     # buffer words count ALIGN elements and int words their unit, so the product says what
     # divides the offset (16-byte loads). Never ``tl.multiple_of(w, ...)``: that marks the
     # word's one load, and the same word is a field of other opcodes, whose masks then look
@@ -36,13 +36,15 @@ def field_expr(field, word: int, unit: int = 1) -> str:
             "int": f"{w} * {unit}" if unit > 1 else w, "ticket": w}[field.space]
 
 
-def call_args(kind: str, constexprs: dict, units: dict) -> str:
+def call_args(kind: str, constexprs: dict, units: dict, words: str = "w") -> str:
+    """The op body's arguments from the instruction's words (``words``: their variables'
+    prefix, ``w`` this task's, ``n`` the next one's)."""
     spec, word, args = REGISTRY[kind], 0, []
     for f in spec.fields:
         if f.space == "kernel":
             args.append(f.name)
         else:
-            args.append(field_expr(f, word, units.get(f.name, 1)))
+            args.append(field_expr(f, word, units.get(f.name, 1), words))
             word += 1
     args += [f"{k}={v!r}" for k, v in constexprs.items()]
     return ", ".join(args)
@@ -56,6 +58,7 @@ class Variant:
     args: str
     prefetch: str      # the kind's prefetch body, or ""
     stage: str         # the kind's staging body, or ""
+    next_args: str     # ``args`` from the next instruction's words (its prefetch ahead)
 
 
 def body_modules() -> list[str]:
@@ -88,12 +91,13 @@ def generate(enc: Encoded, model: str, batch: int, num_tasks: int,
     bodies = {kind: REGISTRY[kind].body for _, kind, _, _ in enc.variants}
     calls = sorted(set(bodies.values())) if noinline else []
     variants = [Variant(op, kind, call_name(bodies[kind]) if noinline else bodies[kind],
-                        call_args(kind, cx, units), REGISTRY[kind].prefetch, REGISTRY[kind].stage)
+                        call_args(kind, cx, units), REGISTRY[kind].prefetch, REGISTRY[kind].stage,
+                        call_args(kind, cx, units, "n"))
                 for op, kind, cx, units in enc.variants]
     source = env.get_template("megakernel.py.jinja").render(
         kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
         num_workers=len(enc.queues), variants=variants,
         calls=[(call_name(b), b) for b in calls], num_words=NUM_WORDS, align=ALIGN,
         modules=body_modules(), waits=most_waits(enc),
-        h={name: f"w{i}" for i, name in enumerate(HEADER)})
+        h={name: f"w{i}" for i, name in enumerate(HEADER)}, next_op=f"n{HEADER.index('op')}")
     return KernelSource(source, KERNEL_NAME, len(enc.queues), enc)

@@ -18,7 +18,7 @@ POINTERS = {
     "f32_ptr": "*fp32", "cache_ptr": "*{dt}", "tokens_ptr": "*i64", "positions_ptr": "*i64",
     "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "trace_ptr": "*i64",
     "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr", "BACKOFF": "constexpr",
-    "POLL": "constexpr", "PF_START": "constexpr", "STAGE": "constexpr",
+    "POLL": "constexpr", "PF_START": "constexpr", "STAGE": "constexpr", "KV_AHEAD": "constexpr",
 }
 DEFAULT_SWITCHES = CompileOptions(1, 16).switches()      # those of the default options
 

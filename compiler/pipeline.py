@@ -38,6 +38,9 @@ class CompileOptions:
                                          # (llama-3.2-1b on the H200, batch 1: 0.960 -> 0.931 ms,
                                          # 8: 1.216 -> 1.174, 64: 3.154 -> 3.035)
     prefetch_kv: bool = False            # attention asks L2 for earlier steps' keys before waiting
+    prefetch_kv_ahead: int = 0           # the task before an attention task in its worker's
+                                         # queue asks L2 for the first this many earlier keys of
+                                         # each of its units, before its own waits (GPU; 0: no)
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
     prefetch_start: int = 0              # with prefetch_wait: a waiting task asks for its weights
@@ -53,18 +56,20 @@ class CompileOptions:
     def switches(self, cuda: bool = True) -> dict:
         """The kernel's switches (0 under the interpreter but STAGE): PREFETCH bits (1 each task's
         weights before its waits, 2 the next instruction's words, 4 the weights between polls of
-        its waits instead, 8 what ops with a prefetch body read of earlier steps), BACKOFF ns of
-        sleep between polls, POLL 1 to poll with acquire loads, PF_START the
-        ``prefetch_start`` percentage, STAGE the staging area's bytes (``staging``; in place
-        under the interpreter)."""
+        its waits instead, 8 what ops with a prefetch body read of earlier steps, 16 what the
+        next task's prefetch body reads, its first KV_AHEAD keys a unit), BACKOFF ns of sleep
+        between polls, POLL 1 to poll with acquire loads, PF_START the ``prefetch_start``
+        percentage, STAGE the staging area's bytes (``staging``; in place under the
+        interpreter)."""
         if not cuda:        # staging in place (``staging``): the same rows, read where they are
             return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0,
-                        STAGE=STAGE_IN_PLACE if self.tile.staged_kib else 0)
+                        STAGE=STAGE_IN_PLACE if self.tile.staged_kib else 0, KV_AHEAD=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
-                    | 8 * self.prefetch_kv,
+                    | 8 * self.prefetch_kv | 16 * bool(self.prefetch_kv_ahead),
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
-                    PF_START=self.prefetch_start, STAGE=self.stage_bytes)
+                    PF_START=self.prefetch_start, STAGE=self.stage_bytes,
+                    KV_AHEAD=self.prefetch_kv_ahead)
 
     @property
     def stage_bytes(self) -> int:
@@ -76,6 +81,9 @@ class CompileOptions:
             raise ValueError(f"target {self.target!r} unknown; choose one of {', '.join(TARGETS)}")
         if self.max_registers and not 24 <= self.max_registers <= 255:
             raise ValueError(f"max_registers={self.max_registers}: ptxas takes 24 to 255 (or 0)")
+        if self.prefetch_kv_ahead & (self.prefetch_kv_ahead - 1):
+            raise ValueError(f"prefetch_kv_ahead={self.prefetch_kv_ahead}: keys a unit, a power "
+                             "of two (or 0)")
         if not 0 <= self.prefetch_start <= 100:
             raise ValueError(f"prefetch_start={self.prefetch_start} is not a percentage (0-100)")
         if self.max_seq_len % self.tile.kv_block:

@@ -261,17 +261,19 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int "
                    "counters_ptr:kernel epoch:kernel ticket:ticket first:int count:int"),
-           _attn_partial, "attention_ops.attn_partial_prefetch"),
+           _attn_partial, "kv_prefetch.attn_partial_prefetch"),
     OpSpec("attn_pair", "attention_ops.attn_pair_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
-                   "row:int kv_head:int layer:int"), _attn_pair),
+                   "row:int kv_head:int layer:int"), _attn_pair,
+           "kv_prefetch.attn_pair_prefetch"),
     OpSpec("attn_pair_part", "attention_ops.attn_pair_part_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 row:int kv_head:int slot:int slot2:int lo:int span:int layer:int"),
            _attn_pair_part),
     OpSpec("attn_group", "attention_ops.attn_group_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
-                   "row:int kv_head:int layer:int"), _attn_group),
+                   "row:int kv_head:int layer:int"), _attn_group,
+           "kv_prefetch.attn_group_prefetch"),
     OpSpec("attn_stream", "attention_ops.attn_stream_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act f0:int f1:int layer:int slot0:int"),

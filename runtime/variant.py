@@ -36,8 +36,10 @@ pair of kv heads where each unit's keys are one task's (``agN``: groups of N kv 
 pairs also over key ranges, merged by combines), ``sp`` the units left over a whole number of rounds
 of the workers cut into cache blocks spread over them, ``arN`` a kv head's query heads padded to at
 least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps'
-keys and values before their waits, ``kbN`` cache blocks (the block table's unit) of N tokens
-(default 16; where a block holds whole attention steps each step reads one table entry), ``rgN`` at
+keys and values before their waits, ``knN`` the task before each attention task in its worker's
+queue asking L2 for the first N of them of each of its units, before its own waits, ``kbN``
+cache blocks (the block table's unit) of N tokens (default 16; where a block holds whole
+attention steps each step reads one table entry), ``rgN`` at
 most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
 not the whole dispatch's), ``tmN`` each projection task's first weight rows, up to N KiB, copied
 into the worker's shared memory before its waits (``compiler.staging``).
@@ -86,6 +88,7 @@ class Variant:
     long_slices: int = TileConfig.long_slices
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
+    prefetch_kv_ahead: int = CompileOptions.prefetch_kv_ahead
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     norm_sums: bool = TileConfig.norm_sums
@@ -125,6 +128,7 @@ class Variant:
         flags += ["pn0"] * (self.prefetch and not self.prefetch_next)
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
+        flags += [f"kn{self.prefetch_kv_ahead}"] * bool(self.prefetch_kv_ahead)
         flags += ["pl"] * self.poll_load
         flags += [f"pt{self.prefetch_start}"] * bool(self.prefetch_start)
         flags += ["bal"] * self.balance
@@ -165,7 +169,7 @@ TILE_FIELDS = tuple(f.name for f in fields(TileConfig) if f.name in Variant.__da
 OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
-                 "prefetch_kv": "prefetch_kv",
+                 "prefetch_kv": "prefetch_kv", "prefetch_kv_ahead": "prefetch_kv_ahead",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers",
                  "noinline": "noinline"}
@@ -198,6 +202,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "pw": lambda n: {"prefetch_wait": bool(n)}, "nf": lambda n: {"norm_first": bool(n)},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
+           "kn": lambda n: {"prefetch_kv_ahead": n},
            "pt": lambda n: {"prefetch": True, "prefetch_wait": True, "prefetch_start": n}}
 
 

@@ -101,6 +101,8 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
         assert late != ptx_of(PREFETCH=4) and "prefetch.global.L2" in late
         assert "prefetch.global.L2" in ptx_of(PREFETCH=8)
         assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
+        # the next task's earlier keys and values asked for while this one waits
+        assert "prefetch.global.L2" in ptx_of(PREFETCH=16, KV_AHEAD=16)
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
     # weight rows as the dot's M (64 and more): Hopper's warpgroup MMA
@@ -121,8 +123,11 @@ print("llama-3.2-1b", 64, "sm_90 ok", out.metadata.shared)
 tile = TileConfig(attn_pairs=True, attn_group=4, kv_split=1024, norm_first=True, split_k=4)
 c = compile_model(model, CompileOptions(64, 1024, target="h200", tile=tile), "llama-3.2-1b")
 assert {t.kind for t in c.tasks.tasks} >= {"attn_group"}
-out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
+kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
+out = compile_for_hopper(kernel)
 assert out.metadata.shared <= 233472 - 1024, out.metadata.shared
+ahead = compile_for_hopper(kernel, switches={"PREFETCH": 22, "KV_AHEAD": 256}).asm["ptx"]
+assert ahead.count("prefetch.global.L2") > out.asm["ptx"].count("prefetch.global.L2")
 print("llama-3.2-1b", 64, "attn_group sm_90 ok", out.metadata.shared)
 # pairs of kv heads over key ranges, merged by combines
 tile = TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=512, kv_block=128)

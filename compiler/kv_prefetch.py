@@ -1,0 +1,91 @@
+"""L2 prefetches of what attention tasks read of earlier steps (GPU only; ``@triton.jit``): the
+keys and values of the cache before this step's, which no task of the step writes, so a worker
+may ask for them before the task's waits (``CompileOptions.prefetch_kv``) or while the task
+before it in its queue waits (``CompileOptions.prefetch_kv_ahead``: the first AHEAD keys of
+each of the next task's units).
+
+Each body takes its attention op's arguments (the registry's ``prefetch`` of that kind) and
+AHEAD (0: every key the task reads). The cache is [L, 2, B, Hkv, S, D] through the block
+table, as in ``rope_ops.cache_slots``; a key's 128-byte lines are asked for one a lane, the
+block-table entries of PF_KEYS keys in one gather (one memory latency per PF_KEYS keys).
+"""
+import triton
+import triton.language as tl
+
+from . import kernel_loop
+from .rope_ops import cache_slots
+
+
+@triton.jit
+def prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B: tl.constexpr,
+                      HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    """Ask L2 for the keys and values at positions ss [N], one 128-byte line per lane, their
+    block-table entries in one gather."""
+    LINE: tl.constexpr = 64                            # 2-byte elements per 128-byte line
+    key = cache_slots(row, ss, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
+    v_shift = B * HKV * S * D
+    for d0 in tl.static_range(0, D, LINE):
+        kernel_loop.prefetch_line(cache_ptr + key + d0)
+        kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift)
+
+
+@triton.jit
+def prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head, lo, hi, layer, B: tl.constexpr,
+                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                  PF_KEYS: tl.constexpr):
+    """Unit (row, kv_head)'s earlier keys and values [lo, min(hi, position)) (the key of this
+    step comes from a q/k/v task), PF_KEYS at a time."""
+    hi = tl.minimum(hi, tl.load(pos_ptr + row).to(tl.int32))
+    k0 = lo
+    while k0 < hi:
+        ss = tl.minimum(k0 + tl.arange(0, PF_KEYS), hi - 1)                      # [PF_KEYS]
+        prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B, HKV, S, D, BS)
+        k0 += PF_KEYS
+
+
+@triton.jit
+def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row,
+                          kv_head, slot, lo, span, layer, counters_ptr, epoch, ticket, first,
+                          count, scale: tl.constexpr,
+                          B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                          S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                          KV_SPLIT: tl.constexpr, BS: tl.constexpr,
+                          CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                          STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr,
+                          IN_BLOCK: tl.constexpr = False, FUSED: tl.constexpr = False,
+                          BLOCK_SPLIT: tl.constexpr = 1, AHEAD: tl.constexpr = 0):
+    """``attn_partial_op``'s keys [lo, lo + span), or the first AHEAD of them."""
+    if AHEAD:
+        prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head, lo, lo + tl.minimum(span, AHEAD),
+                      layer, B, HKV, S, D, BS, AHEAD)
+    else:
+        prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head, lo, lo + span, layer, B, HKV, S,
+                      D, BS, PF_KEYS)
+
+
+@triton.jit
+def attn_pair_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
+                       scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                       HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                       BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                       BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
+                       AHEAD: tl.constexpr = 0):
+    """``attn_pair_op``'s keys of kv heads kv_head and kv_head + 1 (the first AHEAD of each)."""
+    attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
+                        HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, 2, AHEAD)
+
+
+@triton.jit
+def attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
+                        scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                        HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                        BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                        BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
+                        NH: tl.constexpr, AHEAD: tl.constexpr = 0):
+    """``attn_group_op``'s keys of kv heads kv_head .. kv_head + NH - 1 (the first AHEAD of
+    each)."""
+    KEYS: tl.constexpr = AHEAD if AHEAD else S
+    PF_KEYS: tl.constexpr = KEYS if KEYS < 1024 else 1024
+    for h in tl.static_range(NH):
+        prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head + h, 0, KEYS, layer, B, HKV, S,
+                      D, BS, PF_KEYS)
