@@ -56,8 +56,15 @@ from .variant import Variant, effective, stream_kv_split
 # llama-3.2-1b's winners at 8-32 rows (17 rows 1268 -> 1230 us), it lost at every batch size
 # from 8 rows on (the best variant with it against the winner, ms: 8 rows 1.001 / 0.953, 17
 # 1.204 / 1.139, 32 1.293 / 1.245, 64 1.710 / 1.560).
+# The earlier keys and values of each attention task's units, the first 128 of each, asked of L2
+# by the task before it in its worker's queue (``CompileOptions.prefetch_kv_ahead``; sweeps
+# against each winner, llama-3.2-1b on the H200, ms: 13 rows 1.011 -> 0.998, 16 1.030 -> 1.025,
+# 17 1.136 -> 1.123 and 1.134 -> 1.121, 8 0.951 -> 0.946; 5 rows 0.911 -> 0.914, 32 1.247 ->
+# 1.245; 256 keys lost 1-5% at 24, 48 and 64 rows, all keys 6-20%).
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline")
+          "noinline", "prefetch_kv_ahead")
+# keys a unit the KV prefetch a task ahead asks for when flipped on
+KV_AHEAD_KEYS = 128
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
 # an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
@@ -98,13 +105,15 @@ def other_norm(v: Variant, seq: int) -> Variant:
     return replace(v, norm_sums=True, norm_first=True)
 
 
-# the interpreter ignores pipeline stages; step sizes change only what streams at once
-GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline")
+# the interpreter ignores pipeline stages and prefetches; step sizes change only what streams at
+# once
+GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
-         "step_weights": deeper("step_weights", 2, TileConfig.step_weights)}
+         "step_weights": deeper("step_weights", 2, TileConfig.step_weights),
+         "prefetch_kv_ahead": deeper("prefetch_kv_ahead", KV_AHEAD_KEYS, 0)}
 # flips that change how the registers are shared out: timed at each warp count of ``SPACE`` (on
 # GPUs; the interpreter ignores warps). With calls, llama-3.2-1b's 4-warp variants won at 1-5, 13
 # and 16 rows (5 rows: 0.941 ms against 0.972 for the best without, of 8 warps), and at 8, 17, 24

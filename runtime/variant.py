@@ -268,7 +268,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     none of the three), the fused reduce and norm only with both norm first and split-K (the
     sums of squares instead: with norm first), the attention rows only where they pad the heads
     otherwise, q/k/v pieces across heads only without head norms (their pieces per head then
-    mean nothing), pairs (or groups) of kv heads per task only where they apply
+    mean nothing), KV prefetch a task ahead only where attention is not streamed, pairs (or
+    groups) of kv heads per task only where they apply
     (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only where
     units have several, spilled units only where some are cut, fused combines only for plain
     pieces where some unit has several, slices of the long projections
@@ -304,6 +305,8 @@ def _effective(ops, v: Variant, again) -> Variant:
         return again(replace(v, attn_spill=False))
     if v.fuse_combine and (v.attn_stream or v.attn_pairs or tiler.whole_units()):
         return again(replace(v, fuse_combine=False))
+    if v.prefetch_kv_ahead and v.attn_stream:           # streams have no prefetch body
+        return again(replace(v, prefetch_kv_ahead=0))
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     if v.qkv_cross and head_norm:
         return again(replace(v, qkv_cross=False))

@@ -422,6 +422,10 @@ def test_variants_are_rated_as_they_will_be_built():
     assert blocked.kv_split == TileConfig.kv_split and blocked.kv_block == 32
     wide = effective(ops, replace(v, attn_stream=True, kv_block=128, kv_split=128))
     assert wide.kv_split == 128 and parse_variant(wide.label) == wide
+    # the KV cache a task ahead: streams have no prefetch body
+    assert effective(ops, replace(v, attn_stream=True, prefetch_kv_ahead=128)) == streamed
+    ahead = effective(ops, replace(v, prefetch_kv_ahead=128))
+    assert ahead.prefetch_kv_ahead == 128 and parse_variant(ahead.label) == ahead
     # pairs of kv heads per task: only where each unit's keys are one task's, never streamed
     paired = effective(ops, replace(v, attn_pairs=True, kv_split=64))
     assert paired.attn_pairs and parse_variant(paired.label) == paired
