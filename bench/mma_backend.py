@@ -45,8 +45,7 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
   if (warp == NCW) {
     if (lane == 0) {
       P p{ { {smem, full, empty} }, maps.m, w, {K} };
-      if (MK_CHUNK_LOG && log != nullptr)   // as the megakernel's: warp 0, warp NCW - 1, producer
-        p.log.p = log + (3 * blockIdx.x + 2) * MK_CHUNK_LOG * LOG_WORDS;
+      if (MK_CHUNK_LOG && log != nullptr) p.log.p = wait_log_at(log, 2);   // as the megakernel's
       for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
         p.task = task;
         p.template project<K, 1>({w + (int64_t)task * ROWS * K}, ROWS);
@@ -56,7 +55,7 @@ mma_backend(const __grid_constant__ Maps<1> maps, const bf16* w, const bf16* x, 
   }
   C c{ {smem, full, empty}, acc, nullptr, nullptr, xs, (int)threadIdx.x, warp, lane};
   if (MK_CHUNK_LOG && log != nullptr && lane == 0 && (warp == 0 || warp == NCW - 1))
-    c.log.p = log + (3 * blockIdx.x + (warp != 0)) * MK_CHUNK_LOG * LOG_WORDS;
+    c.log.p = wait_log_at(log, warp != 0);
   for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
     c.task = task;
     c.template project<K, 1, ROWS>(x, ROWS);

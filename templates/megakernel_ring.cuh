@@ -160,6 +160,11 @@ struct WaitLog {
     w[0] = tag, w[1] = a, w[2] = b, w[3] = c, w[4] = d, w[5] = e;
   }
 };
+// This block's log of `stream` (0 consumer warp 0, 1 consumer warp NCW - 1, 2 the producer) in
+// a buffer of three streams a block from `base` (``runtime.trace.wait_entries`` reads them).
+__device__ __forceinline__ int64_t* wait_log_at(int64_t* base, int stream) {
+  return base + (3 * blockIdx.x + stream) * MK_CHUNK_LOG * LOG_WORDS;
+}
 
 // ---- the weight ring ----
 // Shared state of one worker: NPAGE pages of PAGE bytes, a full and an empty barrier a page.
