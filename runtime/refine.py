@@ -299,7 +299,10 @@ def _rated(made: list[Variant], rows: list, model, batch: int, max_seq_len: int,
 # the refinement's near misses given a second look (``second_look``): the batch-1 winner of
 # llama-3.2-1b on the H200 with `sm200`, whose flip had lost 0.2% on the first round's fastest
 # (`nf0`), ms: 0.844 -> 0.829 in a sweep, 830.8 -> 821.9 us traced; never timed by the
-# refinement, whose compounds take only the flips that gained
+# refinement, whose compounds take only the flips that gained; and gains the compounds left out
+# (``COMPOUND`` take the fastest): at 17 rows the KV prefetch a task ahead gained 1.7% on the
+# first round's fastest (8 warps, 1.1950 -> 1.1753 ms), fourth of six gains, and was never set on
+# the winner (4 warps, calls, 1.1393), against which a sweep had timed it 1% faster
 SECOND_LOOK = 3
 
 
@@ -307,10 +310,11 @@ def second_look(ledger: Ledger, base: dict, batch: int, start: Variant, rows: li
                 tried: list, model, max_seq_len: int,
                 target: Target) -> list[tuple[Variant, float]]:
     """Where the refinement and its compounds made a faster variant than ``start`` (the
-    first round's fastest), the flips of ``start`` (``tried``) that missed by less than ``TIE``
-    (at most ``SECOND_LOOK``, the nearest first) made again on that fastest: each flip's changes
-    set on it, unless they touch a field that the fastest changed itself. As they will be
-    built, where not timed yet: [(variant, predicted us)], kept in the ledger's plans."""
+    first round's fastest), the flips of ``start`` (``tried``) that gained or missed by less
+    than ``TIE`` (at most ``SECOND_LOOK``, the fastest first) made again on that fastest: each
+    flip's changes set on it, unless they touch a field that the fastest changed itself (as the
+    gains it holds do). As they will be built, where not timed yet: [(variant, predicted us)],
+    kept in the ledger's plans."""
     ms = {v.label: row["ms"] for v, row in rows if row["error"] is None}
     ok = ranked(rows)
     if start.label not in ms or not ok or ok[0] == start:
@@ -318,7 +322,7 @@ def second_look(ledger: Ledger, base: dict, batch: int, start: Variant, rows: li
     best = ok[0]
     own = changes(best, start)
     near = sorted((ms[u.label], u.label, u) for u, _ in tried if u.label in ms and u != best
-                  and ms[start.label] <= ms[u.label] <= ms[start.label] * (1 + TIE)
+                  and ms[u.label] <= ms[start.label] * (1 + TIE)
                   and not own.keys() & changes(u, start).keys())[:SECOND_LOOK]
     if not near:
         return []

@@ -247,9 +247,10 @@ def test_compound_gives_the_gains_to_a_first_round_variant_of_another_class_near
 
 def test_second_look_makes_the_near_misses_again_on_the_fastest(tmp_path, monkeypatch):
     """Once the refinement made a variant faster than the first round's fastest, each flip that
-    missed by less than TIE (at most SECOND_LOOK, nearest first) is made again on it, unless it
-    sets a field that the faster one changed itself; nothing where nothing got faster, nothing
-    beyond TIE, nothing timed already; the plan kept in the ledger (a rerun rates nothing)."""
+    gained or missed by less than TIE (at most SECOND_LOOK, fastest first) is made again on it,
+    unless it sets a field that the faster one changed itself; nothing where nothing got faster,
+    nothing beyond TIE, nothing timed already; the plan kept in the ledger (a rerun rates
+    nothing)."""
     from megakernel.runtime.variant import Variant
 
     model = load_model("tiny-llama", progress=False).model
@@ -268,6 +269,8 @@ def test_second_look_makes_the_near_misses_again_on_the_fastest(tmp_path, monkey
     assert run(times, "a") == [replace(fast, stage_kib=200)]
     assert run({**times, steps: near}, "b") == [replace(fast, stage_kib=200),
                                                 replace(fast, step_weights=2)]
+    gain = {**times, steps: 0.95}                                 # a gain the best lacks
+    assert run(gain, "g") == [replace(fast, step_weights=2), replace(fast, stage_kib=200)]
     assert run({**times, fast: 1.1}, "c") == []                   # nothing got faster
     assert run({**times, deep: far}, "d") == []                   # no near miss
     assert run({**times, replace(fast, stage_kib=200): 0.85}, "e") == []   # timed already
