@@ -2,7 +2,8 @@
 
     instructions [T, NUM_WORDS]  per task, grouped by worker in queue order: opcode, first
                                  wait, number of waits, counter to signal, weight tile to
-                                 prefetch (id, offset, count), the first wait again (counter,
+                                 prefetch (id, offset, count; row, stride of a column
+                                 slice, else 0), the first wait again (counter,
                                  size: no table lookup in the common case), the op's fields
     waits        [N, 2]          (counter, producers per epoch)
     queues       [W, 2]          (first instruction, number of instructions) per worker
@@ -26,6 +27,8 @@ from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY, variant_key
 from .tile import TileConfig
 
 ALIGN = 64
+# elements of one 128-byte line as the kernel's L2 prefetches count them (bf16/fp16)
+LINE_ELEMENTS = 64
 
 
 @dataclass(frozen=True)
@@ -116,34 +119,47 @@ def int_units(instructions: np.ndarray, variants) -> tuple:
     return tuple(out)
 
 
-def weight_ranges(task, buffers, weight_id: dict) -> list[list[int]]:
-    """The task's weight regions that are one contiguous row-major range each, as [weight id,
-    element offset, count], largest first (ties in read order)."""
+def weight_ranges(task, buffers, weight_id: dict, boxes: bool = False) -> list[list[int]]:
+    """The task's weight regions as [weight id, element offset, count, row, stride], largest
+    first (ties in read order): those that are one contiguous row-major range each (row 0), and
+    with ``boxes`` also the column slices of some of a matrix's rows (``row`` elements at a
+    time, ``stride`` apart: a K slice of a projection), where a slice's row is whole 128-byte
+    lines (not of all rows: that is a gather's bound, as the embedding's, not what it reads)."""
     out = []
     for r in task.reads:
         buf = buffers[r.buffer]
-        if buf.space == "weight" and all(lo == 0 and hi == n for (lo, hi), n
-                                         in zip(r.box[1:], buf.shape[1:])):
-            row = r.numel // (r.box[0][1] - r.box[0][0])
-            out.append([weight_id[r.buffer], r.box[0][0] * row, r.numel])
+        if buf.space != "weight":
+            continue
+        (r0, r1), rest = r.box[0], r.box[1:]
+        if all(lo == 0 and hi == n for (lo, hi), n in zip(rest, buf.shape[1:])):
+            out.append([weight_id[r.buffer], r0 * (r.numel // (r1 - r0)), r.numel, 0, 0])
+        elif (boxes and len(buf.shape) == 2 and r1 - r0 < buf.shape[0]
+              and (rest[0][1] - rest[0][0]) % LINE_ELEMENTS == 0):
+            (k0, k1), k = rest[0], buf.shape[1]
+            out.append([weight_id[r.buffer], r0 * k + k0, r.numel, k1 - k0, k])
     return sorted(out, key=lambda x: -x[2])
 
 
 def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0) -> list[list[int]]:
-    """Per position of one queue, the weight range [id, offset, count] prefetched into L2 before
-    its waits, from each task's ``ranges`` (see ``weight_ranges``), at most ``cap`` elements (0:
-    no cap): a task's largest range, or (``ahead``) that of the task so many places later (the
-    last tasks of a queue prefetch nothing)."""
-    clip = (lambda n: min(n, cap)) if cap else (lambda n: n)
-    return [[w, off, clip(n)] for w, off, n in
-            (ranges[j + ahead][0] if j + ahead < len(ranges) and ranges[j + ahead] else [0, 0, 0]
-             for j in range(len(ranges)))]
+    """Per position of one queue, the weight range [id, offset, count, row, stride] prefetched
+    into L2 before its waits, from each task's ``ranges`` (see ``weight_ranges``), at most
+    ``cap`` elements (0: no cap; of a slice's, whole rows, at least one): a task's largest
+    range, or (``ahead``) that of the task so many places later (the last tasks of a queue
+    prefetch nothing)."""
+    def clip(w, off, n, row, stride):
+        if cap and n > cap:
+            n = max(cap // row, 1) * row if row else cap
+        return [w, off, n, row, stride]
+    return [clip(*ranges[j + ahead][0]) if j + ahead < len(ranges) and ranges[j + ahead]
+            else [0, 0, 0, 0, 0] for j in range(len(ranges))]
 
 
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
-           prefetch_bytes: int = 0, prefetch_ahead: int = 0) -> Encoded:
-    """Prefetches: ``prefetch_bytes`` at most of weights per task (0: all of a range), and
-    ``prefetch_ahead`` as in ``prefetch_plan``."""
+           prefetch_bytes: int = 0, prefetch_ahead: int = 0,
+           prefetch_slices: bool = False) -> Encoded:
+    """Prefetches: ``prefetch_bytes`` at most of weights per task (0: all of a range),
+    ``prefetch_ahead`` as in ``prefetch_plan``, and with ``prefetch_slices`` the column slices of
+    matrices too (``weight_ranges``' boxes)."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
@@ -151,8 +167,8 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
     header_marks = [h == "prefetch_weight" for h in HEADER]     # words holding a weight id
     for queue in schedule.queues:
         queues.append((len(rows), len(queue)))
-        plan = prefetch_plan([weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id)
-                              for t in queue], prefetch_bytes // graph.ops.dims.itemsize,
+        plan = prefetch_plan([weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id,
+                                            prefetch_slices) for t in queue], prefetch_bytes // graph.ops.dims.itemsize,
                              prefetch_ahead)
         for t, pf in zip(queue, plan):
             task = graph.tasks[t]
@@ -161,7 +177,8 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
             mine = [(c, sync.counter_size[c]) for c in sync.waits[t]]
             named = dict(op=opcode, first_wait=len(waits), num_waits=len(mine),
                          signal=sync.signal[t], prefetch_weight=pf[0], prefetch_offset=pf[1],
-                         prefetch_count=pf[2], wait0_counter=mine[0][0] if mine else 0,
+                         prefetch_count=pf[2], prefetch_row=pf[3], prefetch_stride=pf[4],
+                         wait0_counter=mine[0][0] if mine else 0,
                          wait0_size=mine[0][1] if mine else 0)
             header = [named[h] for h in HEADER]
             waits.extend(mine)

@@ -9,8 +9,8 @@ import triton.language as tl
 @triton.jit
 def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
                   task, BACKOFF: tl.constexpr = 0, POLL: tl.constexpr = 0, pf_ptr=None,
-                  pf_count=0, PF_WAIT: tl.constexpr = 0, PF_START: tl.constexpr = 0,
-                  WAITS: tl.constexpr = 1):
+                  pf_count=0, pf_row=0, pf_stride=0, PF_WAIT: tl.constexpr = 0,
+                  PF_START: tl.constexpr = 0, WAITS: tl.constexpr = 1):
     """Acquire-wait until counters[c] >= epoch * size for each (c, size) in the task's wait list
     (the first one passed inline as c0, size0). A spin past ``spin_limit`` (or an error raised
     elsewhere) records the task and counter in error_ptr [flag, task, counter, seen value] and
@@ -18,7 +18,7 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
     producers' increments do not queue behind every consumer's atomic reads of one counter;
     POLL 1 (GPU only): read the counter with acquire loads instead (see ``poll``); PF_WAIT 1
     (GPU only): between polls, ask L2 for the next 256 lines of the ``pf_count`` elements at
-    ``pf_ptr`` (the task's weights), so that a task whose inputs are ready starts at once and
+    ``pf_ptr`` (the task's weights; a column slice where ``pf_row`` > 0, see ``prefetch_l2``), so that a task whose inputs are ready starts at once and
     one that waits streams its weights meanwhile; PF_START > 0: only once that percentage of
     the polled counter's producers has signalled, so that the prefetches of tasks that wait long
     do not queue ahead of the loads of the tasks they wait for). WAITS > 1 (the most waits a
@@ -29,17 +29,19 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
         several = count > 1
     if several:
         ok = wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
-                      spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START, WAITS)
+                      spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, pf_row, pf_stride, PF_WAIT,
+                      PF_START, WAITS)
     else:
         ok = wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
-                       spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, PF_WAIT, PF_START)
+                       spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, pf_row, pf_stride,
+                       PF_WAIT, PF_START)
     return ok
 
 
 @triton.jit
 def wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
-              task, BACKOFF: tl.constexpr, POLL: tl.constexpr, pf_ptr, pf_count,
-              PF_WAIT: tl.constexpr, PF_START: tl.constexpr):
+              task, BACKOFF: tl.constexpr, POLL: tl.constexpr, pf_ptr, pf_count, pf_row,
+              pf_stride, PF_WAIT: tl.constexpr, PF_START: tl.constexpr):
     """``wait_counters``, one wait after another (each polled until reached)."""
     ok = True
     pf_done = 0
@@ -56,8 +58,8 @@ def wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch
         while (seen < need) & (spins < spin_limit):
             # this epoch's signals so far, against the share asked for
             started = (seen - need + size) * 100 >= size * PF_START
-            pf_done = between_polls(pf_ptr, pf_done, pf_count, started, spins, BACKOFF,
-                                    PF_WAIT, PF_START)
+            pf_done = between_polls(pf_ptr, pf_done, pf_count, pf_row, pf_stride, started,
+                                    spins, BACKOFF, PF_WAIT, PF_START)
             seen = poll(counters_ptr + c, POLL)
             spins = next_spin(error_ptr, spins, spin_limit)
         if seen < need:
@@ -70,8 +72,8 @@ def wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch
 
 @triton.jit
 def wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
-             task, BACKOFF: tl.constexpr, POLL: tl.constexpr, pf_ptr, pf_count,
-             PF_WAIT: tl.constexpr, PF_START: tl.constexpr, WAITS: tl.constexpr):
+             task, BACKOFF: tl.constexpr, POLL: tl.constexpr, pf_ptr, pf_count, pf_row,
+             pf_stride, PF_WAIT: tl.constexpr, PF_START: tl.constexpr, WAITS: tl.constexpr):
     """``wait_counters`` for a task with 2 to WAITS waits: its wait list read in one load and
     every counter polled at once each round, one memory latency a round instead of two per
     wait (the list's entry, then its counter). PF_START counts the least advanced counter."""
@@ -87,8 +89,8 @@ def wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
     spins = 0
     while (short > 0) & (spins < spin_limit):
         started = tl.min((seen - need + sizes) * 100 - sizes * PF_START, axis=0) >= 0
-        pf_done = between_polls(pf_ptr, pf_done, pf_count, started, spins, BACKOFF, PF_WAIT,
-                                PF_START)
+        pf_done = between_polls(pf_ptr, pf_done, pf_count, pf_row, pf_stride, started, spins,
+                                BACKOFF, PF_WAIT, PF_START)
         seen = poll(counters_ptr + cs, POLL)
         short = tl.sum((seen < need).to(tl.int32), axis=0)
         spins = next_spin(error_ptr, spins, spin_limit)
@@ -100,8 +102,8 @@ def wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
 
 
 @triton.jit
-def between_polls(pf_ptr, pf_done, pf_count, started, spins, BACKOFF: tl.constexpr,
-                  PF_WAIT: tl.constexpr, PF_START: tl.constexpr):
+def between_polls(pf_ptr, pf_done, pf_count, pf_row, pf_stride, started, spins,
+                  BACKOFF: tl.constexpr, PF_WAIT: tl.constexpr, PF_START: tl.constexpr):
     """What a waiting task does between two polls (GPU only): ask L2 for the next 256 lines of
     its weights (PF_WAIT; with PF_START, once ``started``), sleep BACKOFF ns -> the weights asked
     for so far."""
@@ -110,7 +112,8 @@ def between_polls(pf_ptr, pf_done, pf_count, started, spins, BACKOFF: tl.constex
         if PF_START > 0:
             ask = ask & started
         if ask:
-            prefetch_l2(pf_ptr + pf_done, tl.minimum(pf_count - pf_done, 256 * 64))
+            prefetch_l2(pf_ptr, tl.minimum(pf_count - pf_done, 256 * 64), pf_row, pf_stride,
+                        pf_done)
             pf_done += 256 * 64
     if BACKOFF > 0:
         tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
@@ -159,16 +162,27 @@ def signal_counter(counters_ptr, c):
 
 
 @triton.jit
-def prefetch_l2(ptr, count, LINES: tl.constexpr = 256):
-    """Ask L2 for ``count`` elements from ``ptr``, one 128-byte line per lane (GPU only; 64
-    bf16/fp16 elements per line)."""
+def prefetch_l2(ptr, count, row=0, stride=0, start=0, LINES: tl.constexpr = 256):
+    """Ask L2 for ``count`` elements from element ``start`` on of the range at ``ptr``, one
+    128-byte line per lane (GPU only; 64 bf16/fp16 elements per line): a contiguous range (row
+    0), or a column slice of ``row`` elements in each of a matrix's rows, ``stride`` apart."""
     STRIDE: tl.constexpr = 64                      # bf16/fp16 elements per 128-byte line
     n_lines = (count + STRIDE - 1) // STRIDE
     i = 0
     while i < n_lines:
         line = tl.minimum(i + tl.arange(0, LINES), n_lines - 1).to(tl.int64)
-        prefetch_line(ptr + line * STRIDE)
+        prefetch_line(ptr + range_offsets(start + line * STRIDE, row, stride))
         i += LINES
+
+
+@triton.jit
+def range_offsets(e, row, stride):
+    """The element offsets of positions ``e`` of a prefetch range laid end to end: themselves
+    for a contiguous range (row 0), else in a column slice of ``row`` elements of each of a
+    matrix's rows, ``stride`` apart."""
+    if row > 0:
+        e = e // row * stride + e % row
+    return e
 
 
 @triton.jit

@@ -285,10 +285,11 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
 
 # The words before an op's fields, by name: encoder and kernel template both index them through
 # HEADER, so they cannot drift. Weight tile to prefetch before waiting: weight, element offset
-# within it, element count (0: nothing); the first wait travels inline (most tasks have at most
-# one).
+# within it, element count (0: nothing), and for a column slice of a matrix's rows the slice's
+# elements a row and the matrix's row length (0, 0: one contiguous range); the first wait
+# travels inline (most tasks have at most one).
 HEADER = ("op", "first_wait", "num_waits", "signal", "prefetch_weight", "prefetch_offset",
-          "prefetch_count", "wait0_counter", "wait0_size")
+          "prefetch_count", "prefetch_row", "prefetch_stride", "wait0_counter", "wait0_size")
 HEADER_WORDS = len(HEADER)
 NUM_WORDS = HEADER_WORDS + max(len(s.words) for s in REGISTRY.values())
 

@@ -37,7 +37,8 @@ pairs also over key ranges, merged by combines), ``sp`` the units left over a wh
 of the workers cut into cache blocks spread over them, ``arN`` a kv head's query heads padded to at
 least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps'
 keys and values before their waits, ``knN`` the task before each attention task in its worker's
-queue asking L2 for the first N of them of each of its units, before its own waits, ``kbN``
+queue asking L2 for the first N of them of each of its units, before its own waits, ``ps0`` the
+K slices of projections (o, down) not asking L2 for their weights before their waits, ``kbN``
 cache blocks (the block table's unit) of N tokens (default 16; where a block holds whole
 attention steps each step reads one table entry), ``rgN`` at
 most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
@@ -89,6 +90,7 @@ class Variant:
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
     prefetch_kv_ahead: int = CompileOptions.prefetch_kv_ahead
+    prefetch_slices: bool = CompileOptions.prefetch_slices
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     norm_sums: bool = TileConfig.norm_sums
@@ -129,6 +131,7 @@ class Variant:
         flags += ["pw0"] * (self.prefetch and not self.prefetch_wait)
         flags += ["pk"] * self.prefetch_kv
         flags += [f"kn{self.prefetch_kv_ahead}"] * bool(self.prefetch_kv_ahead)
+        flags += ["ps0"] * (not self.prefetch_slices)
         flags += ["pl"] * self.poll_load
         flags += [f"pt{self.prefetch_start}"] * bool(self.prefetch_start)
         flags += ["bal"] * self.balance
@@ -170,6 +173,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv", "prefetch_kv_ahead": "prefetch_kv_ahead",
+                 "prefetch_slices": "prefetch_slices",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers",
                  "noinline": "noinline"}
@@ -180,6 +184,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "hn0": {"split_head_norm": False}, "pn": {"prefetch_next": True},
             "pn0": {"prefetch_next": False},
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
+            "ps": {"prefetch_slices": True}, "ps0": {"prefetch_slices": False},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},

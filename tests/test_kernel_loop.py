@@ -1,6 +1,6 @@
 """The persistent loop's waits (``kernel_loop.wait_counters``) under the interpreter: a task's
 wait list polled one wait after another (WAITS 1) or all at once (WAITS > 1), met or short;
-the staged weights' read (``staging.staged_row``)."""
+the staged weights' read (``staging.staged_row``); the offsets a prefetch range asks L2 for."""
 import pytest
 import torch
 import triton
@@ -67,3 +67,24 @@ def test_staged_words_multiply_as_the_rows_they_hold(has_norm, k):
     assert (out[6:] == 0).all()
     # the interpreter truncates fp32 -> bf16 where torch rounds: a swapped half is off by ~1
     assert ((out - ref).norm() / ref.norm()).item() < (2e-2 if has_norm else 1e-6)
+
+
+@triton.jit
+def _offsets(out_ptr, start, row, stride, N: tl.constexpr):
+    e = start + tl.arange(0, N).to(tl.int64) * 64
+    tl.store(out_ptr + tl.arange(0, N), kernel_loop.range_offsets(e, row, stride))
+
+
+@pytest.mark.parametrize("start,row,stride,want", [
+    (0, 0, 0, [0, 64, 128, 192, 256, 320, 384, 448]),             # contiguous
+    (128, 0, 0, [128, 192, 256, 320, 384, 448, 512, 576]),
+    (0, 128, 512, [0, 64, 512, 576, 1024, 1088, 1536, 1600]),     # 2 lines of each 512-row
+    (64, 192, 2048, [64, 128, 2048, 2112, 2176, 4096, 4160, 4224])])
+def test_prefetch_lines_fall_in_the_range_they_name(start, row, stride, want):
+    """The element offsets a prefetch asks for (``kernel_loop.range_offsets``, a 64-element
+    line each, from line ``start`` / 64 of the range on): for a contiguous range (row 0) every
+    line; for a column slice of ``row`` elements of each of a matrix's rows ``stride`` apart,
+    each line of the slice in each row, in order."""
+    out = torch.full((8,), -1, dtype=torch.int64)
+    _offsets[(1,)](out, start, row, stride, N=8)
+    assert out.tolist() == want

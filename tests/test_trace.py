@@ -1,6 +1,7 @@
 """In-kernel trace stamps (tick order under the interpreter) and the timeline."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -246,9 +247,44 @@ def test_prefetch_ahead_names_the_next_tasks_weights():
 def test_prefetch_plan_takes_each_tasks_largest_range_capped_or_a_later_tasks():
     from megakernel.compiler.encode import prefetch_plan
 
-    # attention (no weights), a small projection, one of two ranges, one range, one again
-    ranges = [[], [[3, 100, 50]], [[4, 0, 600], [6, 0, 300]], [[5, 0, 300]], [[7, 0, 10]]]
-    assert prefetch_plan(ranges, 256) == [[0, 0, 0], [3, 100, 50], [4, 0, 256], [5, 0, 256],
-                                          [7, 0, 10]]
-    assert prefetch_plan(ranges, 0, ahead=1) == [[3, 100, 50], [4, 0, 600], [5, 0, 300],
-                                                 [7, 0, 10], [0, 0, 0]]
+    # attention (no weights), a small projection, one of two ranges, one range, one again, and
+    # a column slice of 64 rows of 128 elements (a K slice): capped to whole rows, at least one
+    ranges = [[], [[3, 100, 50, 0, 0]], [[4, 0, 600, 0, 0], [6, 0, 300, 0, 0]],
+              [[5, 0, 300, 0, 0]], [[7, 0, 10, 0, 0]], [[8, 64, 64 * 128, 128, 512]]]
+    assert prefetch_plan(ranges, 256) == [[0, 0, 0, 0, 0], [3, 100, 50, 0, 0],
+                                          [4, 0, 256, 0, 0], [5, 0, 256, 0, 0],
+                                          [7, 0, 10, 0, 0], [8, 64, 256, 128, 512]]
+    assert prefetch_plan(ranges, 100)[5] == [8, 64, 128, 128, 512]
+    assert prefetch_plan(ranges, 0, ahead=1) == [[3, 100, 50, 0, 0], [4, 0, 600, 0, 0],
+                                                 [5, 0, 300, 0, 0], [7, 0, 10, 0, 0],
+                                                 [8, 64, 64 * 128, 128, 512], [0, 0, 0, 0, 0]]
+
+
+def test_prefetch_slices_name_the_k_slices_weights():
+    """With ``prefetch_slices`` each K slice of o and down (linear_part) prefetches its own
+    column slice of the weight (the slice's row, the matrix's row length as stride, whole rows
+    up to the cap); without, none; other tasks alike either way."""
+    import megakernel
+    from megakernel.compiler.registry import HEADER
+
+    from megakernel.models import PRESETS
+    from megakernel.models.weights import empty_model
+
+    model = empty_model(PRESETS["llama-3.2-1b"]).to(torch.bfloat16)    # slices of whole lines
+    words = [HEADER.index(h) for h in ("prefetch_weight", "prefetch_offset", "prefetch_count",
+                                       "prefetch_row", "prefetch_stride")]
+    plain, slices = (megakernel.compile(model, 2, 64, target="h200", tile=TileConfig(split_k=4),
+                                        prefetch_slices=p)[2] for p in (False, True))
+    kinds = [slices.tasks.tasks[t].kind for q in slices.schedule.queues for t in q]
+    parts = np.array([k == "linear_part" for k in kinds])
+    assert parts.any()
+    a, b = plain.encoded.instructions[:, words], slices.encoded.instructions[:, words]
+    assert (a[~parts] == b[~parts]).all() and (a[parts] == 0).all()
+    order = [t for q in slices.schedule.queues for t in q]
+    for t, row in zip(np.array(order)[parts], b[parts]):
+        task, (w, off, count, width, stride) = slices.tasks.tasks[t], row
+        weight = next(r for r in task.reads if r.buffer == task.args["weight"])
+        (n0, n1), (k0, k1) = weight.box
+        k = slices.ops.buffers[weight.buffer].shape[1]
+        assert (off, width, stride) == (n0 * k + k0, k1 - k0, k)
+        assert count % width == 0 and 0 < count <= min(weight.numel, 64 * 1024 // 2)
