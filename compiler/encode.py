@@ -140,26 +140,33 @@ def weight_ranges(task, buffers, weight_id: dict, boxes: bool = False) -> list[l
     return sorted(out, key=lambda x: -x[2])
 
 
-def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0) -> list[list[int]]:
+def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0,
+                  fill: bool = False) -> list[list[int]]:
     """Per position of one queue, the weight range [id, offset, count, row, stride] prefetched
     into L2 before its waits, from each task's ``ranges`` (see ``weight_ranges``), at most
     ``cap`` elements (0: no cap; of a slice's, whole rows, at least one): a task's largest
     range, or (``ahead``) that of the task so many places later (the last tasks of a queue
-    prefetch nothing)."""
+    prefetch nothing); with ``fill``, a task that reads no weights (attention) takes the next
+    task's."""
     def clip(w, off, n, row, stride):
         if cap and n > cap:
             n = max(cap // row, 1) * row if row else cap
         return [w, off, n, row, stride]
-    return [clip(*ranges[j + ahead][0]) if j + ahead < len(ranges) and ranges[j + ahead]
-            else [0, 0, 0, 0, 0] for j in range(len(ranges))]
+
+    def pick(j: int) -> list[int]:
+        k = j + ahead
+        if fill and k + 1 < len(ranges) and not ranges[k]:
+            k += 1
+        return clip(*ranges[k][0]) if k < len(ranges) and ranges[k] else [0, 0, 0, 0, 0]
+    return [pick(j) for j in range(len(ranges))]
 
 
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
            prefetch_bytes: int = 0, prefetch_ahead: int = 0,
-           prefetch_slices: bool = False) -> Encoded:
+           prefetch_slices: bool = False, prefetch_fill: bool = False) -> Encoded:
     """Prefetches: ``prefetch_bytes`` at most of weights per task (0: all of a range),
-    ``prefetch_ahead`` as in ``prefetch_plan``, and with ``prefetch_slices`` the column slices of
-    matrices too (``weight_ranges``' boxes)."""
+    ``prefetch_ahead`` and ``prefetch_fill`` as ``prefetch_plan``'s ``ahead`` and ``fill``, and
+    with ``prefetch_slices`` the column slices of matrices too (``weight_ranges``' boxes)."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
@@ -167,9 +174,10 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
     header_marks = [h == "prefetch_weight" for h in HEADER]     # words holding a weight id
     for queue in schedule.queues:
         queues.append((len(rows), len(queue)))
-        plan = prefetch_plan([weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id,
-                                            prefetch_slices) for t in queue], prefetch_bytes // graph.ops.dims.itemsize,
-                             prefetch_ahead)
+        ranges = [weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id, prefetch_slices)
+                  for t in queue]
+        plan = prefetch_plan(ranges, prefetch_bytes // graph.ops.dims.itemsize, prefetch_ahead,
+                             prefetch_fill)
         for t, pf in zip(queue, plan):
             task = graph.tasks[t]
             key = variant_key(task, graph.ops.dims, cfg)

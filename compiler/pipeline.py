@@ -46,6 +46,8 @@ class CompileOptions:
                                          # o and down slices of llama-3.2-1b on the H200, each
                                          # winner against itself without, ms: 17 rows 1.123 ->
                                          # 1.102, 32 1.246 -> 1.236, 64 1.569 -> 1.554)
+    prefetch_fill: bool = False          # with prefetch: a task that reads no weights
+                                         # (attention) asks for the next task's (``encode``)
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
     prefetch_start: int = 0              # with prefetch_wait: a waiting task asks for its weights
@@ -125,7 +127,7 @@ def compile_ops(ops: OpGraph, options: CompileOptions, name: str = "model") -> C
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
     enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024,
-                 options.prefetch_ahead, options.prefetch_slices)
+                 options.prefetch_ahead, options.prefetch_slices, options.prefetch_fill)
     return Compiled(name, options, ops, tasks, sched, sync, enc,
                     generate(enc, name, options.batch_size, len(tasks.tasks),
                              options.noinline))

@@ -38,7 +38,8 @@ of the workers cut into cache blocks spread over them, ``arN`` a kv head's query
 least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps'
 keys and values before their waits, ``knN`` the task before each attention task in its worker's
 queue asking L2 for the first N of them of each of its units, before its own waits, ``ps0`` the
-K slices of projections (o, down) not asking L2 for their weights before their waits, ``kbN``
+K slices of projections (o, down) not asking L2 for their weights before their waits, ``fw``
+each task that reads no weights (attention) asking L2 for the next task's instead, ``kbN``
 cache blocks (the block table's unit) of N tokens (default 16; where a block holds whole
 attention steps each step reads one table entry), ``rgN`` at
 most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
@@ -91,6 +92,7 @@ class Variant:
     prefetch_kv: bool = False
     prefetch_kv_ahead: int = CompileOptions.prefetch_kv_ahead
     prefetch_slices: bool = CompileOptions.prefetch_slices
+    prefetch_fill: bool = CompileOptions.prefetch_fill
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     norm_sums: bool = TileConfig.norm_sums
@@ -132,6 +134,7 @@ class Variant:
         flags += ["pk"] * self.prefetch_kv
         flags += [f"kn{self.prefetch_kv_ahead}"] * bool(self.prefetch_kv_ahead)
         flags += ["ps0"] * (not self.prefetch_slices)
+        flags += ["fw"] * self.prefetch_fill
         flags += ["pl"] * self.poll_load
         flags += [f"pt{self.prefetch_start}"] * bool(self.prefetch_start)
         flags += ["bal"] * self.balance
@@ -173,7 +176,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv", "prefetch_kv_ahead": "prefetch_kv_ahead",
-                 "prefetch_slices": "prefetch_slices",
+                 "prefetch_slices": "prefetch_slices", "prefetch_fill": "prefetch_fill",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers",
                  "noinline": "noinline"}
@@ -185,6 +188,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pn0": {"prefetch_next": False},
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "ps": {"prefetch_slices": True}, "ps0": {"prefetch_slices": False},
+            "fw": {"prefetch_fill": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},

@@ -244,7 +244,7 @@ def test_prefetch_ahead_names_the_next_tasks_weights():
     assert own.instructions[:, words[2]].any()
 
 
-def test_prefetch_plan_takes_each_tasks_largest_range_capped_or_a_later_tasks():
+def test_prefetch_plan_takes_each_tasks_largest_range_capped_a_later_or_the_next_tasks():
     from megakernel.compiler.encode import prefetch_plan
 
     # attention (no weights), a small projection, one of two ranges, one range, one again, and
@@ -258,6 +258,9 @@ def test_prefetch_plan_takes_each_tasks_largest_range_capped_or_a_later_tasks():
     assert prefetch_plan(ranges, 0, ahead=1) == [[3, 100, 50, 0, 0], [4, 0, 600, 0, 0],
                                                  [5, 0, 300, 0, 0], [7, 0, 10, 0, 0],
                                                  [8, 64, 64 * 128, 128, 512], [0, 0, 0, 0, 0]]
+    # fill: the attention task (no weights) takes the small projection's range; last stays empty
+    assert prefetch_plan(ranges, 256, fill=True)[:2] == [[3, 100, 50, 0, 0]] * 2
+    assert prefetch_plan(ranges + [[]], 256, fill=True)[-1] == [0, 0, 0, 0, 0]
 
 
 def test_prefetch_slices_name_the_k_slices_weights():
