@@ -18,10 +18,11 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
     producers' increments do not queue behind every consumer's atomic reads of one counter;
     POLL 1 (GPU only): read the counter with acquire loads instead (see ``poll``); PF_WAIT 1
     (GPU only): between polls, ask L2 for the next 256 lines of the ``pf_count`` elements at
-    ``pf_ptr`` (the task's weights; a column slice where ``pf_row`` > 0, see ``prefetch_l2``), so that a task whose inputs are ready starts at once and
-    one that waits streams its weights meanwhile; PF_START > 0: only once that percentage of
-    the polled counter's producers has signalled, so that the prefetches of tasks that wait long
-    do not queue ahead of the loads of the tasks they wait for). WAITS > 1 (the most waits a
+    ``pf_ptr`` (the task's weights; a column slice where ``pf_row`` > 0, see ``prefetch_l2``),
+    so that a task whose inputs are ready starts at once and one that waits streams its weights
+    meanwhile; PF_START > 0: only once that percentage of the polled counter's producers has
+    signalled, so that the prefetches of tasks that wait long do not queue ahead of the loads
+    of the tasks they wait for). WAITS > 1 (the most waits a
     task of the kernel has, a power of two): a task with several polls all of them at once
     (``wait_all``), not one after another."""
     several = False                 # WAITS 1: a constant, so wait_all is never built
@@ -29,8 +30,8 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
         several = count > 1
     if several:
         ok = wait_all(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
-                      spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, pf_row, pf_stride, PF_WAIT,
-                      PF_START, WAITS)
+                      spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, pf_row, pf_stride,
+                      PF_WAIT, PF_START, WAITS)
     else:
         ok = wait_each(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch,
                        spin_limit, task, BACKOFF, POLL, pf_ptr, pf_count, pf_row, pf_stride,
