@@ -6,7 +6,11 @@
 #                                                    $OUT/autotune.json holds every variant timed
 #   bash bench/h200_batches.sh bench [BATCH_SIZES]   eager, torch-compile and the tuned kernels
 #                                                    side by side into $OUT/h200.json (merged into
-#                                                    a copy of bench/results/h200.json) + h200.png
+#                                                    a copy of bench/results/h200.json) + h200.png;
+#                                                    with LEDGER (an autotune.json, e.g. a tune
+#                                                    call's $OUT copy) and no tuned folder (a fresh
+#                                                    machine), the kernels are first built from
+#                                                    its winners by one autotune run (nothing timed)
 #   bash bench/h200_batches.sh all [BATCH_SIZES]     tune on GPU 0, then bench; with two GPUs the
 #                                                    first half of the batch sizes on GPU 0 and the
 #                                                    rest on GPU 1 at once ($OUT/bench-{a,b}.txt,
@@ -26,11 +30,11 @@ export PYTHONUNBUFFERED=1
 lock=(); command -v flock >/dev/null && lock=(flock /tmp/megakernel-install.lock)
 ${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation --no-index \
   -e . 2>&1 | tail -2
-tune() {  # autotune every batch size into $tuned (then once more: the warm rerun's time); the
-          # ledger is copied to $out even when a run fails or is stopped
+tune() {  # autotune every batch size into $tuned (then once more: the warm rerun's time; RUNS
+          # "first" for one run); the ledger is copied to $out even when a run fails or stops
   local start run
   trap 'cp "$tuned/autotune.json" "$out/autotune.json" 2>/dev/null || true' EXIT
-  for run in first warm; do
+  for run in ${RUNS:-first warm}; do
     start=$(date +%s)
     python3 -m megakernel autotune "$model" --batch-sizes "$batches" --max-seq-len 1024 \
       --classes "${CLASSES:-2}" --jobs "${JOBS:-12}" -o "$tuned"
@@ -44,6 +48,9 @@ bench_rows() {  # BATCH_SIZES JSON [PLOT]: the three backends side by side, rows
 case "$stage" in
   tune) tune ;;
   bench)
+    if [ -n "${LEDGER:-}" ] && [ ! -f "$tuned/autotune.json" ]; then
+      mkdir -p "$tuned" && cp "$LEDGER" "$tuned/autotune.json" && RUNS=first tune
+    fi
     [ -f "$out/h200.json" ] || cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
     bench_rows "$batches" "$out/h200.json" "$out/h200.png" ;;
   all)
