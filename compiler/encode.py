@@ -119,39 +119,51 @@ def int_units(instructions: np.ndarray, variants) -> tuple:
     return tuple(out)
 
 
-def weight_ranges(task, buffers, weight_id: dict, boxes: bool = False) -> list[list[int]]:
+def weight_ranges(task, buffers, weight_id: dict, boxes: bool = False,
+                  columns: bool = False) -> list[list[int]]:
     """The task's weight regions as [weight id, element offset, count, row, stride], largest
-    first (ties in read order): those that are one contiguous row-major range each (row 0), and
-    with ``boxes`` also the column slices of some of a matrix's rows (``row`` elements at a
-    time, ``stride`` apart: a K slice of a projection), where a slice's row is whole 128-byte
-    lines (not of all rows: that is a gather's bound, as the embedding's, not what it reads)."""
+    first (ties in read order): those that are one contiguous row-major range each (row 0; with
+    ``columns`` a matrix's whole rows as a box of them, row and stride its row length, so that
+    a cap can cut columns), and with ``boxes`` also the column slices of some of a matrix's rows
+    (``row`` elements at a time, ``stride`` apart: a K slice of a projection), where a slice's
+    row is whole 128-byte lines (not of all rows: that is a gather's bound, as the embedding's,
+    not what it reads)."""
     out = []
     for r in task.reads:
         buf = buffers[r.buffer]
         if buf.space != "weight":
             continue
         (r0, r1), rest = r.box[0], r.box[1:]
+        k = buf.shape[1] if len(buf.shape) == 2 else 0
         if all(lo == 0 and hi == n for (lo, hi), n in zip(rest, buf.shape[1:])):
-            out.append([weight_id[r.buffer], r0 * (r.numel // (r1 - r0)), r.numel, 0, 0])
-        elif (boxes and len(buf.shape) == 2 and r1 - r0 < buf.shape[0]
+            box = columns and k % LINE_ELEMENTS == 0 and k > 0
+            out.append([weight_id[r.buffer], r0 * (r.numel // (r1 - r0)), r.numel,
+                        k if box else 0, k if box else 0])
+        elif (boxes and k and r1 - r0 < buf.shape[0]
               and (rest[0][1] - rest[0][0]) % LINE_ELEMENTS == 0):
-            (k0, k1), k = rest[0], buf.shape[1]
+            (k0, k1) = rest[0]
             out.append([weight_id[r.buffer], r0 * k + k0, r.numel, k1 - k0, k])
     return sorted(out, key=lambda x: -x[2])
 
 
 def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0,
-                  fill: bool = False) -> list[list[int]]:
+                  fill: bool = False, columns: bool = False) -> list[list[int]]:
     """Per position of one queue, the weight range [id, offset, count, row, stride] prefetched
     into L2 before its waits, from each task's ``ranges`` (see ``weight_ranges``), at most
-    ``cap`` elements (0: no cap; of a slice's, whole rows, at least one): a task's largest
-    range, or (``ahead``) that of the task so many places later (the last tasks of a queue
-    prefetch nothing); with ``fill``, a task that reads no weights (attention) takes the next
-    task's."""
+    ``cap`` elements (0: no cap): of a box (row > 0) its first whole rows (at least one), or
+    with ``columns`` its first columns of every row (whole lines, at least one), what a
+    projection's loop over K reads first; a task's largest range, or (``ahead``) that of the
+    task so many places later (the last tasks of a queue prefetch nothing); with ``fill``, a
+    task that reads no weights (attention) takes the next task's."""
     def clip(w, off, n, row, stride):
-        if cap and n > cap:
-            n = max(cap // row, 1) * row if row else cap
-        return [w, off, n, row, stride]
+        if not cap or n <= cap:
+            return [w, off, n, row, stride]
+        if not row:
+            return [w, off, cap, 0, 0]
+        if not columns:
+            return [w, off, max(cap // row, 1) * row, row, stride]
+        cut = max(cap // (n // row) // LINE_ELEMENTS, 1) * LINE_ELEMENTS
+        return [w, off, n // row * min(cut, row), min(cut, row), stride]
 
     def pick(j: int) -> list[int]:
         k = j + ahead
@@ -163,10 +175,12 @@ def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0,
 
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
            prefetch_bytes: int = 0, prefetch_ahead: int = 0,
-           prefetch_slices: bool = False, prefetch_fill: bool = False) -> Encoded:
+           prefetch_slices: bool = False, prefetch_fill: bool = False,
+           prefetch_columns: bool = False) -> Encoded:
     """Prefetches: ``prefetch_bytes`` at most of weights per task (0: all of a range),
-    ``prefetch_ahead`` and ``prefetch_fill`` as ``prefetch_plan``'s ``ahead`` and ``fill``, and
-    with ``prefetch_slices`` the column slices of matrices too (``weight_ranges``' boxes)."""
+    ``prefetch_ahead``, ``prefetch_fill`` and ``prefetch_columns`` as ``prefetch_plan``'s
+    ``ahead``, ``fill`` and ``columns``, and with ``prefetch_slices`` the column slices of
+    matrices too (``weight_ranges``' boxes)."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
@@ -174,10 +188,10 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
     header_marks = [h == "prefetch_weight" for h in HEADER]     # words holding a weight id
     for queue in schedule.queues:
         queues.append((len(rows), len(queue)))
-        ranges = [weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id, prefetch_slices)
-                  for t in queue]
+        ranges = [weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id, prefetch_slices,
+                                prefetch_columns) for t in queue]
         plan = prefetch_plan(ranges, prefetch_bytes // graph.ops.dims.itemsize, prefetch_ahead,
-                             prefetch_fill)
+                             prefetch_fill, prefetch_columns)
         for t, pf in zip(queue, plan):
             task = graph.tasks[t]
             key = variant_key(task, graph.ops.dims, cfg)

@@ -48,6 +48,9 @@ class CompileOptions:
                                          # 1.102, 32 1.246 -> 1.236, 64 1.569 -> 1.554)
     prefetch_fill: bool = False          # with prefetch: a task that reads no weights
                                          # (attention) asks for the next task's (``encode``)
+    prefetch_columns: bool = False       # with prefetch: a capped range's first columns of
+                                         # every row (what a loop over K reads first), not its
+                                         # first rows (``encode``)
     spin_backoff_ns: int = 0             # sleep between polls of a counter not yet reached (GPU)
     poll_load: bool = False              # poll counters with acquire loads, not atomics (GPU)
     prefetch_start: int = 0              # with prefetch_wait: a waiting task asks for its weights
@@ -127,7 +130,8 @@ def compile_ops(ops: OpGraph, options: CompileOptions, name: str = "model") -> C
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
     enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024,
-                 options.prefetch_ahead, options.prefetch_slices, options.prefetch_fill)
+                 options.prefetch_ahead, options.prefetch_slices, options.prefetch_fill,
+                 options.prefetch_columns)
     return Compiled(name, options, ops, tasks, sched, sync, enc,
                     generate(enc, name, options.batch_size, len(tasks.tasks),
                              options.noinline))

@@ -39,7 +39,9 @@ least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2
 keys and values before their waits, ``knN`` the task before each attention task in its worker's
 queue asking L2 for the first N of them of each of its units, before its own waits, ``ps0`` the
 K slices of projections (o, down) not asking L2 for their weights before their waits, ``fw``
-each task that reads no weights (attention) asking L2 for the next task's instead, ``kbN``
+each task that reads no weights (attention) asking L2 for the next task's instead, ``pc`` a
+capped prefetch taking the first columns of every weight row (loop order) instead of the first
+rows, ``kbN``
 cache blocks (the block table's unit) of N tokens (default 16; where a block holds whole
 attention steps each step reads one table entry), ``rgN`` at
 most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
@@ -93,6 +95,7 @@ class Variant:
     prefetch_kv_ahead: int = CompileOptions.prefetch_kv_ahead
     prefetch_slices: bool = CompileOptions.prefetch_slices
     prefetch_fill: bool = CompileOptions.prefetch_fill
+    prefetch_columns: bool = CompileOptions.prefetch_columns
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     norm_sums: bool = TileConfig.norm_sums
@@ -135,6 +138,7 @@ class Variant:
         flags += [f"kn{self.prefetch_kv_ahead}"] * bool(self.prefetch_kv_ahead)
         flags += ["ps0"] * (not self.prefetch_slices)
         flags += ["fw"] * self.prefetch_fill
+        flags += ["pc"] * self.prefetch_columns
         flags += ["pl"] * self.poll_load
         flags += [f"pt{self.prefetch_start}"] * bool(self.prefetch_start)
         flags += ["bal"] * self.balance
@@ -177,6 +181,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv", "prefetch_kv_ahead": "prefetch_kv_ahead",
                  "prefetch_slices": "prefetch_slices", "prefetch_fill": "prefetch_fill",
+                 "prefetch_columns": "prefetch_columns",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers",
                  "noinline": "noinline"}
@@ -188,7 +193,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pn0": {"prefetch_next": False},
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "ps": {"prefetch_slices": True}, "ps0": {"prefetch_slices": False},
-            "fw": {"prefetch_fill": True},
+            "fw": {"prefetch_fill": True}, "pc": {"prefetch_columns": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},

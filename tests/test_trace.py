@@ -258,6 +258,10 @@ def test_prefetch_plan_takes_each_tasks_largest_range_capped_a_later_or_the_next
     assert prefetch_plan(ranges, 0, ahead=1) == [[3, 100, 50, 0, 0], [4, 0, 600, 0, 0],
                                                  [5, 0, 300, 0, 0], [7, 0, 10, 0, 0],
                                                  [8, 64, 64 * 128, 128, 512], [0, 0, 0, 0, 0]]
+    # columns: every row's first whole lines instead of the first rows (at least one line)
+    assert prefetch_plan(ranges, 4096, columns=True)[5] == [8, 64, 64 * 64, 64, 512]
+    assert prefetch_plan(ranges, 256, columns=True)[5] == [8, 64, 64 * 64, 64, 512]
+    assert prefetch_plan(ranges, 0, columns=True)[5] == ranges[5][0]
     # fill: the attention task (no weights) takes the small projection's range; last stays empty
     assert prefetch_plan(ranges, 256, fill=True)[:2] == [[3, 100, 50, 0, 0]] * 2
     assert prefetch_plan(ranges + [[]], 256, fill=True)[-1] == [0, 0, 0, 0, 0]
@@ -291,3 +295,34 @@ def test_prefetch_slices_name_the_k_slices_weights():
         k = slices.ops.buffers[weight.buffer].shape[1]
         assert (off, width, stride) == (n0 * k + k0, k1 - k0, k)
         assert count % width == 0 and 0 < count <= min(weight.numel, 64 * 1024 // 2)
+
+
+def test_prefetch_columns_take_every_rows_first_lines():
+    """With ``prefetch_columns`` a capped projection's prefetch (lm_head's, down's slices) names
+    all of its weight rows and the first columns of each (the most whole lines within the 64 KiB
+    cap): what its loop over K reads first; an uncapped one (o's slices) stays whole."""
+    import megakernel
+    from megakernel.compiler.registry import HEADER
+    from megakernel.models import PRESETS
+    from megakernel.models.weights import empty_model
+
+    model = empty_model(PRESETS["llama-3.2-1b"]).to(torch.bfloat16)
+    words = [HEADER.index(h) for h in ("prefetch_offset", "prefetch_count", "prefetch_row",
+                                       "prefetch_stride")]
+    c = megakernel.compile(model, 2, 64, target="h200", tile=TileConfig(split_k=4),
+                           prefetch_columns=True)[2]
+    order = [t for q in c.schedule.queues for t in q]
+    seen = set()
+    for t, (off, count, width, stride) in zip(order, c.encoded.instructions[:, words]):
+        task = c.tasks.tasks[t]
+        weight = next((r for r in task.reads if r.buffer == task.args.get("weight")), None)
+        if weight is None or not count or len(weight.box) != 2:
+            continue
+        (n0, n1), (k0, k1) = weight.box
+        k = c.ops.buffers[weight.buffer].shape[1]
+        cap, rows = 64 * 1024 // 2, n1 - n0
+        assert (off, stride, count) == (n0 * k + k0, k, rows * width) and width % 64 == 0
+        if width < k1 - k0:                    # cut: the most whole lines a row the cap holds
+            assert count <= cap and (width + 64) * rows > cap
+        seen.add((task.kind, width < k1 - k0))
+    assert {("linear", True), ("linear_part", True), ("linear_part", False)} <= seen
