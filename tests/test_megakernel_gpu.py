@@ -175,7 +175,11 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                             # and o's tasks writing the sums of squares for gate_up's norm
                             pytest.param("llama-3.2-1b", 17, TileConfig(
                                 norm_first=True, norm_sums=True, split_k=4, split_long=True,
-                                kv_split=1024, kv_block=128), id="llama-3.2-1b-17-ns-kl")])
+                                kv_split=1024, kv_block=128), id="llama-3.2-1b-17-ns-kl"),
+                            # prefetches in loop order, weightless tasks the next task's
+                            pytest.param("llama-3.2-1b", 17, dict(
+                                prefetch_columns=True, prefetch_fill=True, tile=TileConfig(
+                                    kv_split=1024, kv_block=128)), id="llama-3.2-1b-17-pc-fw")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to
