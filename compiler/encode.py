@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ir import Schedule, SyncPlan, TaskGraph
+from .ir import Prefetch, Schedule, SyncPlan, TaskGraph
 from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY, variant_key
 from .tile import TileConfig
 
@@ -174,13 +174,8 @@ def prefetch_plan(ranges: list[list[list[int]]], cap: int, ahead: int = 0,
 
 
 def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig,
-           prefetch_bytes: int = 0, prefetch_ahead: int = 0,
-           prefetch_slices: bool = False, prefetch_fill: bool = False,
-           prefetch_columns: bool = False) -> Encoded:
-    """Prefetches: ``prefetch_bytes`` at most of weights per task (0: all of a range),
-    ``prefetch_ahead``, ``prefetch_fill`` and ``prefetch_columns`` as ``prefetch_plan``'s
-    ``ahead``, ``fill`` and ``columns``, and with ``prefetch_slices`` the column slices of
-    matrices too (``weight_ranges``' boxes)."""
+           prefetch: Prefetch = Prefetch()) -> Encoded:
+    """Each task's weight prefetch as ``prefetch`` says (``weight_ranges``, ``prefetch_plan``)."""
     mem = plan_memory(graph)
     weight_id = {name: i for i, name in enumerate(mem.weights)}
     opcodes: dict = {}
@@ -188,10 +183,10 @@ def encode(graph: TaskGraph, schedule: Schedule, sync: SyncPlan, cfg: TileConfig
     header_marks = [h == "prefetch_weight" for h in HEADER]     # words holding a weight id
     for queue in schedule.queues:
         queues.append((len(rows), len(queue)))
-        ranges = [weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id, prefetch_slices,
-                                prefetch_columns) for t in queue]
-        plan = prefetch_plan(ranges, prefetch_bytes // graph.ops.dims.itemsize, prefetch_ahead,
-                             prefetch_fill, prefetch_columns)
+        ranges = [weight_ranges(graph.tasks[t], graph.ops.buffers, weight_id, prefetch.slices,
+                                prefetch.columns) for t in queue]
+        plan = prefetch_plan(ranges, prefetch.cap_bytes // graph.ops.dims.itemsize,
+                             prefetch.ahead, prefetch.fill, prefetch.columns)
         for t, pf in zip(queue, plan):
             task = graph.tasks[t]
             key = variant_key(task, graph.ops.dims, cfg)

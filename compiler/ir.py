@@ -124,6 +124,20 @@ class SyncPlan:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+    """What each task asks L2 for before its waits (``encode.prefetch_plan``): at most
+    ``cap_bytes`` of a weight range (0: all of it), that of the task ``ahead`` places later in
+    its queue, K slices' column slices too (``slices``), a weightless task the next task's
+    (``fill``), a capped range's first columns of every row rather than its first rows
+    (``columns``)."""
+    cap_bytes: int = 0
+    ahead: int = 0
+    slices: bool = False
+    fill: bool = False
+    columns: bool = False
+
+
+@dataclass(frozen=True)
 class KernelSource:
     source: str
     kernel_name: str

@@ -10,7 +10,7 @@ from .capture import capture
 from .codegen import generate
 from .cost import STAGE_HEAD, STAGE_IN_PLACE, TARGETS
 from .encode import Encoded, encode
-from .ir import KernelSource, OpGraph, Schedule, SyncPlan, TaskGraph
+from .ir import KernelSource, OpGraph, Prefetch, Schedule, SyncPlan, TaskGraph
 from .lower import lower
 from .schedule import schedule
 from .sync import plan_sync
@@ -129,9 +129,9 @@ def compile_ops(ops: OpGraph, options: CompileOptions, name: str = "model") -> C
     sched = schedule(tasks, target, workers, options.scheduler)
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
-    enc = encode(tasks, sched, sync, options.tile, options.prefetch_kb * 1024,
-                 options.prefetch_ahead, options.prefetch_slices, options.prefetch_fill,
-                 options.prefetch_columns)
+    enc = encode(tasks, sched, sync, options.tile, Prefetch(
+        options.prefetch_kb * 1024, options.prefetch_ahead, options.prefetch_slices,
+        options.prefetch_fill, options.prefetch_columns))
     return Compiled(name, options, ops, tasks, sched, sync, enc,
                     generate(enc, name, options.batch_size, len(tasks.tasks),
                              options.noinline))
