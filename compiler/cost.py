@@ -53,6 +53,9 @@ CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          smem_bytes=1 << 30, sm_bytes_per_us=1.0e4, attn_bytes_per_us=1.0e4,
                          attn_task_us=1.0)
 TARGETS = {"h200": H200, "cpu": CPU_INTERPRETER}
+# bf16/fp16 elements of one 128-byte L2 line: the unit of every L2 prefetch (``kernel_loop``,
+# ``kv_prefetch``) and of the weight slices the encoder names for one (``encode``)
+LINE_ELEMENTS = 64
 # bytes of a weight staging area (``staging``) before its data: the mbarrier, and the data
 # 128-byte aligned
 STAGE_HEAD = 128

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cost import LINE_ELEMENTS
 from .ir import Prefetch, Schedule, SyncPlan, TaskGraph
 from .registry import HEADER, HEADER_WORDS, NUM_WORDS, REGISTRY, variant_key
 from .tile import TileConfig
 
 ALIGN = 64
-# elements of one 128-byte line as the kernel's L2 prefetches count them (bf16/fp16)
-LINE_ELEMENTS = 64
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ stamps."""
 import triton
 import triton.language as tl
 
+from .cost import LINE_ELEMENTS
+
+LINE = tl.constexpr(LINE_ELEMENTS)      # elements an L2 prefetch asks for at once
+
 
 @triton.jit
 def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, epoch, spin_limit,
@@ -113,9 +117,9 @@ def between_polls(pf_ptr, pf_done, pf_count, pf_row, pf_stride, started, spins,
         if PF_START > 0:
             ask = ask & started
         if ask:
-            prefetch_l2(pf_ptr, tl.minimum(pf_count - pf_done, 256 * 64), pf_row, pf_stride,
+            prefetch_l2(pf_ptr, tl.minimum(pf_count - pf_done, 256 * LINE), pf_row, pf_stride,
                         pf_done)
-            pf_done += 256 * 64
+            pf_done += 256 * LINE
     if BACKOFF > 0:
         tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
                                   [spins * 0 + BACKOFF], dtype=tl.int32, is_pure=False, pack=1)
@@ -167,12 +171,11 @@ def prefetch_l2(ptr, count, row=0, stride=0, start=0, LINES: tl.constexpr = 256)
     """Ask L2 for ``count`` elements from element ``start`` on of the range at ``ptr``, one
     128-byte line per lane (GPU only; 64 bf16/fp16 elements per line): a contiguous range (row
     0), or a column slice of ``row`` elements in each of a matrix's rows, ``stride`` apart."""
-    STRIDE: tl.constexpr = 64                      # bf16/fp16 elements per 128-byte line
-    n_lines = (count + STRIDE - 1) // STRIDE
+    n_lines = (count + LINE - 1) // LINE
     i = 0
     while i < n_lines:
         line = tl.minimum(i + tl.arange(0, LINES), n_lines - 1).to(tl.int64)
-        prefetch_line(ptr + range_offsets(start + line * STRIDE, row, stride))
+        prefetch_line(ptr + range_offsets(start + line * LINE, row, stride))
         i += LINES
 
 

@@ -21,10 +21,9 @@ def prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B: tl.constexp
                       HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
     """Ask L2 for the keys and values at positions ss [N], one 128-byte line per lane, their
     block-table entries in one gather."""
-    LINE: tl.constexpr = 64                            # 2-byte elements per 128-byte line
     key = cache_slots(row, ss, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
     v_shift = B * HKV * S * D
-    for d0 in tl.static_range(0, D, LINE):
+    for d0 in tl.static_range(0, D, kernel_loop.LINE):
         kernel_loop.prefetch_line(cache_ptr + key + d0)
         kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift)
 
