@@ -13,6 +13,7 @@ from megakernel.runtime.megakernel import WatchdogError, megakernel_backend
 
 pytestmark = pytest.mark.gpu
 CONTEXT = 1024
+MIN_ROWS = 256      # teacher-forced rows at least (steps × batch): 64 steps from 4 rows up
 
 
 def rel(out, ref):
@@ -33,10 +34,12 @@ def decisive_top1(out, ref, err):
     return int((agree & rows).sum()), int(rows.sum())
 
 
-def teacher_forced(name, batch, steps=64, with_compile=False, **options):
+def teacher_forced(name, batch, steps=None, with_compile=False, **options):
     """Identical random caches and tokens into fp32 eager (the reference), bf16 eager, bf16
     megakernel (compile ``options``, if any; and bf16 torch-compile); per step the logits'
-    distances to the reference."""
+    distances to the reference. ``steps``: 64, or more where the batch gives fewer than
+    ``MIN_ROWS`` rows."""
+    steps = steps or max(64, -(-MIN_ROWS // batch))
     model = load_model(name, device="cuda", dtype="bfloat16", progress=False).model
     cfg, start = model.config, CONTEXT - steps
     caches = {"bf16": allocate_kv_cache(cfg, batch, CONTEXT, dtype=torch.bfloat16, device="cuda")}
@@ -72,7 +75,7 @@ def teacher_forced(name, batch, steps=64, with_compile=False, **options):
                     stats.setdefault(f"{key} vs bf16 eager", []).append(
                         (rel(out, outs["bf16"]), top1(out, outs["bf16"])))
     steps_of["megakernel"].synchronize()
-    summary = {}
+    summary = {"rows": steps * batch}
     for k, v in stats.items():
         if k.endswith("decisive"):
             agree, count = map(sum, zip(*v))
@@ -187,10 +190,10 @@ def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     # config: a TileConfig, or a dict of compile options
     options = (config if isinstance(config, dict) else dict(tile=config)) if config else {}
     assert_as_accurate_as_eager(teacher_forced(name, batch, with_compile=batch == 1 and not config,
-                                               **options), batch)
+                                               **options))
 
 
-def assert_as_accurate_as_eager(s: dict, batch: int) -> None:
+def assert_as_accurate_as_eager(s: dict) -> None:
     """``teacher_forced``'s summary: the megakernel's distance from fp32 within bf16 eager's,
     and its top-1 agreement on the decisive rows."""
     eager_err, _ = s["bf16 vs fp32"]
@@ -199,9 +202,10 @@ def assert_as_accurate_as_eager(s: dict, batch: int) -> None:
     # Over all rows, top-1 agreement of either bf16 model with fp32 moves by ten points between
     # runs (random weights leave many near-ties). Where the fp32 margin exceeds twice the error
     # allowed above, a flip is a bug: there the megakernel must agree at 99% or better.
-    # (about one row in ten is decisive on these random models)
+    # About one row in ten is decisive on these random models (qwen3-0.6b at 2 rows: 7 to 8 of
+    # 128), so a run must count a third of that for the agreement to say something.
     agreement, count = s["megakernel decisive"]
-    assert count >= 4 * batch, f"only {count} decisive rows"
+    assert count >= s["rows"] // 32, f"only {count} decisive rows of {s['rows']}"
     assert agreement >= 0.99
 
 
