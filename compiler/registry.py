@@ -126,6 +126,12 @@ def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:
                 FORM=c.form, STAGES=proj["STAGES"], FOLD=proj["FOLD"])
 
 
+def _linear_part_reduce(t: Task, d: Dims, c: TileConfig) -> dict:
+    red = _linear_reduce(t, d, c)
+    return _linear_part(t, d, c) | dict(S=red["S"], HAS_RES=red["HAS_RES"],
+                                        RED_ROWS=red["BLOCK_B"], SUMS=red["SUMS"])
+
+
 def _linear_reduce(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(S=t.args["slices"], B=d.batch, N=t.args["n"],
                 HAS_RES=t.args["residual"] is not None, BLOCK_B=p2(d.batch, 1),
@@ -238,6 +244,10 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _linear, stage="ops.linear_stage"),
     OpSpec("linear_part", "split_ops.linear_part_op",
            _fields("x:act weight:weight out:f32 n0:int n1:int k0:int s:int"), _linear_part),
+    OpSpec("linear_part_reduce", "split_ops.linear_part_reduce_op",
+           _fields("x:act weight:weight part:f32 residual:act out:act sums:f32 norm:weight "
+                   "scaled:act n0:int n1:int k0:int s:int counters_ptr:kernel epoch:kernel "
+                   "ticket:ticket"), _linear_part_reduce),
     OpSpec("linear_reduce", "split_ops.linear_reduce_op",
            _fields("part:f32 residual:act out:act sums:f32 norm:weight scaled:act n0:int "
                    "n1:int"), _linear_reduce),

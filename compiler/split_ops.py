@@ -4,6 +4,9 @@ one reduce task per column group adds the slices (and the residual) into the out
 the next op normalises that output first, one per group of whole rows also writes its
 RMSNorm.
 
+Or (``fuse_reduce``) no reduce task: each slice takes its column group's ticket after writing
+its partial, and the last of the group to take it reduces the group as linear_reduce would.
+
 Partials are fp32 [S, B, N] (S slices); activations row-major [B, K] as in ``ops``. The sum
 runs over the slices in order, rounded to the model dtype once, as the unsplit ``linear_op``
 rounds its product.
@@ -11,6 +14,7 @@ rounds its product.
 import triton
 import triton.language as tl
 
+from .attention_ops import last_ticket
 from .norm_ops import store_normed
 from .ops import _round, matmul_tile, store_norm_inputs, store_rows
 
@@ -60,6 +64,24 @@ def linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, n1,
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
     if SUMS:
         store_norm_inputs(ss_ptr, sc_ptr, y, w, n0 // BLOCK_N, n0, n1, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def linear_part_reduce_op(x_ptr, w_ptr, part_ptr, res_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0,
+                          n1, k0, s, counters_ptr, epoch, ticket, B: tl.constexpr,
+                          K: tl.constexpr, KS: tl.constexpr, N: tl.constexpr,
+                          BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          FORM: tl.constexpr, STAGES: tl.constexpr, FOLD: tl.constexpr,
+                          S: tl.constexpr, HAS_RES: tl.constexpr, RED_ROWS: tl.constexpr,
+                          SUMS: tl.constexpr):
+    """``linear_part_op`` into slot s of part, then the group's ticket (S slices a launch): the
+    slice that takes its last is ``linear_reduce_op`` of columns [n0, n1) (RED_ROWS rows a
+    block), the slices summed in order whichever it is."""
+    linear_part_op(x_ptr, w_ptr, part_ptr, n0, n1, k0, s, B, K, KS, N, BLOCK_B, BLOCK_N,
+                   BLOCK_K, FORM, STAGES, FOLD)
+    if last_ticket(counters_ptr + ticket, S, epoch):
+        linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, n1, S, B, N,
+                         HAS_RES, RED_ROWS, BLOCK_N, SUMS)
 
 
 @triton.jit

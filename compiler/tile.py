@@ -88,6 +88,11 @@ class TileConfig:
                                # ticket (an atomic counter a unit) after writing its slot, and
                                # the last of a unit merges every slot into the output; no
                                # attn_combine task, phase or wait (plain pieces only)
+    fuse_reduce: bool = False  # K slices reduce their column group themselves: each takes a
+                               # ticket after writing its partial, and the last of a group
+                               # adds them (and the residual, and the sums ``norm_sums``
+                               # takes) into the output; no linear_reduce task, phase or wait
+                               # (where no reduce_norm reduces by rows)
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)
@@ -181,7 +186,8 @@ class Tiler:
     workers: int = 1
     tasks: list = field(default_factory=list)
     buffers: dict = field(default_factory=dict)
-    tickets: int = 0           # units of fused partials so far (``fuse_combine``)
+    tickets: int = 0           # units of fused partials so far (``fuse_combine``,
+                               # ``fuse_reduce``)
 
     def __post_init__(self):
         self.buffers = dict(self.graph.buffers)

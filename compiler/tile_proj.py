@@ -27,12 +27,23 @@ def split_slices(t: Tiler, op) -> int:
     return s if s > 1 and plain and k % (16 * s) == 0 and (long or not t.cfg.split_long) else 1
 
 
+def column_reduced(t: Tiler, op) -> bool:
+    """Whether linear ``op`` is split in K slices that are reduced by column groups (not by
+    rows, with the next op's norm: ``reduce_norm``)."""
+    reader = norm_reader(t, op.outputs[0])
+    by_rows = reader is not None and sums_reader(t, op.outputs[0]) is None
+    return split_slices(t, op) > 1 and not by_rows
+
+
 def tile_linear_split(t: Tiler, op, slices: int) -> None:
     """Per column group (``slices`` times a plain task's width): a linear_part task per K slice
     into {op}.part [S, B, N] fp32, then a linear_reduce task adding them and the residual; or,
     where the next op normalises this output first, reduce_norm tasks by rows after all parts
     (or, ``norm_sums``, the linear_reduce tasks also write their rows' sums of squares and
-    their columns scaled by the reader's norm weight, see ``tile_norm``)."""
+    their columns scaled by the reader's norm weight, see ``tile_norm``). With
+    ``fuse_reduce`` (where no reduce_norm follows) the group's slices are linear_part_reduce
+    tasks: the last of them to take the group's ticket reduces it, and each declares the
+    reduce's reads and writes, so that the output's readers wait for all of them."""
     from .tile import cols, p2
 
     reader = norm_reader(t, op.outputs[0])
@@ -44,27 +55,36 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
     ks = k // slices
     bn = p2(min(t.width(n) * slices, n))
     summed = sums_reader(t, out.name)                    # the reader's norm from sums of squares
+    by_rows = not column_reduced(t, op)                  # reduce_norm tasks reduce
+    fused = t.cfg.fuse_reduce and not by_rows
     for g, (lo, hi) in enumerate(t.col_tiles(n, bn)):
-        for s in range(slices):
-            k0 = s * ks
-            nbytes = ((hi - lo) * ks + d.batch * ks) * d.itemsize + d.batch * (hi - lo) * 4
-            t.add(op, "linear_part", dict(x=x.name, weight=w.name, out=part.name, n0=lo, n1=hi,
-                                          k0=k0, s=s, ks=ks, n=n, k=k, bn=bn,
-                                          bk=t.depth(ks, bn)),
-                  [Region(x.name, ((0, d.batch), (k0, k0 + ks))),
-                   Region(w.name, ((lo, hi), (k0, k0 + ks)))],
-                  [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))], nbytes,
-                  2 * d.batch * (hi - lo) * ks)
-        if reader is not None and summed is None:
-            continue
         extra_reads, writes, args = sums_writes(t, out, summed, -(-n // bn), g, lo, hi)
         reads = [Region(part.name, ((0, slices), (0, d.batch), (lo, hi)))]
         reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
-        t.add(op, "linear_reduce", dict(part=part.name, residual=p["residual"], out=out.name,
-                                        n0=lo, n1=hi, n=n, bn=bn, slices=slices, **args),
-              reads + extra_reads, [cols(out, lo, hi), *writes],
-              d.batch * (hi - lo) * (4 * slices + 4 + 2 * bool(summed)), 0)
-    if reader is not None and summed is None:
+        reduce = (dict(part=part.name, residual=p["residual"], out=out.name, n0=lo, n1=hi, n=n,
+                       bn=bn, slices=slices, **args),
+                  reads[1:] + extra_reads, [cols(out, lo, hi), *writes],
+                  d.batch * (hi - lo) * (4 * slices + 4 + 2 * bool(summed)))
+        for s in range(slices):
+            k0 = s * ks
+            nbytes = ((hi - lo) * ks + d.batch * ks) * d.itemsize + d.batch * (hi - lo) * 4
+            a = dict(x=x.name, weight=w.name, n0=lo, n1=hi, k0=k0, s=s, ks=ks, n=n, k=k, bn=bn,
+                     bk=t.depth(ks, bn))
+            own = ([Region(x.name, ((0, d.batch), (k0, k0 + ks))),
+                    Region(w.name, ((lo, hi), (k0, k0 + ks)))],
+                   [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))])
+            if fused:
+                t.add(op, "linear_part_reduce", reduce[0] | a | dict(ticket=t.tickets),
+                      own[0] + reduce[1], own[1] + reduce[2], nbytes + reduce[3] // slices,
+                      2 * d.batch * (hi - lo) * ks)
+            else:
+                t.add(op, "linear_part", a | dict(out=part.name), *own, nbytes,
+                      2 * d.batch * (hi - lo) * ks)
+        if fused:
+            t.tickets += 1
+        elif not by_rows:
+            t.add(op, "linear_reduce", reduce[0], reads + extra_reads, reduce[2], reduce[3], 0)
+    if by_rows:
         tile_reduce_norm(t, op, part, reader)
 
 

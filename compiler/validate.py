@@ -63,10 +63,12 @@ def check_written_once(graph: TaskGraph) -> None:
             counts[name] = np.zeros(buf.shape, dtype=np.int32)
         elif buf.space == "cache":              # a step writes one slot per row: skip S
             counts[name] = np.zeros(cache_cells(buf.shape), dtype=np.int32)
-    merged = set()          # (ticket, region): a fused unit's output, one write for its pieces
+    # (ticket, region): what the pieces of a fused unit or column group all declare (the
+    # merge's or reduce's writes, done by one of them) counts once; a piece's own slot is its own
+    merged = set()
     for task in graph.tasks:
         for r in task.writes:
-            if "ticket" in task.args and r.buffer == task.args["out"]:
+            if "ticket" in task.args:
                 if (task.args["ticket"], r) in merged:
                     continue
                 merged.add((task.args["ticket"], r))

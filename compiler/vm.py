@@ -56,7 +56,7 @@ class VM:
                 dt = self.dt if b.space == "act" else torch.float32
                 self.buf[name] = torch.full(b.shape, float("nan"), dtype=dt, device=kv_cache.device)
         self.buf.update(tokens=tokens.view(-1), positions=positions.view(-1), kv_cache=kv_cache)
-        self.tickets: dict[int, int] = {}        # fused attention: pieces of a unit done
+        self.tickets: dict[int, int] = {}        # fused merges and reduces: pieces done
 
     def w(self, name):
         return None if name is None else self.buf[name]
@@ -104,6 +104,16 @@ class VM:
         lo, hi, k0, k1 = a["n0"], a["n1"], a["k0"], a["k0"] + a["ks"]
         x, w = self.buf[a["x"]][:, k0:k1], self.buf[a["weight"]][lo:hi, k0:k1]
         self.buf[a["out"]][a["s"], :, lo:hi] = x.float() @ w.float().T
+
+    def linear_part_reduce(self, a):
+        self.linear_part(a | dict(out=a["part"]))
+        if self.last_ticket(a["ticket"], a["slices"]):
+            self.linear_reduce(a)
+
+    def last_ticket(self, ticket: int, count: int) -> bool:
+        """Takes ``ticket``: whether this task is the last of its ``count`` to take it."""
+        self.tickets[ticket] = self.tickets.get(ticket, 0) + 1
+        return self.tickets[ticket] == count
 
     def linear_reduce(self, a):
         lo, hi = a["n0"], a["n1"]
@@ -203,10 +213,8 @@ class VM:
             self.attn_out(a, b, g, acc / ml[:, 1:])
             return
         self.buf[a["acc"]][a["slot"]], self.buf[a["ml"]][a["slot"]] = acc, ml
-        if "ticket" in a:                            # fused: the unit's last piece merges
-            self.tickets[a["ticket"]] = self.tickets.get(a["ticket"], 0) + 1
-            if self.tickets[a["ticket"]] == a["count"]:
-                self.attn_combine(a)
+        if "ticket" in a and self.last_ticket(a["ticket"], a["count"]):
+            self.attn_combine(a)                     # fused: the unit's last piece merges
 
     def attn_pair(self, a):
         for g in range(a["kv_head"], a["kv_head"] + a["heads"]):

@@ -61,8 +61,12 @@ from .variant import Variant, effective, stream_kv_split
 # against each winner, llama-3.2-1b on the H200, ms: 13 rows 1.011 -> 0.998, 16 1.030 -> 1.025,
 # 17 1.136 -> 1.123 and 1.134 -> 1.121, 8 0.951 -> 0.946; 5 rows 0.911 -> 0.914, 32 1.247 ->
 # 1.245; 256 keys lost 1-5% at 24, 48 and 64 rows, all keys 6-20%).
+# K slices that reduce their column group themselves (``TileConfig.fuse_reduce``, the last slice
+# of a group to take its ticket): no reduce phase and no wait on it after o and down; where the
+# slices are reduced by rows with the norm, flipped on with the norm from sums of squares
+# instead (``fused_reduce``).
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "prefetch_kv_ahead")
+          "noinline", "prefetch_kv_ahead", "fuse_reduce")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
@@ -105,11 +109,23 @@ def other_norm(v: Variant, seq: int) -> Variant:
     return replace(v, norm_sums=True, norm_first=True)
 
 
+def fused_reduce(v: Variant, seq: int) -> Variant:
+    """K slices reducing their column groups themselves where ``v``'s do not (their reduce by
+    rows with the norm, ``reduce_norm``, then the norm from sums of squares: a fused reduce
+    writes them), else reduce tasks."""
+    if v.fuse_reduce:
+        return replace(v, fuse_reduce=False)
+    if v.reduce_norm:
+        return replace(v, fuse_reduce=True, reduce_norm=False, norm_sums=True)
+    return replace(v, fuse_reduce=True)
+
+
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams at
 # once
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
+         "fuse_reduce": fused_reduce,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),

@@ -55,7 +55,7 @@ from dataclasses import dataclass, fields, replace
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig, Tiler
-from megakernel.compiler.tile_proj import split_slices
+from megakernel.compiler.tile_proj import column_reduced, split_slices
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class Variant:
     attn_stream: bool = TileConfig.attn_stream
     attn_pairs: bool = TileConfig.attn_pairs
     fuse_combine: bool = TileConfig.fuse_combine
+    fuse_reduce: bool = TileConfig.fuse_reduce
     attn_group: int = TileConfig.attn_group
     attn_pair_ranges: bool = TileConfig.attn_pair_ranges
     attn_spill: bool = TileConfig.attn_spill
@@ -145,6 +146,7 @@ class Variant:
         flags += [] if self.norm_first is None else ["nf" if self.norm_first else "nf0"]
         flags += ["rn"] * self.reduce_norm
         flags += ["ns"] * self.norm_sums
+        flags += ["fs"] * self.fuse_reduce
         flags += ["ab"] * self.attn_balance
         flags += ["af"] * self.attn_stream
         flags += ["ap"] * self.attn_pairs
@@ -197,7 +199,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},
-            "fc": {"fuse_combine": True},
+            "fc": {"fuse_combine": True}, "fs": {"fuse_reduce": True},
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
             "rn": {"reduce_norm": True}, "ns": {"norm_sums": True}, "kl": {"split_long": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
@@ -250,7 +252,8 @@ CUDA_KV_BLOCK = 128   # tokens a cache block, for the CUDA backend's tensor-core
 def cuda_form(v: Variant, sms: int, batch: int = 1, context: int = 0) -> Variant:
     """``v`` with what the CUDA backend builds (``compiler.cuda_codegen``): at most one worker an
     SM, norms first from the writers' sums of squares, q/k/v pieces within heads, nothing
-    staged, attention in plain pieces (a streamed variant's keys a task kept) whose units merge
+    staged, K slices reduced by reduce tasks (no CUDA body reduces its own group),
+    attention in plain pieces (a streamed variant's keys a task kept) whose units merge
     themselves (fused combines; the Triton kernel of the same tables at batch 1 on the H200:
     0.8294 -> 0.8256 ms, the CUDA one 0.8287 -> 0.8176). Below ``MMA_FROM`` batch rows
     projections in whole K; from there on (tensor cores) K slices as ``v`` has them, and tasks
@@ -269,7 +272,8 @@ def cuda_form(v: Variant, sms: int, batch: int = 1, context: int = 0) -> Variant
     return replace(v, workers=min(v.workers, sms), norm_first=True, norm_sums=True,
                    reduce_norm=False, qkv_cross=False, staged_kib=0, attn_stream=False,
                    attn_pairs=False, attn_pair_ranges=False,
-                   attn_group=TileConfig.attn_group, fuse_combine=True, kv_split=keys, **slices)
+                   attn_group=TileConfig.attn_group, fuse_combine=True, fuse_reduce=False,
+                   kv_split=keys, **slices)
 
 
 def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
@@ -288,7 +292,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     units have several, spilled units only where some are cut, fused combines only for plain
     pieces where some unit has several, slices of the long projections
     only where that leaves some projections unsliced, their own slices only where they change
-    some (``slicing``). Equal results build equal kernels. ``memo`` (variant -> result) carries
+    some (``slicing``), K slices that reduce themselves only where some are reduced by
+    columns (``tile_proj.column_reduced``). Equal results build equal kernels. ``memo`` (variant -> result) carries
     results across calls on the same ``ops``."""
     memo = {} if memo is None else memo
     if v not in memo:
@@ -347,11 +352,14 @@ def _effective(ops, v: Variant, again) -> Variant:
     # a split's output normalised
     split_norm = tiler.norm_first() and max(split, long_slices) > 1
     sums = v.norm_sums and tiler.norm_first()
-    return replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
-                   split_k=split, norm_first=tiler.norm_first(), norm_sums=sums,
-                   reduce_norm=v.reduce_norm and split_norm and not sums,
-                   split_head_norm=v.split_head_norm and pieces > 1 if head_norm
-                   else TileConfig.split_head_norm)
+    out = replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
+                  split_k=split, norm_first=tiler.norm_first(), norm_sums=sums,
+                  reduce_norm=v.reduce_norm and split_norm and not sums,
+                  split_head_norm=v.split_head_norm and pieces > 1 if head_norm
+                  else TileConfig.split_head_norm)
+    return replace(out, fuse_reduce=out.fuse_reduce and any(
+        column_reduced(Tiler(ops, out.tile, v.workers), op) for op in ops.ops
+        if op.kind == "linear"))
 
 
 def slicing(ops, tile: TileConfig, workers: int) -> tuple[int, bool, int]:

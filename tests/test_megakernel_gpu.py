@@ -96,8 +96,8 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
 # attention tasks over pairs of kv heads (with split-K reduced with the norm at 64 rows) and over
 # groups of 4 kv heads (at 48 rows, 128-key blocks: 64-key steps), pairs over key ranges,
 # units spilled over the workers (17 rows: 4 units in 128-key pieces), norms from the
-# reduces' sums of squares, streams cutting units into 3 or 4 pieces (5 rows), and op bodies
-# as calls (a dict: compile options beside the tiles)
+# reduces' sums of squares, streams cutting units into 3 or 4 pieces (5 rows), op bodies
+# as calls (a dict: compile options beside the tiles), and K slices that reduce themselves
 @pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -182,7 +182,15 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             # prefetches in loop order, weightless tasks the next task's
                             pytest.param("llama-3.2-1b", 17, dict(
                                 prefetch_columns=True, prefetch_fill=True, tile=TileConfig(
-                                    kv_split=1024, kv_block=128)), id="llama-3.2-1b-17-pc-fw")])
+                                    kv_split=1024, kv_block=128)), id="llama-3.2-1b-17-pc-fw"),
+                            # K slices reducing their column groups themselves (tickets)
+                            pytest.param("llama-3.2-1b", 17, TileConfig(
+                                norm_first=True, norm_sums=True, fuse_reduce=True,
+                                kv_split=1024, kv_block=128), id="llama-3.2-1b-17-ns-fs"),
+                            pytest.param("llama-3.2-1b", 64, TileConfig(
+                                attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
+                                norm_first=True, norm_sums=True, fuse_reduce=True),
+                                id="llama-3.2-1b-64-ap-ag4-ns-fs")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to

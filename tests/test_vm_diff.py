@@ -85,6 +85,17 @@ def test_kernel_equals_vm_with_fused_combines(name):
     assert "attn_combine" not in kinds and "attn_partial" in kinds
 
 
+@pytest.mark.parametrize("name,norm", [("tiny-llama", {}), ("tiny-qwen3", dict(norm_sums=True))])
+def test_kernel_equals_vm_with_fused_reduces(name, norm):
+    """K slices that reduce their column group themselves (the last to take its ticket): no
+    linear_reduce task; with ``norm_sums`` the last also writes the sums the next norm takes."""
+    tiles = TileConfig(split_k=2, block_k=32, norm_first=bool(norm) or None, fuse_reduce=True,
+                       **norm)
+    kinds = check_kernel_against_vm(name, tiles)
+    assert "linear_part_reduce" in kinds
+    assert not {"linear_reduce", "linear_part", "reduce_norm", "rms_norm"} & set(kinds)
+
+
 def test_kernel_equals_vm_with_op_bodies_as_calls():
     """Op bodies built as functions of their own (``noinline``) compute the same step."""
     check_kernel_against_vm("tiny-qwen3", TileConfig(split_k=2, norm_first=True), noinline=True)
