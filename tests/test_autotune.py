@@ -155,6 +155,13 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     assert refine.flip(longer, "attn_stages", 64) == v
     assert refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("attn_stages",),
                          {v.label}) == []
+    # K slices reducing themselves on (with the norm from sums of squares where the reduce took
+    # it by rows) or off
+    assert refine.flip(v, "fuse_reduce", 64) == replace(v, fuse_reduce=True)
+    by_rows = replace(v, norm_first=True, split_k=4, reduce_norm=True)
+    assert refine.flip(by_rows, "fuse_reduce", 64) == \
+        replace(by_rows, reduce_norm=False, norm_sums=True, fuse_reduce=True)
+    assert refine.flip(refine.flip(v, "fuse_reduce", 64), "fuse_reduce", 64) == v
     # K slices on (their reduce fused with the norm where it comes first) or off
     first = replace(v, norm_first=True)
     sliced = refine.flip(first, "split_k", 64)
@@ -468,6 +475,13 @@ def test_variants_are_rated_as_they_will_be_built():
                          ).norm_sums
     whole = effective(ops, replace(v, norm_sums=True, **(both | dict(split_k=1))))
     assert whole.norm_sums and not whole.reduce_norm      # whole columns write the sums too
+    # K slices that reduce themselves: only where some are reduced by columns (not with the
+    # reduce by rows and the norm, nor without slices)
+    reduced = effective(ops, replace(v, split_k=2, fuse_reduce=True))
+    assert reduced.fuse_reduce and parse_variant(reduced.label) == reduced
+    assert effective(ops, replace(v, fuse_reduce=True, norm_sums=True, **both)).fuse_reduce
+    for other in (dict(split_k=1), both):
+        assert not effective(ops, replace(v, fuse_reduce=True, **other)).fuse_reduce
     # slices of the long projections only: where that leaves some unsliced (tiny-llama's o has
     # K 96 as its hidden size, down 224); where it leaves none sliced, no slices
     llama = lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
