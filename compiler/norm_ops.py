@@ -17,6 +17,10 @@ def _round(x, DT: tl.constexpr):
     return x.to(DT).to(tl.float32)
 
 
+# the most sums of squares (groups x rows) a projection holds through its loop (``first_rstd``)
+DEFER_SUMS = tl.constexpr(1024)
+
+
 @triton.jit
 def row_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
              BLOCK_K: tl.constexpr, UNROLL: tl.constexpr = 16384):
@@ -42,29 +46,35 @@ def row_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr
 def first_rstd(x_ptr, eps, B: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, HAS_NORM: tl.constexpr,
                ss_ptr, SUMS: tl.constexpr, SUMS_BLOCK: tl.constexpr):
-    """A projection's row RMS taken before its loop (``row_rstd``), or (SUMS > 0) from the sums
-    of squares of SUMS column groups of x's rows, ss [SUMS, B], in one load of [SUMS_BLOCK,
-    BLOCK_B] -> [BLOCK_B] (then applied after the product, ``rows_after``); zeros (unused)
-    without a norm."""
+    """What a projection's norm takes before its loop: (the row RMS from x [BLOCK_B] for a norm
+    in the loop (``row_rstd``), else zeros; and (SUMS > 0) the sums of squares of SUMS column
+    groups of x's rows, ss [SUMS, B], asked for in one load of [SUMS_BLOCK, BLOCK_B], else
+    zeros). Up to DEFER_SUMS elements the sums are only asked for here and reduced after the
+    loop (``rows_after``), since their reduction's barriers waited for them before the loop's
+    first loads were issued; a larger block is reduced here to [1, BLOCK_B] (held through the
+    loop it spilled: sm_90 build of llama-3.2-1b at 64 rows, stack 120 -> 168 bytes)."""
     rstd = tl.zeros([BLOCK_B], tl.float32)
+    ss = tl.zeros([SUMS_BLOCK, BLOCK_B], tl.float32)
     if HAS_NORM:
         if SUMS > 0:
             gs = tl.arange(0, SUMS_BLOCK)
             rows = tl.arange(0, BLOCK_B)
             ss = tl.load(ss_ptr + gs[:, None] * B + rows[None, :],
                          mask=(gs[:, None] < SUMS) & (rows[None, :] < B), other=0.0)
-            rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
+            if SUMS_BLOCK * BLOCK_B > DEFER_SUMS:
+                ss = tl.sum(ss, axis=0, keep_dims=True)                       # [1, BLOCK_B]
         else:
             rstd = row_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K, UNROLL)
-    return rstd
+    return rstd, ss
 
 
 @triton.jit
-def rows_after(y, rstd, SUMS: tl.constexpr):
-    """A projection's result [BLOCK_B, N] scaled by each row's RMS where the norm comes after the
-    product (SUMS > 0: x was scaled by the norm's weight already, see ``tile_norm``), else y."""
+def rows_after(y, ss, eps, K: tl.constexpr, SUMS: tl.constexpr):
+    """A projection's result [BLOCK_B, N] scaled by each row's RMS from the sums of squares ss
+    (``first_rstd``) where the norm comes after the product (SUMS > 0: x was scaled by the
+    norm's weight already, see ``tile_norm``), else y."""
     if SUMS > 0:
-        return y * rstd[:, None]
+        return y * tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)[:, None]
     else:
         return y
 

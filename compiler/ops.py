@@ -223,12 +223,12 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
     w = 1.0
     if OUT_SUMS:  # the next norm's weight, asked for before the weights stream too
         w = tl.load(onw_ptr + ns, mask=ns < n1, other=0.0).to(tl.float32)          # [BLOCK_N]
-    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
-                      SUMS_BLOCK)
+    rstd, ss = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr,
+                          SUMS, SUMS_BLOCK)
     y = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, IN_LOOP,
                                       BLOCK_B, BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES,
-                                      FOLD, 0, 0, copy, STAGE, STAGED_ROWS), rstd,
-                                      SUMS), DT)
+                                      FOLD, 0, 0, copy, STAGE, STAGED_ROWS), ss, eps,
+                                      K, SUMS), DT)
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
@@ -266,8 +266,8 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
     DT: tl.constexpr = out_ptr.dtype.element_ty
     IN_LOOP: tl.constexpr = HAS_NORM and SUMS == 0
     SR: tl.constexpr = STAGED_ROWS if STAGE > 0 else 0
-    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
-                      SUMS_BLOCK)
+    rstd, ss = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr,
+                          SUMS, SUMS_BLOCK)
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
@@ -291,9 +291,9 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                             DT, WT, SR, STAGE)
         u += staged_product(x_ptr, nw_ptr, rstd, su, n1 - n0, B, K, IN_LOOP, BLOCK_B, BLOCK_N,
                             DT, WT, SR, STAGE)
-    g = _round(rows_after(g, rstd, SUMS), DT)
+    g = _round(rows_after(g, ss, eps, K, SUMS), DT)
     act = _round(g / (1.0 + tl.exp(-g)), DT)
-    u = _round(rows_after(u, rstd, SUMS), DT)
+    u = _round(rows_after(u, ss, eps, K, SUMS), DT)
     store_rows(out_ptr, (act * u).to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -341,17 +341,17 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     if not RAW:
         pos, block, inv = rope_inputs(pos_ptr, bt_ptr, inv_ptr, d0 + tl.arange(0, HALF), end, B,
                                       D, S, BS, BLOCK_B)
-    rstd = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr, SUMS,
-                      SUMS_BLOCK)
+    rstd, ss = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_R, RMS_UNROLL, HAS_NORM, ss_ptr,
+                          SUMS, SUMS_BLOCK)
     if CROSS:
         both = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D2 + d0, end,
                                              D2, B, K, IN_LOOP, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
-                                             DT, FORM, STAGES, FOLD, 0, D), rstd, SUMS), DT)
+                                             DT, FORM, STAGES, FOLD, 0, D), ss, eps, K, SUMS), DT)
     else:
         # rows of both halves in one pipeline
         both = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end,
                                              D2, B, K, IN_LOOP, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
-                                             DT, FORM, STAGES, FOLD), rstd, SUMS), DT)
+                                             DT, FORM, STAGES, FOLD), ss, eps, K, SUMS), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     if RAW:
         rows = tl.arange(0, BLOCK_B)

@@ -1,14 +1,14 @@
 """The projection op body on its own: ``ops.matmul_tile`` against PyTorch in fp32, for every fold
 of a step's columns, with and without the RMSNorm prologue, and with the two-halves row map of
 a q/k/v piece; with a task's first rows staged (``staging``, read in place under the
-interpreter) against the same tile streamed. On the CPU through the Triton interpreter (on a
+interpreter) against the same tile streamed; the RMS from sums of squares applied after it. On the CPU through the Triton interpreter (on a
 GPU, on the GPU)."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from megakernel.compiler import ops
+from megakernel.compiler import norm_ops, ops
 from megakernel.compiler.cost import STAGE_IN_PLACE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -85,3 +85,29 @@ def test_staged_rows_give_the_streamed_tile(norm, end, sr):
     ref = reference(x.float(), nw.float(), w.float(), range(20, 20 + bn), norm)
     ref[:, end:] = 0.0
     assert ((staged - ref).norm() / ref.norm()).item() < 2e-2
+
+
+@triton.jit
+def sums_kernel(ss_ptr, y_ptr, out_ptr, G: tl.constexpr, B: tl.constexpr, K: tl.constexpr,
+                BLOCK_B: tl.constexpr, GB: tl.constexpr, N: tl.constexpr):
+    """y [B, N] scaled by the RMS of rows whose sums of squares are ss [G, B] (over K)."""
+    _, ss = norm_ops.first_rstd(ss_ptr, 1e-5, B, K, BLOCK_B, 16, 0, True, ss_ptr, G, GB)
+    rows, ns = tl.arange(0, BLOCK_B), tl.arange(0, N)
+    offs, mask = rows[:, None] * N + ns[None, :], rows[:, None] < B
+    y = tl.load(y_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, norm_ops.rows_after(y, ss, 1e-5, K, G), mask=mask)
+
+
+@pytest.mark.parametrize("groups,batch", [(5, 3), (40, 20)])
+def test_the_rms_from_sums_of_squares_held_through_the_loop_or_reduced_before_it(groups, batch):
+    """5 groups x 3 rows (a block of 8 x 4: the sums held, reduced after the product) and 40 x
+    20 (64 x 32, above ``DEFER_SUMS``: reduced before) give the same RMS."""
+    gb, bb, k, n = triton.next_power_of_2(groups), triton.next_power_of_2(batch), 96, 16
+    assert (gb * bb > norm_ops.DEFER_SUMS.value) == (groups == 40)
+    gen = torch.Generator().manual_seed(groups)
+    ss, y = torch.rand(groups, batch, generator=gen), torch.randn(batch, n, generator=gen)
+    out = torch.full((batch, n), float("nan"))
+    args = [t.to(DEVICE) for t in (ss, y, out)]
+    sums_kernel[(1,)](*args, groups, batch, k, bb, gb, n)
+    ref = y * torch.rsqrt(ss.sum(0) / k + 1e-5)[:, None]
+    torch.testing.assert_close(args[2].cpu(), ref, atol=1e-5, rtol=1e-5)
