@@ -115,7 +115,8 @@ class SyncPlan:
     """Counters between workers: each task adds 1 to ``signal[t]`` when done; a task waits until
     every counter in ``waits[t]`` reaches epoch * ``counter_size`` of it. Tickets (fused attention
     merges: each piece of a unit adds 1, the one that makes it epoch * pieces merges) follow the
-    counters in the same array: ticket u is counter num_counters + u."""
+    counters in the same array: ticket u is counter num_counters + u (K slices reducing their
+    column group, ``fuse_reduce``, take tickets the same way)."""
     num_counters: int
     counter_size: tuple[int, ...]
     signal: tuple[int, ...]

@@ -23,6 +23,7 @@ def summary(c: Compiled) -> str:
         + f" -> {sched.scheduler} kept",
         f"  sync: {sync.num_counters} counters, {sum(map(len, sync.waits))} waits "
         f"({sum(1 for w in sync.waits if not w)} tasks wait on nothing)"
-        + (f", {sync.num_tickets} attention tickets" if sync.num_tickets else ""),
+        + (f", {sync.num_tickets} tickets (fused merges and reduces)" if sync.num_tickets
+           else ""),
     ]
     return "\n".join(lines)
