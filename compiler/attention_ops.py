@@ -182,15 +182,20 @@ def store_partial(acc_ptr, ml_ptr, slot, m, l, acc, G: tl.constexpr, D: tl.const
 
 
 @triton.jit
-def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, kv_head, slot,
-                      slot2, lo, span, layer, scale: tl.constexpr, B: tl.constexpr,
-                      HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
-                      G: tl.constexpr, KV_SPLIT: tl.constexpr, BS: tl.constexpr,
-                      CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                      STAGES: tl.constexpr, IN_BLOCK: tl.constexpr):
+def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, row,
+                      kv_head, slot, lo, span, layer, counters_ptr, epoch, ticket, first, count,
+                      scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                      HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                      KV_SPLIT: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+                      BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr,
+                      IN_BLOCK: tl.constexpr, FUSED: tl.constexpr = False,
+                      BLOCK_SPLIT: tl.constexpr = 1):
     """``attn_pair_op`` over keys [lo, min(lo + span, len)) (span <= KV_SPLIT) -> each head's
-    unnormalised acc and (max, sum) into partial slots ``slot`` (kv_head) and ``slot2``
-    (kv_head + 1), for their units' combines. IN_BLOCK: lo and BS multiples of CHUNK."""
+    unnormalised acc and (max, sum) into partial slots ``slot`` (kv_head) and ``slot + count``
+    (kv_head + 1; ``count`` ranges a unit), for their units' combines. IN_BLOCK: lo and BS
+    multiples of CHUNK. FUSED: then the pair's ticket; the part that takes its last (``count``
+    parts a launch) merges both units, slots [first, first + count) and the next ``count``,
+    into out."""
     hi = tl.minimum(lo + span, tl.load(pos_ptr + row).to(tl.int32) + 1)
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
@@ -200,7 +205,12 @@ def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, row, k
         q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmask, scale, B, HKV, S, D,
         G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (KV_SPLIT + CHUNK - 1) // CHUNK)
     store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G, BLOCK_D)
-    store_partial(acc_ptr, ml_ptr, slot2, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
+    store_partial(acc_ptr, ml_ptr, slot + count, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
+    if FUSED:
+        if last_ticket(counters_ptr + ticket, count, epoch):
+            for h in tl.static_range(2):
+                attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head + h, first + h * count,
+                                count, HQ, D, G, BLOCK_G, BLOCK_SPLIT, BLOCK_D)
 
 
 @triton.jit

@@ -210,8 +210,10 @@ def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
 
 def _attn_pair_part(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = kv_chunk(t, d, c)
+    fused = "ticket" in t.args
     return _attn_body(d, c, chunk) | dict(KV_SPLIT=t.args["kv_split"],
-                                          IN_BLOCK=c.kv_block % chunk == 0)
+                                          IN_BLOCK=c.kv_block % chunk == 0, FUSED=fused,
+                                          BLOCK_SPLIT=p2(t.args["count"], 1) if fused else 1)
 
 
 def _attn_group(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -278,7 +280,8 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            "kv_prefetch.attn_pair_prefetch"),
     OpSpec("attn_pair_part", "attention_ops.attn_pair_part_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 row:int kv_head:int slot:int slot2:int lo:int span:int layer:int"),
+                   "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int "
+                   "counters_ptr:kernel epoch:kernel ticket:ticket first:int count:int"),
            _attn_pair_part),
     OpSpec("attn_group", "attention_ops.attn_group_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "

@@ -87,7 +87,8 @@ class TileConfig:
     fuse_combine: bool = False # attn_partial pieces merge their unit themselves: each takes a
                                # ticket (an atomic counter a unit) after writing its slot, and
                                # the last of a unit merges every slot into the output; no
-                               # attn_combine task, phase or wait (plain pieces only)
+                               # attn_combine task, phase or wait (plain pieces, or pairs
+                               # over key ranges: the pair's last part merges both units)
     fuse_reduce: bool = False  # K slices reduce their column group themselves: each takes a
                                # ticket after writing its partial, and the last of a group
                                # adds them (and the residual, and the sums ``norm_sums``

@@ -70,9 +70,11 @@ def add_combine(t: Tiler, op, acc, ml, b: int, g: int, first: int, count: int, m
 def tile_attention_pair_parts(t: Tiler, op) -> None:
     """An attn_pair_part task per row, pair of kv heads and key range of ``Tiler.kv_pieces``
     (the same ranges for every unit): both heads' partials into their units' slots, then an
-    attn_combine per unit."""
+    attn_combine per unit (with ``fuse_combine``: the pair's last part to take its ticket
+    merges both units; every part declares both outputs as written)."""
     d = t.graph.dims
     q, layer, pieces = t.b(op.params["q"]), op.params["layer"], t.kv_pieces()
+    out = t.b(op.outputs[0])
     group, hd, ranges = d.heads // d.kv_heads, d.head_dim, pieces[0]
     acc, ml = partial_slots(t, op, pieces)
     n, longest = len(ranges), max(hi - lo for lo, hi in ranges)
@@ -80,6 +82,8 @@ def tile_attention_pair_parts(t: Tiler, op) -> None:
         for g in range(0, d.kv_heads, 2):
             first = (b * d.kv_heads + g) * n                  # unit (b, g)'s slots, then g + 1's
             cols = ((b, b + 1), (g * group * hd, (g + 2) * group * hd))
+            merge = dict(ticket=t.tickets, first=first, out=out.name) \
+                if t.cfg.fuse_combine else {}
             for s, (lo, hi) in enumerate(ranges):
                 kv = Region("kv_cache", ((layer, layer + 1), (0, 2), (b, b + 1), (g, g + 2),
                                          (lo, hi), (0, hd)))
@@ -87,11 +91,15 @@ def tile_attention_pair_parts(t: Tiler, op) -> None:
                           for f in (first + s, first + n + s) for buf, w in ((acc, hd), (ml, 2))]
                 t.add(op, "attn_pair_part",
                       dict(q=q.name, acc=acc.name, ml=ml.name, row=b, kv_head=g, slot=first + s,
-                           slot2=first + n + s, lo=lo, span=hi - lo, layer=layer,
-                           kv_split=longest, heads=2),
-                      [Region(q.name, cols), kv, Region("positions", ((0, d.batch),))], writes,
+                           count=n, lo=lo, span=hi - lo, layer=layer, kv_split=longest,
+                           heads=2, **merge),
+                      [Region(q.name, cols), kv, Region("positions", ((0, d.batch),))],
+                      writes + [Region(out.name, cols)] * bool(merge),
                       2 * ((2 * (hi - lo) * hd + group * hd) * d.itemsize + group * (hd + 2) * 4),
                       8 * group * (hi - lo) * hd)
+            if merge:                     # the pair's last part merges both units (its ticket)
+                t.tickets += 1
+                continue
             for h in (g, g + 1):
                 add_combine(t, op, acc, ml, b, h, first + (h - g) * n, n, n)
 

@@ -224,9 +224,14 @@ class VM:
     attn_group = attn_pair
 
     def attn_pair_part(self, a):
-        for g, slot in ((a["kv_head"], a["slot"]), (a["kv_head"] + 1, a["slot2"])):
+        for h in range(2):
+            slot, g = a["slot"] + h * a["count"], a["kv_head"] + h
             acc, ml = self.attend(a["row"], g, a["lo"], a["lo"] + a["span"], a["layer"], a["q"])
             self.buf[a["acc"]][slot], self.buf[a["ml"]][slot] = acc, ml
+        if "ticket" in a and self.last_ticket(a["ticket"], a["count"]):
+            for h in range(2):                       # fused: the pair's last part merges both
+                self.attn_combine(a | dict(kv_head=a["kv_head"] + h,
+                                           first=a["first"] + h * a["count"]))
 
     def attn_stream(self, a):
         s, hkv, slot = self.d.max_seq_len, self.d.kv_heads, a["slot0"]

@@ -289,8 +289,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     mean nothing), KV prefetch a task ahead only where attention is not streamed, pairs (or
     groups) of kv heads per task only where they apply
     (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only where
-    units have several, spilled units only where some are cut, fused combines only for plain
-    pieces where some unit has several, slices of the long projections
+    units have several, spilled units only where some are cut, fused combines only for pieces
+    (plain, or pairs over key ranges) where some unit has several, slices of the long projections
     only where that leaves some projections unsliced, their own slices only where they change
     some (``slicing``), K slices that reduce themselves only where some are reduced by
     columns (``tile_proj.column_reduced``). Equal results build equal kernels. ``memo`` (variant -> result) carries
@@ -322,7 +322,7 @@ def _effective(ops, v: Variant, again) -> Variant:
         return again(replace(v, attn_pair_ranges=False))
     if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):
         return again(replace(v, attn_spill=False))
-    if v.fuse_combine and (v.attn_stream or v.attn_pairs or tiler.whole_units()):
+    if v.fuse_combine and (v.attn_stream or tiler.whole_units()):
         return again(replace(v, fuse_combine=False))
     if v.prefetch_kv_ahead and v.attn_stream:           # streams have no prefetch body
         return again(replace(v, prefetch_kv_ahead=0))

@@ -460,11 +460,13 @@ def test_variants_are_rated_as_they_will_be_built():
                   dict(kv_split=32, attn_tasks_per_worker=0)):
         spill = dict(workers=5, kv_split=64, attn_spill=True) | other
         assert not effective(ops, replace(v, **spill)).attn_spill
-    # fused combines: only where some unit has several pieces of plain attention tasks
+    # fused combines: only where some unit has several pieces of plain attention tasks or of
+    # pairs over key ranges
     fused = effective(ops, replace(v, fuse_combine=True, kv_split=16, attn_tasks_per_worker=0))
     assert fused.fuse_combine and parse_variant(fused.label) == fused
-    for other in (dict(kv_split=64), dict(attn_stream=True),
-                  dict(attn_pairs=True, attn_pair_ranges=True, attn_tasks_per_worker=0)):
+    ranged = dict(attn_pairs=True, attn_pair_ranges=True, attn_tasks_per_worker=0)
+    assert effective(ops, replace(v, fuse_combine=True, kv_split=16, **ranged)).fuse_combine
+    for other in (dict(kv_split=64), dict(attn_stream=True), ranged | dict(kv_split=64)):
         assert not effective(ops, replace(v, fuse_combine=True, **other)).fuse_combine
     # norms from their inputs' writers' sums of squares: only with norm first, then no fused
     # reduce and norm

@@ -97,7 +97,8 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
 # groups of 4 kv heads (at 48 rows, 128-key blocks: 64-key steps), pairs over key ranges,
 # units spilled over the workers (17 rows: 4 units in 128-key pieces), norms from the
 # reduces' sums of squares, streams cutting units into 3 or 4 pieces (5 rows), op bodies
-# as calls (a dict: compile options beside the tiles), and K slices that reduce themselves
+# as calls (a dict: compile options beside the tiles), K slices that reduce themselves, and
+# pairs over key ranges that merge their units themselves
 @pytest.mark.parametrize("name,batch,config", [(name, batch, None)
                                               for name in ("llama-3.2-1b", "qwen3-0.6b")
                                               for batch in (1, 8)]
@@ -190,7 +191,13 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 64, TileConfig(
                                 attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
                                 norm_first=True, norm_sums=True, fuse_reduce=True),
-                                id="llama-3.2-1b-64-ap-ag4-ns-fs")])
+                                id="llama-3.2-1b-64-ap-ag4-ns-fs"),
+                            # pairs over key ranges merging their units themselves (24 rows:
+                            # 384 parts of 256 keys, no combine phase)
+                            pytest.param("llama-3.2-1b", 24, TileConfig(
+                                attn_pairs=True, attn_pair_ranges=True, fuse_combine=True,
+                                kv_split=256, attn_tasks_per_worker=8, kv_block=128),
+                                id="llama-3.2-1b-24-apr-fc-kb128")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to

@@ -85,6 +85,14 @@ def test_kernel_equals_vm_with_fused_combines(name):
     assert "attn_combine" not in kinds and "attn_partial" in kinds
 
 
+def test_kernel_equals_vm_with_fused_combines_of_pairs_over_key_ranges():
+    """Pairs of kv heads over key ranges whose last part merges both units (its ticket)."""
+    tiles = TileConfig(kv_block=16, kv_split=16, attn_tasks_per_worker=0, attn_pairs=True,
+                       attn_pair_ranges=True, fuse_combine=True)
+    kinds = check_kernel_against_vm("tiny-llama", tiles)
+    assert "attn_combine" not in kinds and "attn_pair_part" in kinds
+
+
 @pytest.mark.parametrize("name,norm", [("tiny-llama", {}), ("tiny-qwen3", dict(norm_sums=True))])
 def test_kernel_equals_vm_with_fused_reduces(name, norm):
     """K slices that reduce their column group themselves (the last to take its ticket): no
