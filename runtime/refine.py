@@ -64,12 +64,13 @@ from .variant import Variant, effective, stream_kv_split
 # K slices that reduce their column group themselves (``TileConfig.fuse_reduce``, the last slice
 # of a group to take its ticket): no reduce phase and no wait on it after o and down; where the
 # slices are reduced by rows with the norm, flipped on with the norm from sums of squares
-# instead (``fused_reduce``).
+# instead (``fused_reduce``). Pairs of kv heads over key ranges back, now merged by their last
+# part (``fuse_combine``, no combine phase) and in quarters of the context (``merged_ranges``):
+# for 24 and 48 rows, where whole pairs or groups leave 36 of 132 workers without attention.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "prefetch_kv_ahead", "fuse_reduce")
+          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_pair_ranges")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
-COMPANIONS = {"attn_pair_ranges": ("attn_pairs",)}
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
 # an SM: 192 KiB at 64 rows with groups of 4 kv heads, 255 registers, 136 bytes of stack)
 DEEP_STAGES_KIB = 200
@@ -120,12 +121,21 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
     return replace(v, fuse_reduce=True)
 
 
+def merged_ranges(v: Variant, seq: int) -> Variant:
+    """Pairs of kv heads over key ranges of a quarter of the ``seq`` keys each (up to 8 tasks a
+    worker), each pair merged by its last part, where ``v`` has none; else none."""
+    if v.attn_pair_ranges:
+        return replace(v, attn_pair_ranges=False, fuse_combine=False)
+    return replace(v, attn_pairs=True, attn_group=2, attn_pair_ranges=True, fuse_combine=True,
+                   attn_stream=False, kv_split=max(16, seq // 4), attn_tasks_per_worker=8)
+
+
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams at
 # once
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
-         "fuse_reduce": fused_reduce,
+         "fuse_reduce": fused_reduce, "attn_pair_ranges": merged_ranges,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),
@@ -153,16 +163,10 @@ def serialised(ops, v: Variant) -> bool:
 
 
 def flip(v: Variant, knob: str, seq: int) -> Variant:
-    """``v`` with ``knob`` flipped (``FLIPS``, else a switch), and its companions set to the
-    knob's new value; key ranges turned on (``attn_pair_ranges``) hold at most half of the
-    ``seq`` keys."""
+    """``v`` with ``knob`` flipped (``FLIPS``, else a switch)."""
     if knob in FLIPS:
         return FLIPS[knob](v, seq)
-    value = not getattr(v, knob)
-    u = replace(v, **{k: value for k in (knob, *COMPANIONS.get(knob, ()))})
-    if knob == "attn_pair_ranges" and value:
-        u = replace(u, kv_split=min(u.kv_split, seq // 2))
-    return u
+    return replace(v, **{knob: not getattr(v, knob)})
 
 
 def ranked(rows: list) -> list[Variant]:

@@ -120,15 +120,13 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(u, predicted)] = flips({v.label})
     assert u == replace(v, balance=True) and predicted > 0
     assert flips({v.label, u.label}) == []
-    # a knob's companions take its value: pairs over key ranges are pairs, in ranges of at most
-    # half the context
-    assert refine.flip(v, "attn_pair_ranges", 64) == \
-        replace(v, attn_pair_ranges=True, attn_pairs=True)
-    whole = replace(v, kv_split=64)
-    assert refine.flip(whole, "attn_pair_ranges", 64) == \
-        replace(v, attn_pair_ranges=True, attn_pairs=True)
-    assert refine.flip(refine.flip(v, "attn_pair_ranges", 64), "attn_pair_ranges", 64) == \
-        replace(v, attn_pair_ranges=False, attn_pairs=False)
+    # pairs over key ranges: pairs, in quarters of the context, merged by their last part
+    ranged = replace(v, attn_pair_ranges=True, attn_pairs=True, fuse_combine=True, kv_split=16,
+                     attn_tasks_per_worker=8)
+    assert refine.flip(v, "attn_pair_ranges", 64) == ranged
+    assert refine.flip(replace(v, kv_split=64), "attn_pair_ranges", 64) == ranged
+    assert refine.flip(ranged, "attn_pair_ranges", 64) == \
+        replace(ranged, attn_pair_ranges=False, fuse_combine=False)
     # the cache block flips to the largest other one that fits the context and the keys per
     # task (streams: their keys per task follow it); where none does, nothing changes
     wide = replace(v, kv_split=128)
