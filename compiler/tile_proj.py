@@ -59,12 +59,13 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
     fused = t.cfg.fuse_reduce and not by_rows
     for g, (lo, hi) in enumerate(t.col_tiles(n, bn)):
         extra_reads, writes, args = sums_writes(t, out, summed, -(-n // bn), g, lo, hi)
-        reads = [Region(part.name, ((0, slices), (0, d.batch), (lo, hi)))]
-        reads += [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
-        reduce = (dict(part=part.name, residual=p["residual"], out=out.name, n0=lo, n1=hi, n=n,
-                       bn=bn, slices=slices, **args),
-                  reads[1:] + extra_reads, [cols(out, lo, hi), *writes],
-                  d.batch * (hi - lo) * (4 * slices + 4 + 2 * bool(summed)))
+        # the group's reduce: its arguments, what it reads besides the partials, its writes
+        red_args = dict(part=part.name, residual=p["residual"], out=out.name, n0=lo, n1=hi,
+                        n=n, bn=bn, slices=slices, **args)
+        red_reads = [cols(t.b(p["residual"]), lo, hi)] if p["residual"] else []
+        red_reads += extra_reads
+        red_writes = [cols(out, lo, hi), *writes]
+        red_bytes = d.batch * (hi - lo) * (4 * slices + 4 + 2 * bool(summed))
         for s in range(slices):
             k0 = s * ks
             nbytes = ((hi - lo) * ks + d.batch * ks) * d.itemsize + d.batch * (hi - lo) * 4
@@ -74,8 +75,8 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
                     Region(w.name, ((lo, hi), (k0, k0 + ks)))],
                    [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))])
             if fused:
-                t.add(op, "linear_part_reduce", reduce[0] | a | dict(ticket=t.tickets),
-                      own[0] + reduce[1], own[1] + reduce[2], nbytes + reduce[3] // slices,
+                t.add(op, "linear_part_reduce", red_args | a | dict(ticket=t.tickets),
+                      own[0] + red_reads, own[1] + red_writes, nbytes + red_bytes // slices,
                       2 * d.batch * (hi - lo) * ks)
             else:
                 t.add(op, "linear_part", a | dict(out=part.name), *own, nbytes,
@@ -83,7 +84,9 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
         if fused:
             t.tickets += 1
         elif not by_rows:
-            t.add(op, "linear_reduce", reduce[0], reads + extra_reads, reduce[2], reduce[3], 0)
+            t.add(op, "linear_reduce", red_args,
+                  [Region(part.name, ((0, slices), (0, d.batch), (lo, hi))), *red_reads],
+                  red_writes, red_bytes, 0)
     if by_rows:
         tile_reduce_norm(t, op, part, reader)
 

@@ -293,8 +293,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     (plain, or pairs over key ranges) where some unit has several, slices of the long projections
     only where that leaves some projections unsliced, their own slices only where they change
     some (``slicing``), K slices that reduce themselves only where some are reduced by
-    columns (``tile_proj.column_reduced``). Equal results build equal kernels. ``memo`` (variant -> result) carries
-    results across calls on the same ``ops``."""
+    columns (``tile_proj.column_reduced``). Equal results build equal kernels. ``memo``
+    (variant -> result) carries results across calls on the same ``ops``."""
     memo = {} if memo is None else memo
     if v not in memo:
         memo[v] = _effective(ops, v, lambda u: effective(ops, u, memo))

@@ -1,8 +1,8 @@
 """The projection op body on its own: ``ops.matmul_tile`` against PyTorch in fp32, for every fold
 of a step's columns, with and without the RMSNorm prologue, and with the two-halves row map of
 a q/k/v piece; with a task's first rows staged (``staging``, read in place under the
-interpreter) against the same tile streamed; the RMS from sums of squares applied after it. On the CPU through the Triton interpreter (on a
-GPU, on the GPU)."""
+interpreter) against the same tile streamed; the RMS from sums of squares applied after it.
+On the CPU through the Triton interpreter (on a GPU, on the GPU)."""
 import pytest
 import torch
 import triton
