@@ -64,11 +64,13 @@ from .variant import Variant, effective, stream_kv_split
 # K slices that reduce their column group themselves (``TileConfig.fuse_reduce``, the last slice
 # of a group to take its ticket): no reduce phase and no wait on it after o and down; where the
 # slices are reduced by rows with the norm, flipped on with the norm from sums of squares
-# instead (``fused_reduce``). Pairs of kv heads over key ranges back, now merged by their last
-# part (``fuse_combine``, no combine phase) and in quarters of the context (``merged_ranges``):
-# for 24 and 48 rows, where whole pairs or groups leave 36 of 132 workers without attention.
+# instead (``fused_reduce``); the autotune's winner at 8, 16, 17, 24 and 48 rows (24: 1.204 ->
+# 1.179 ms). Pairs of kv heads over key ranges merged by their last part (``fuse_combine``, no
+# combine phase), in quarters of the context, up to 8 tasks a worker, meant for 24 and 48 rows
+# where whole pairs or groups leave 36 of 132 workers without attention, lost at all 12 batch
+# sizes (7-39%; 24 rows 1.458 ms, 48 1.750 against 1.432) and left the refinement again.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_pair_ranges")
+          "noinline", "prefetch_kv_ahead", "fuse_reduce")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
@@ -121,21 +123,12 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
     return replace(v, fuse_reduce=True)
 
 
-def merged_ranges(v: Variant, seq: int) -> Variant:
-    """Pairs of kv heads over key ranges of a quarter of the ``seq`` keys each (up to 8 tasks a
-    worker), each pair merged by its last part, where ``v`` has none; else none."""
-    if v.attn_pair_ranges:
-        return replace(v, attn_pair_ranges=False, fuse_combine=False)
-    return replace(v, attn_pairs=True, attn_group=2, attn_pair_ranges=True, fuse_combine=True,
-                   attn_stream=False, kv_split=max(16, seq // 4), attn_tasks_per_worker=8)
-
-
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams at
 # once
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
-         "fuse_reduce": fused_reduce, "attn_pair_ranges": merged_ranges,
+         "fuse_reduce": fused_reduce,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),
@@ -332,9 +325,9 @@ def second_look(ledger: Ledger, base: dict, batch: int, start: Variant, rows: li
     """Where the refinement and its compounds made a faster variant than ``start`` (the
     first round's fastest), the flips of ``start`` (``tried``) that gained or missed by less
     than ``TIE`` (at most ``SECOND_LOOK``, the fastest first) made again on that fastest: each
-    flip's changes set on it, unless they touch a field that the fastest changed itself (as the
-    gains it holds do). As they will be built, where not timed yet: [(variant, predicted us)],
-    kept in the ledger's plans."""
+    flip's changes set on it where they add to what the fastest changed itself and set none
+    of its fields otherwise (``news``). As they will be built, where not timed yet: [(variant,
+    predicted us)], kept in the ledger's plans."""
     ms = {v.label: row["ms"] for v, row in rows if row["error"] is None}
     ok = ranked(rows)
     if start.label not in ms or not ok or ok[0] == start:
@@ -343,7 +336,7 @@ def second_look(ledger: Ledger, base: dict, batch: int, start: Variant, rows: li
     own = changes(best, start)
     near = sorted((ms[u.label], u.label, u) for u, _ in tried if u.label in ms and u != best
                   and ms[u.label] <= ms[start.label] * (1 + TIE)
-                  and not own.keys() & changes(u, start).keys())[:SECOND_LOOK]
+                  and news(changes(u, start), own))[:SECOND_LOOK]
     if not near:
         return []
     key = ledger.key(batch=batch, second=[u.label for *_, u in near], best=best.label, **base)
@@ -351,6 +344,17 @@ def second_look(ledger: Ledger, base: dict, batch: int, start: Variant, rows: li
         made = [replace(best, **changes(u, start)) for *_, u in near]
         ledger.add_plan(key, _rated(made, rows, model, batch, max_seq_len, target))
     return ledger.plan(key)
+
+
+def news(flipped: dict, own: dict) -> bool:
+    """Whether a flip's changes (``flipped``) add to a faster variant's own (``own``): some field
+    it does not hold, none it set to another value. (A flip that needs another knob with it
+    shares that knob with a faster variant that has it: llama-3.2-1b at 32 rows on the H200,
+    the K slices' fused reduce, flipped with the norm from sums of squares on a variant
+    without, was left out beside the winner, which had those sums already; a sweep timed it
+    on the winner 1.234 -> 1.219 ms.)"""
+    return (any(k not in own for k in flipped)
+            and all(own.get(k, v) == v for k, v in flipped.items()))
 
 
 def runner_up(start: Variant, rows: list, tried: list, ms: dict) -> Variant | None:

@@ -120,13 +120,6 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(u, predicted)] = flips({v.label})
     assert u == replace(v, balance=True) and predicted > 0
     assert flips({v.label, u.label}) == []
-    # pairs over key ranges: pairs, in quarters of the context, merged by their last part
-    ranged = replace(v, attn_pair_ranges=True, attn_pairs=True, fuse_combine=True, kv_split=16,
-                     attn_tasks_per_worker=8)
-    assert refine.flip(v, "attn_pair_ranges", 64) == ranged
-    assert refine.flip(replace(v, kv_split=64), "attn_pair_ranges", 64) == ranged
-    assert refine.flip(ranged, "attn_pair_ranges", 64) == \
-        replace(ranged, attn_pair_ranges=False, fuse_combine=False)
     # the cache block flips to the largest other one that fits the context and the keys per
     # task (streams: their keys per task follow it); where none does, nothing changes
     wide = replace(v, kv_split=128)
@@ -252,10 +245,10 @@ def test_compound_gives_the_gains_to_a_first_round_variant_of_another_class_near
 
 def test_second_look_makes_the_near_misses_again_on_the_fastest(tmp_path, monkeypatch):
     """Once the refinement made a variant faster than the first round's fastest, each flip that
-    gained or missed by less than TIE (at most SECOND_LOOK, fastest first) is made again on it,
-    unless it sets a field that the faster one changed itself; nothing where nothing got faster,
-    nothing beyond TIE, nothing timed already; the plan kept in the ledger (a rerun rates
-    nothing)."""
+    gained or missed by less than TIE (at most SECOND_LOOK, fastest first) is made again on it
+    where it adds a field and sets none that the faster one changed to another value; nothing
+    where nothing got faster, nothing beyond TIE, nothing timed already; the plan kept in the
+    ledger (a rerun rates nothing)."""
     from megakernel.runtime.variant import Variant
 
     model = load_model("tiny-llama", progress=False).model
@@ -279,8 +272,13 @@ def test_second_look_makes_the_near_misses_again_on_the_fastest(tmp_path, monkey
     assert run({**times, fast: 1.1}, "c") == []                   # nothing got faster
     assert run({**times, deep: far}, "d") == []                   # no near miss
     assert run({**times, replace(fast, stage_kib=200): 0.85}, "e") == []   # timed already
-    overlap = [(replace(v, balance=True, stage_kib=100), 1.0)]    # sets fast's field again
-    assert run({**times, overlap[0][0]: near}, "f", overlap) == []
+    best = replace(fast, step_weights=2)                           # a compound, fastest
+    both = [(replace(v, balance=True, stage_kib=100), 1.0)]       # agrees on best's balance
+    assert run({v: 1.0, best: 0.85, both[0][0]: near}, "f", both) == \
+        [replace(best, stage_kib=100)]
+    wide = replace(v, stage_kib=200)                              # the fastest sets stage_kib
+    other = [(replace(v, stage_kib=100, balance=True), 1.0)]      # to another value than this
+    assert run({v: 1.0, wide: 0.9, other[0][0]: near}, "h", other) == []
     monkeypatch.setattr(refine, "op_graph", lambda *a: pytest.fail("rated again"))
     assert run(times, "a") == [replace(fast, stage_kib=200)]
 
