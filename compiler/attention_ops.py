@@ -260,17 +260,24 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     for c in tl.range(0, (S + CHUNK - 1) // CHUNK, num_stages=STAGES):
         k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
                              S, D, BS, CHUNK, BLOCK_D, IN_BLOCK)
-        scores = _dot(q, tl.permute(k.to(DT), (0, 2, 1)),
-                      tl.zeros([NH, BLOCK_G, CHUNK], tl.float32), DT)    # [NH, BLOCK_G, CHUNK]
-        scores = tl.where((c * CHUNK + ss < hi)[None, None, :], scores * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=2))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # no key yet: adds nothing
-        alpha = tl.exp(m - m_ref)
-        p = tl.exp(scores - m_ref[:, :, None])
-        l = l * alpha + tl.sum(p, axis=2)
-        acc = _dot(p.to(DT), v.to(DT), acc * alpha[:, :, None], DT)
-        m = m_new
+        m, l, acc = group_step(q, k, v, c * CHUNK + ss < hi, m, l, acc, scale, DT)
     tl.store(out_ptr + offs, (acc / tl.where(l == 0.0, 1.0, l)[:, :, None]).to(DT), mask=qmask)
+
+
+@triton.jit
+def group_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
+    """``online_step`` of NH heads at once: keys and values [NH, CHUNK, BLOCK_D] (``valid``
+    [CHUNK]) into m, l [NH, BLOCK_G] and acc [NH, BLOCK_G, BLOCK_D] of queries q [NH, BLOCK_G,
+    BLOCK_D], as one batch of score tiles (batched dots)."""
+    scores = _dot(q, tl.permute(k.to(DT), (0, 2, 1)),
+                  tl.zeros([q.shape[0], q.shape[1], k.shape[1]], tl.float32), DT)
+    scores = tl.where(valid[None, None, :], scores * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=2))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
+    alpha = tl.exp(m - m_ref)
+    p = tl.exp(scores - m_ref[:, :, None])
+    return m_new, l * alpha + tl.sum(p, axis=2), _dot(p.to(DT), v.to(DT),
+                                                      acc * alpha[:, :, None], DT)
 
 
 @triton.jit

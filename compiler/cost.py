@@ -61,7 +61,8 @@ LINE_ELEMENTS = 64
 STAGE_HEAD = 128
 # the STAGE switch of an interpreter run with staging: no area, staged rows read in place
 STAGE_IN_PLACE = 1
-ATTENTION = ("attn_partial", "attn_pair", "attn_pair_part", "attn_group", "attn_stream")
+ATTENTION = ("attn_partial", "attn_pair", "attn_pair_part", "attn_group", "attn_stream",
+             "attn_pair_stream", "attn_group_stream")
 
 
 def task_us(task: Task, target: Target, workers: int) -> float:

@@ -225,10 +225,18 @@ def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
     return _attn_body(d, c, t.args["step"])
 
 
+def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:
+    return _attn_body(d, c, t.args["step"]) | dict(NH=t.args["heads"])
+
+
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
     g = d.heads // d.kv_heads
     return dict(HQ=d.heads, D=d.head_dim, G=g, BLOCK_G=p2(g),
                 BLOCK_SPLIT=p2(t.args["nsplit"], 1), BLOCK_D=p2(d.head_dim))
+
+
+def _attn_group_combine(t: Task, d: Dims, c: TileConfig) -> dict:
+    return _attn_combine(t, d, c) | dict(NH=t.args["heads"])
 
 
 def _fields(spec: str) -> tuple[Field, ...]:
@@ -291,9 +299,20 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act f0:int f1:int layer:int slot0:int"),
            _attn_stream),
+    OpSpec("attn_pair_stream", "stream_ops.attn_pair_stream_op",
+           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
+                   "ml:f32 out:act f0:int f1:int layer:int slot0:int nslots:int"),
+           _attn_stream),
+    OpSpec("attn_group_stream", "stream_ops.attn_group_stream_op",
+           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
+                   "ml:f32 out:act f0:int f1:int layer:int slot0:int nslots:int"),
+           _attn_group_stream),
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),
            _attn_combine),
+    OpSpec("attn_group_combine", "stream_ops.attn_group_combine_op",
+           _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int nslots:int"),
+           _attn_group_combine),
 ]}
 
 # The words before an op's fields, by name: encoder and kernel template both index them through

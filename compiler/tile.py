@@ -74,7 +74,8 @@ class TileConfig:
     attn_balance: bool = False # attention tasks cut from the (row, kv head) units' keys laid
                                # end to end, about one cut per worker (see Tiler.kv_pieces)
     attn_stream: bool = False  # one attn_stream task per equal share of those keys, each one
-                               # pipelined loop across its units (see tile_attention)
+                               # pipelined loop across its units (see tile_attention); with
+                               # attn_pairs, units of attn_group kv heads (Tiler.stream_heads)
     attn_pairs: bool = False   # where each unit's keys are one task's: a task per row and pair
                                # of kv heads, both heads' steps in one loop (Tiler.attn_pairs)
     attn_group: int = 2        # kv heads per such task (2: attn_pair; more: attn_group, their
@@ -293,6 +294,13 @@ class Tiler:
             return False
         return self.whole_units() or \
             (cfg.attn_pair_ranges and cfg.attn_group == 2 and not cfg.attn_balance)
+
+    def stream_heads(self) -> int:
+        """kv heads of a streamed unit: ``attn_group`` with ``attn_pairs`` where the kv heads
+        are whole groups of it, else 1."""
+        cfg = self.cfg
+        whole = self.graph.dims.kv_heads % cfg.attn_group == 0
+        return cfg.attn_group if cfg.attn_stream and cfg.attn_pairs and whole else 1
 
     def whole_units(self) -> bool:
         """Whether each (row, kv head) unit's keys are one attention task's (``kv_pieces``)."""

@@ -204,42 +204,51 @@ def tile_attention_stream(t: Tiler, op) -> None:
     """attn_stream task i: keys [i * cut, (i + 1) * cut) of the units laid end to end; a whole
     unit writes its output, a unit's piece a partial slot of {op}.acc / {op}.ml (numbered in
     stream order from the task's ``slot0``: each stream has at most a first and a last piece
-    cut, and a unit's pieces take consecutive slots), merged by an attn_combine per cut unit."""
-    d, s = t.graph.dims, t.graph.dims.max_seq_len
+    cut, and a unit's pieces take consecutive slots), merged by an attn_combine per cut unit.
+    With ``Tiler.stream_heads`` nh > 1, units of nh kv heads of a row (attn_pair_stream tasks,
+    or attn_group_stream with steps of as many keys x heads as a pair's), head h of piece p in
+    slot p + h * P (P pieces), an attn_group_combine per cut unit merging each head's slots."""
+    d, s, nh = t.graph.dims, t.graph.dims.max_seq_len, t.stream_heads()
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
-    group, hd, units = d.heads // d.kv_heads, d.head_dim, d.batch * d.kv_heads
-    step, cut = stream_shares(units * s, s, t.workers, t.cfg.kv_step // hd)
+    group, hd, units = d.heads // d.kv_heads, d.head_dim, d.batch * d.kv_heads // nh
+    step, cut = stream_shares(units * s, s, t.workers, t.cfg.kv_step // hd * 2 // max(2, nh))
     streams, pieces, slot_of = stream_plan(units, s, cut)
     slots = unit_slots(slot_of)
     n = len(slot_of)
-    acc, ml = (Buffer(f"{op.name}.{k}", "f32", (n, group, w)) for k, w in (("acc", hd), ("ml", 2)))
+    acc, ml = (Buffer(f"{op.name}.{k}", "f32", (n * nh, group, w))
+               for k, w in (("acc", hd), ("ml", 2)))
     if n:
         t.buffers.update({acc.name: acc, ml.name: ml})
-    heads = lambda u: ((u // d.kv_heads, u // d.kv_heads + 1),
-                       (u % d.kv_heads * group * hd, (u % d.kv_heads + 1) * group * hd))
+    per_row = d.kv_heads // nh
+    heads = lambda u, h=0, k=nh: ((u // per_row, u // per_row + 1),
+                                  ((u % per_row * nh + h) * group * hd,
+                                   (u % per_row * nh + h + k) * group * hd))
+    slot_boxes = lambda p: [Region(b.name, ((p + h * n, p + h * n + 1), (0, group), (0, w)))
+                            for h in range(nh) for b, w in ((acc, hd), (ml, 2))]
     slot0s = first_slots(streams, slot_of)
+    kind = {1: "attn_stream", 2: "attn_pair_stream"}.get(nh, "attn_group_stream")
     for i, ((f0, f1), ps) in enumerate(zip(streams, pieces)):
         reads, writes = [Region("positions", ((0, d.batch),))], []
         for u, lo, hi in ps:
-            b = u // d.kv_heads
+            kv0 = u % per_row * nh
             reads += [Region(q.name, heads(u)), Region("kv_cache", (
-                (layer, layer + 1), (0, 2), (b, b + 1), (u % d.kv_heads, u % d.kv_heads + 1),
+                (layer, layer + 1), (0, 2), (u // per_row, u // per_row + 1), (kv0, kv0 + nh),
                 (lo, hi), (0, hd)))]
             slot = slot_of.get((i, u))
-            writes += [Region(out.name, heads(u))] if slot is None else \
-                [Region(acc.name, ((slot, slot + 1), (0, group), (0, hd))),
-                 Region(ml.name, ((slot, slot + 1), (0, group), (0, 2)))]
-        nbytes = (2 * (f1 - f0) * hd + len(ps) * group * hd) * d.itemsize
-        t.add(op, "attn_stream", dict(q=q.name, out=out.name, acc=acc.name if n else None,
-                                      ml=ml.name if n else None, f0=f0, f1=f1, layer=layer,
-                                      slot0=slot0s[i], step=step),
-              reads, writes, nbytes + group * (hd + 2) * 4, 4 * group * (f1 - f0) * hd)
+            writes += [Region(out.name, heads(u))] if slot is None else slot_boxes(slot)
+        nbytes = (2 * (f1 - f0) * hd + len(ps) * group * hd) * nh * d.itemsize
+        args = dict(q=q.name, out=out.name, acc=acc.name if n else None,
+                    ml=ml.name if n else None, f0=f0, f1=f1, layer=layer, slot0=slot0s[i],
+                    step=step)
+        t.add(op, kind, args | (dict(nslots=n, heads=nh) if nh > 1 else {}), reads, writes,
+              nbytes + nh * group * (hd + 2) * 4, 4 * nh * group * (f1 - f0) * hd)
     most = max(map(len, slots.values()), default=0)
     for u, used in slots.items():
-        rows = ((used[0], used[-1] + 1), (0, group))
-        t.add(op, "attn_combine", dict(acc=acc.name, ml=ml.name, out=out.name, row=u // d.kv_heads,
-                                       kv_head=u % d.kv_heads, first=used[0], count=len(used),
-                                       nsplit=most),
-              [Region(acc.name, rows + ((0, hd),)), Region(ml.name, rows + ((0, 2),))],
-              [Region(out.name, heads(u))], group * len(used) * (hd + 2) * 4
-              + group * hd * d.itemsize, 0)
+        boxes = [((used[0] + h * n, used[-1] + 1 + h * n), (0, group)) for h in range(nh)]
+        args = dict(acc=acc.name, ml=ml.name, out=out.name, row=u // per_row,
+                    kv_head=u % per_row * nh, first=used[0], count=len(used), nsplit=most)
+        t.add(op, "attn_combine" if nh == 1 else "attn_group_combine",
+              args | (dict(nslots=n, heads=nh) if nh > 1 else {}),
+              [Region(b.name, box + ((0, w),)) for box in boxes for b, w in ((acc, hd), (ml, 2))],
+              [Region(out.name, heads(u))], nh * (group * len(used) * (hd + 2) * 4
+                                               + group * hd * d.itemsize), 0)

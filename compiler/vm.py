@@ -244,6 +244,27 @@ class VM:
                 self.buf[a["acc"]][slot], self.buf[a["ml"]][slot] = acc, ml
                 slot += 1
 
+    def attn_group_stream(self, a):
+        s, nh, n, slot = self.d.max_seq_len, a["heads"], a["nslots"], a["slot0"]
+        per_row = self.d.kv_heads // nh
+        for u in range(a["f0"] // s, (a["f1"] - 1) // s + 1):
+            lo, hi = max(a["f0"], u * s) - u * s, min(a["f1"], (u + 1) * s) - u * s
+            b, g0 = u // per_row, u % per_row * nh
+            for h in range(nh):
+                acc, ml = self.attend(b, g0 + h, lo, hi, a["layer"], a["q"])
+                if hi - lo == s:                     # the whole unit: its heads' outputs
+                    self.attn_out(a, b, g0 + h, acc / ml[:, 1:])
+                else:                                # a piece: head h's slot of the next one
+                    self.buf[a["acc"]][slot + h * n], self.buf[a["ml"]][slot + h * n] = acc, ml
+            slot += hi - lo < s
+
+    attn_pair_stream = attn_group_stream
+
+    def attn_group_combine(self, a):
+        for h in range(a["heads"]):
+            self.attn_combine(a | dict(kv_head=a["kv_head"] + h,
+                                       first=a["first"] + h * a["nslots"]))
+
     def attn_combine(self, a):
         used = slice(a["first"], a["first"] + a["count"])
         self.attn_out(a, a["row"], a["kv_head"],

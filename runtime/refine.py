@@ -69,8 +69,13 @@ from .variant import Variant, effective, stream_kv_split
 # combine phase), in quarters of the context, up to 8 tasks a worker, meant for 24 and 48 rows
 # where whole pairs or groups leave 36 of 132 workers without attention, lost at all 12 batch
 # sizes (7-39%; 24 rows 1.458 ms, 48 1.750 against 1.432) and left the refinement again.
+# Streams over units of a row's kv head groups (``grouped_stream``; ``Tiler.stream_heads``):
+# every worker an equal share of the step's keys in one pipelined loop, the heads side by side,
+# where whole pairs or groups fill 96 of 132 workers at 24 and 48 rows (shares of 6 steps of a
+# pair's 128 keys at 24 rows against 8, 12 of a group of 4's 64 at 48 against 16); cut units
+# merged by combines.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "prefetch_kv_ahead", "fuse_reduce")
+          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_stream")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
@@ -123,12 +128,21 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
     return replace(v, fuse_reduce=True)
 
 
+def grouped_stream(v: Variant, seq: int) -> Variant:
+    """Attention in streams of equal shares over units of ``v``'s kv head groups (pairs where
+    ``v`` has none) where ``v``'s is not streamed, else in tasks of whole units."""
+    if v.attn_stream:
+        return replace(v, attn_stream=False)
+    return replace(v, attn_stream=True, attn_pairs=True, fuse_combine=False,
+                   attn_spill=False, prefetch_kv_ahead=0, kv_split=stream_kv_split(v.kv_block))
+
+
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams at
 # once
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
-         "fuse_reduce": fused_reduce,
+         "fuse_reduce": fused_reduce, "attn_stream": grouped_stream,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),

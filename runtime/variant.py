@@ -287,8 +287,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     sums of squares instead: with norm first), the attention rows only where they pad the heads
     otherwise, q/k/v pieces across heads only without head norms (their pieces per head then
     mean nothing), KV prefetch a task ahead only where attention is not streamed, pairs (or
-    groups) of kv heads per task only where they apply
-    (``Tiler.attn_pairs``), the group size only with them, pairs over key ranges only where
+    groups) of kv heads per task or streamed unit only where they apply
+    (``Tiler.attn_pairs``, ``Tiler.stream_heads``), the group size only with them, pairs over key ranges only where
     units have several, spilled units only where some are cut, fused combines only for pieces
     (plain, or pairs over key ranges) where some unit has several, slices of the long projections
     only where that leaves some projections unsliced, their own slices only where they change
@@ -314,7 +314,7 @@ def _effective(ops, v: Variant, again) -> Variant:
         ops, replace(v.tile, **{knob: False}), v.workers).kv_pieces()
     if v.attn_balance and cuts_alike("attn_balance"):
         return again(replace(v, attn_balance=False))
-    if v.attn_pairs and not tiler.attn_pairs():
+    if v.attn_pairs and not (tiler.attn_pairs() or tiler.stream_heads() > 1):
         return again(replace(v, attn_pairs=False))
     if v.attn_group != TileConfig.attn_group and not v.attn_pairs:
         return again(replace(v, attn_group=TileConfig.attn_group))

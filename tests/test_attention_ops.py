@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.compiler import attention_ops
+from megakernel.compiler import attention_ops, stream_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 B, HQ, HKV, S, D, BS = 2, 4, 2, 64, 16, 16
@@ -278,4 +278,59 @@ def test_streams_across_units_merge_to_attention(cut):
     streams_kernel[(1,)](*args, len(edges) - 1, torch.tensor(merge, dtype=torch.int32).to(DEVICE),
                          len(merge), 0, B, HQ, HKV, S, D, G, BS, 16)
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[0], table, BS, lengths),
+                               atol=1e-5, rtol=1e-5)
+
+
+@triton.jit
+def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f_ptr,
+                         slot0_ptr, nstreams, nslots, merge_ptr, nmerge, layer, B: tl.constexpr,
+                         HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                         G: tl.constexpr, BS: tl.constexpr, STEP: tl.constexpr,
+                         NH: tl.constexpr, CHAINS: tl.constexpr):
+    for i in range(nstreams):
+        f0, f1, slot0 = tl.load(f_ptr + i), tl.load(f_ptr + i + 1), tl.load(slot0_ptr + i)
+        if CHAINS:                                       # pairs as two chains
+            stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
+                                           out_ptr, f0, f1, layer, slot0, nslots, D ** -0.5, B,
+                                           HQ, HKV, S, D, G, BS, STEP, G, D, 2)
+        else:
+            stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
+                                            out_ptr, f0, f1, layer, slot0, nslots, D ** -0.5, B,
+                                            HQ, HKV, S, D, G, BS, STEP, G, D, 2, NH)
+    tl.debug_barrier()
+    for j in range(nmerge):         # (row, first kv head, first slot, count) of each cut unit
+        stream_ops.attn_group_combine_op(acc_ptr, ml_ptr, out_ptr, tl.load(merge_ptr + 4 * j),
+                                         tl.load(merge_ptr + 4 * j + 1),
+                                         tl.load(merge_ptr + 4 * j + 2),
+                                         tl.load(merge_ptr + 4 * j + 3), nslots, HQ, D, G, G, 4,
+                                         D, NH)
+
+
+@pytest.mark.parametrize("nh,hkv,cut,chains", [(2, 2, 16, True), (2, 2, 48, True),
+                                               (2, 4, 80, True), (2, 2, 48, False),
+                                               (4, 4, 48, False)])
+def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains):
+    """Streams over units of ``nh`` kv heads of a row, laid end to end and cut every ``cut``
+    keys (units in pieces, streams holding pieces of two units, whole units too), rows of
+    unequal length through a shuffled block table, the second layer of the cache; head h of a
+    cut piece in slot p + h * (pieces), a cut unit's heads merged by its group combine. Pairs
+    as two chains (``chains``) or as a batch of two score tiles."""
+    from megakernel.compiler.tile_attention import first_slots, stream_plan, unit_slots
+
+    lengths, hq = [50, 64], hkv * G
+    q, cache, positions, table = paged_inputs(cut + nh, BS, 2, lengths, hq=hq, hkv=hkv)
+    streams, _, slot_of = stream_plan(B * hkv // nh, S, cut)
+    edges, slot0 = [f0 for f0, _ in streams] + [B * hkv // nh * S], first_slots(streams, slot_of)
+    n = len(slot_of)
+    merge = [[u // (hkv // nh), u % (hkv // nh) * nh, used[0], len(used)]
+             for u, used in unit_slots(slot_of).items()]
+    acc, ml = torch.full((n * nh, G, D), float("nan")), torch.full((n * nh, G, 2), float("nan"))
+    out = torch.full((B, hq * D), float("nan"))
+    args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out,
+                                   torch.tensor(edges, dtype=torch.int32),
+                                   torch.tensor(slot0, dtype=torch.int32))]
+    group_streams_kernel[(1,)](*args, len(edges) - 1, n,
+                               torch.tensor(merge, dtype=torch.int32).to(DEVICE), len(merge), 1,
+                               B, hq, hkv, S, D, G, BS, 16, nh, chains)
+    torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)

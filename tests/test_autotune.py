@@ -120,6 +120,16 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(u, predicted)] = flips({v.label})
     assert u == replace(v, balance=True) and predicted > 0
     assert flips({v.label, u.label}) == []
+    # attention in streams over a row's pairs (its groups where it has them; no fused combines,
+    # spills or KV prefetch a task ahead: streams have none), and back to whole units
+    grouped = replace(v, attn_stream=True, attn_pairs=True, kv_split=64)
+    assert refine.flip(v, "attn_stream", 64) == grouped
+    fours = replace(v, attn_pairs=True, attn_group=4, fuse_combine=True, attn_spill=True,
+                    prefetch_kv_ahead=128, kv_block=128, kv_split=1024)
+    assert refine.flip(fours, "attn_stream", 1024) == replace(
+        fours, attn_stream=True, fuse_combine=False, attn_spill=False, prefetch_kv_ahead=0,
+        kv_split=128)
+    assert refine.flip(grouped, "attn_stream", 64) == replace(grouped, attn_stream=False)
     # the cache block flips to the largest other one that fits the context and the keys per
     # task (streams: their keys per task follow it); where none does, nothing changes
     wide = replace(v, kv_split=128)
@@ -432,14 +442,18 @@ def test_variants_are_rated_as_they_will_be_built():
     assert effective(ops, replace(v, attn_stream=True, prefetch_kv_ahead=128)) == streamed
     ahead = effective(ops, replace(v, prefetch_kv_ahead=128))
     assert ahead.prefetch_kv_ahead == 128 and parse_variant(ahead.label) == ahead
-    # pairs of kv heads per task: only where each unit's keys are one task's, never streamed
+    # pairs of kv heads per task: only where each unit's keys are one task's; or streamed
+    # units of a row's pairs (groups) of kv heads
     paired = effective(ops, replace(v, attn_pairs=True, kv_split=64))
     assert paired.attn_pairs and parse_variant(paired.label) == paired
     assert effective(ops, replace(v, attn_pairs=True)) == effective(ops, v)
-    assert not effective(ops, replace(v, attn_pairs=True, attn_stream=True)).attn_pairs
+    grouped = effective(ops, replace(v, attn_pairs=True, attn_stream=True))
+    assert grouped.attn_pairs and grouped.attn_stream and parse_variant(grouped.label) == grouped
     # groups of 4 kv heads: not with 2 kv heads (tiny-qwen3), and the size means nothing alone
     assert effective(ops, replace(v, attn_pairs=True, attn_group=4, kv_split=64)) == \
         effective(ops, replace(v, kv_split=64))
+    assert effective(ops, replace(v, attn_pairs=True, attn_group=4, attn_stream=True)) == \
+        streamed
     assert effective(ops, replace(v, attn_group=4)) == effective(ops, v)
     # pairs over key ranges: where units have several, and only with pairs
     ranged = effective(ops, replace(v, attn_pairs=True, attn_pair_ranges=True,

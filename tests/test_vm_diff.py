@@ -76,6 +76,45 @@ def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
     assert kinds.count("attn_group") == 3 * B and "attn_pair" not in kinds
 
 
+@pytest.mark.parametrize("name,tiles", [
+    ("tiny-llama", TileConfig(attn_stream=True, attn_pairs=True, kv_step=256)),
+    ("tiny-qwen3", TileConfig(attn_stream=True, attn_pairs=True, kv_step=512, kv_block=32)),
+    ("tiny-llama-kv4", TileConfig(attn_stream=True, attn_pairs=True, attn_group=4,
+                                  kv_step=512))])
+def test_kernel_equals_vm_with_grouped_streams(name, tiles):
+    """Streams over units of a row's pairs (or groups of 4) of kv heads, the heads' steps as
+    batched dots (the interpreter's one worker takes each layer's keys in one stream: units cut
+    between streams are the next test's)."""
+    kinds = check_kernel_against_vm(name, tiles)
+    assert ("attn_group_stream" if tiles.attn_group > 2 else "attn_pair_stream") in kinds
+    assert not {"attn_stream", "attn_pair", "attn_group"} & set(kinds)
+
+
+@pytest.mark.parametrize("name,group,workers", [("tiny-llama", 2, 5), ("tiny-qwen3", 2, 32),
+                                                ("tiny-llama-kv4", 4, 7),
+                                                ("tiny-llama-kv4", 2, 13)])
+def test_vm_of_grouped_streams_on_many_workers_matches_eager(name, group, workers):
+    """Streams over units of ``group`` kv heads of a row, in equal shares of whole steps over
+    the workers (the interpreter's one worker cuts no unit): units cut between streams, each
+    cut unit's heads merged by its group combine."""
+    model = load(name)
+    opts = CompileOptions(B, S, target="h200", num_workers=workers,
+                          tile=TileConfig(attn_stream=True, attn_pairs=True, attn_group=group,
+                                          kv_step=256))
+    compiled = compile_model(model, opts, name)
+    kinds = [t.kind for t in compiled.tasks.tasks]
+    d = compiled.ops.dims
+    kind = "attn_group_stream" if group > 2 else "attn_pair_stream"
+    assert kinds.count(kind) > d.layers and kinds.count("attn_group_combine") > 0
+    assert all(t.args["heads"] == group for t in compiled.tasks.tasks if t.kind == kind)
+    tokens, positions, cache = inputs(model)
+    cache_ref = cache.clone()
+    vm = run_vm(compiled, model, tokens, positions, cache)
+    ref = model(tokens, positions, cache_ref)
+    torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
 def test_kernel_equals_vm_with_fused_combines(name):
     """Attention pieces that merge their unit themselves (the last to take its ticket): no

@@ -1,0 +1,160 @@
+"""Grouped attention streams (``@triton.jit``, one tile task each): ``attention_ops``'s stream
+over units of NH kv heads of a row (unit u = row * (HKV // NH) + kv head // NH, its keys
+[u * S, (u + 1) * S) laid end to end), so that streams of equal shares fill every worker and
+keep the heads side by side: pairs as two chains of loads and dots (``attn_pair_stream_op``),
+larger groups as one batch of score tiles a step (``attn_group_stream_op``); and the combine of
+a cut unit's heads.
+
+Partials as ``attention_ops``'s, fp32 acc [P, G, D] and (max, sum) [P, G, 2]; a cut piece's
+slot p (numbered in stream order over the pieces, ``tile_attention.stream_plan``) holds head h
+of its unit at p + h * NSLOTS (NSLOTS pieces in all), so that each head's pieces of one unit
+stay consecutive for its combine.
+"""
+import triton
+import triton.language as tl
+
+from .attention_ops import (attn_combine_op, group_step, load_kv, load_kv_heads, online_step,
+                            store_partial)
+
+
+@triton.jit
+def store_group_partial(acc_ptr, ml_ptr, slot, nslots, m, l, acc, NH: tl.constexpr,
+                        G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """NH heads' acc [NH, BLOCK_G, BLOCK_D] and (max, sum) [NH, BLOCK_G] into slots
+    slot + h * nslots."""
+    hs = tl.arange(0, NH)
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    part = (slot + hs[:, None] * nslots) * G + gs[None, :]                        # [NH, BG]
+    gmask = (gs[None, :] < G) & (hs[:, None] < NH)
+    tl.store(acc_ptr + part[:, :, None] * D + ds[None, None, :], acc,
+             mask=gmask[:, :, None] & (ds[None, None, :] < D))
+    tl.store(ml_ptr + part * 2, m, mask=gmask)
+    tl.store(ml_ptr + part * 2 + 1, l, mask=gmask)
+
+
+@triton.jit
+def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f0, f1,
+                         layer, slot0, nslots, scale: tl.constexpr, B: tl.constexpr,
+                         HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                         G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr,
+                         NH: tl.constexpr):
+    """Keys [f0, f1) of the units of NH kv heads laid end to end (f0, f1 and S multiples of
+    CHUNK) in one pipelined loop of CHUNK-key steps, whatever unit each step belongs to. Where a
+    unit's piece ends: the whole unit -> its heads' normalised outputs in out [B, HQ * D]; a
+    part of one (only the first and the last piece can be) -> each head's acc and (max, sum) in
+    slots slot0 (or slot0 + 1 for the last where the first was a part too) + h * nslots."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    UNITS: tl.constexpr = HKV // NH                                    # units of a row
+    hs = tl.arange(0, NH)
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, CHUNK)
+    qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D) & (hs[:, None, None] < NH)
+    c0 = f0 // CHUNK
+    c1 = f1 // CHUNK
+    first_cut = c0 % NCH != 0               # the first piece is a part (and not the last)
+    m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([NH, BLOCK_G], tl.float32)
+    acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
+    for c in tl.range(c0, c1, num_stages=STAGES):
+        u = c // NCH
+        row = u // UNITS
+        kv0 = (u % UNITS) * NH
+        start = (c % NCH) * CHUNK
+        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        heads = row * HQ + (kv0 + hs[:, None]) * G + gs[None, :]          # [NH, BG] of B * HQ
+        offs = heads[:, :, None] * D + ds[None, None, :]                   # [NH, BG, BD]
+        q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+        k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV, S, D,
+                             BS, CHUNK, BLOCK_D, BS % CHUNK == 0)  # steps start at CHUNK multiples
+        m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
+        # where this unit's piece ends (a branch: the epilogue runs once a piece)
+        unit_end = c % NCH == NCH - 1
+        if unit_end | (c == c1 - 1):
+            if unit_end & (u * NCH >= c0):                                 # the whole unit
+                out = acc / tl.where(l == 0.0, 1.0, l)[:, :, None]
+                tl.store(out_ptr + offs, out.to(DT), mask=qmask)
+            else:
+                slot = slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)
+                store_group_partial(acc_ptr, ml_ptr, slot, nslots, m, l, acc, NH, G, D,
+                                    BLOCK_G, BLOCK_D)
+            m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
+            l = tl.zeros([NH, BLOCK_G], tl.float32)
+            acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
+
+
+@triton.jit
+def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f0, f1,
+                        layer, slot0, nslots, scale: tl.constexpr, B: tl.constexpr,
+                        HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                        G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+                        BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr):
+    """``attn_group_stream_op`` over units of a row's pairs of kv heads, the two heads as two
+    independent chains of loads and dots (``attention_ops.pair_steps``'s form: one's
+    arithmetic overlaps the other's loads) instead of a batch of score tiles."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, CHUNK)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    c0 = f0 // CHUNK
+    c1 = f1 // CHUNK
+    first_cut = c0 % NCH != 0               # the first piece is a part (and not the last)
+    IN_BLOCK: tl.constexpr = BS % CHUNK == 0                      # steps start at CHUNK multiples
+    ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    la = tl.zeros([BLOCK_G], tl.float32)
+    lb = tl.zeros([BLOCK_G], tl.float32)
+    acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for c in tl.range(c0, c1, num_stages=STAGES):
+        u = c // NCH
+        row = u // (HKV // 2)
+        kv0 = (u % (HKV // 2)) * 2
+        start = (c % NCH) * CHUNK
+        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
+        qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+        qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
+        ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv0, B, HKV, S, D, BS,
+                         CHUNK, BLOCK_D, IN_BLOCK)
+        kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + 1, B, HKV, S, D, BS,
+                         CHUNK, BLOCK_D, IN_BLOCK)
+        valid = start + ss < hi
+        ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
+        mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
+        unit_end = c % NCH == NCH - 1
+        if unit_end | (c == c1 - 1):
+            if unit_end & (u * NCH >= c0):                                 # the whole unit
+                tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT),
+                         mask=qmask)
+                tl.store(out_ptr + offs + G * D,
+                         (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT), mask=qmask)
+            else:
+                slot = slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)
+                store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G, BLOCK_D)
+                store_partial(acc_ptr, ml_ptr, slot + nslots, mb, lb, acc_b, G, D, BLOCK_G,
+                              BLOCK_D)
+            ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
+            mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
+            la = tl.zeros([BLOCK_G], tl.float32)
+            lb = tl.zeros([BLOCK_G], tl.float32)
+            acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+            acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+
+
+@triton.jit
+def attn_group_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, first, count, nslots,
+                          HQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                          BLOCK_G: tl.constexpr, BLOCK_SPLIT: tl.constexpr,
+                          BLOCK_D: tl.constexpr, NH: tl.constexpr):
+    """``attention_ops.attn_combine_op`` of each of a cut unit's NH kv heads kv_head + h: its
+    slots [first + h * nslots, first + h * nslots + count)."""
+    for h in tl.static_range(NH):
+        attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head + h, first + h * nslots, count,
+                        HQ, D, G, BLOCK_G, BLOCK_SPLIT, BLOCK_D)
