@@ -94,6 +94,15 @@ class Task:
     flops: int = 0
 
 
+def merged_writes(task: Task) -> dict[Region, int]:
+    """The task's writes that one task of a ticket's does for all that take it (a fused merge's
+    or reduce's), each with its ticket: every write of a task with a ``ticket``, or those its
+    ``merges`` [(ticket, region)] name (a stream's cut units, two tickets at most)."""
+    if "merges" in task.args:
+        return {r: t for t, r in task.args["merges"]}
+    return {r: task.args["ticket"] for r in task.writes} if "ticket" in task.args else {}
+
+
 @dataclass(frozen=True)
 class TaskGraph:
     ops: OpGraph

@@ -225,8 +225,14 @@ def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
     return _attn_body(d, c, t.args["step"])
 
 
+def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
+    fused = "merges" in t.args
+    return _attn_body(d, c, t.args["step"]) | dict(
+        FUSED=fused, BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
+
+
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    return _attn_body(d, c, t.args["step"]) | dict(NH=t.args["heads"])
+    return _attn_pair_stream(t, d, c) | dict(NH=t.args["heads"])
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -244,6 +250,10 @@ def _fields(spec: str) -> tuple[Field, ...]:
     return tuple(Field(*item.split(":")) for item in spec.split())
 
 
+# a stream over units of kv head groups: its keys, slots and (fused) its cut units' tickets
+GROUP_STREAM = ("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
+                "ml:f32 out:act f0:int f1:int layer:int slot0:int nslots:int counters_ptr:kernel "
+                "epoch:kernel ticket:ticket first:int count_a:int count_b:int")
 REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
     OpSpec("embed", "ops.embed_op",
            _fields("tokens_ptr:kernel table:weight out:act sums:f32 norm:weight scaled:act "
@@ -299,13 +309,9 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
                    "ml:f32 out:act f0:int f1:int layer:int slot0:int"),
            _attn_stream),
-    OpSpec("attn_pair_stream", "stream_ops.attn_pair_stream_op",
-           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act f0:int f1:int layer:int slot0:int nslots:int"),
-           _attn_stream),
-    OpSpec("attn_group_stream", "stream_ops.attn_group_stream_op",
-           _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel acc:f32 "
-                   "ml:f32 out:act f0:int f1:int layer:int slot0:int nslots:int"),
+    OpSpec("attn_pair_stream", "stream_ops.attn_pair_stream_op", _fields(GROUP_STREAM),
+           _attn_pair_stream),
+    OpSpec("attn_group_stream", "stream_ops.attn_group_stream_op", _fields(GROUP_STREAM),
            _attn_group_stream),
     OpSpec("attn_combine", "attention_ops.attn_combine_op",
            _fields("acc:f32 ml:f32 out:act row:int kv_head:int first:int count:int"),

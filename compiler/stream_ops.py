@@ -13,8 +13,8 @@ stay consecutive for its combine.
 import triton
 import triton.language as tl
 
-from .attention_ops import (attn_combine_op, group_step, load_kv, load_kv_heads, online_step,
-                            store_partial)
+from .attention_ops import (attn_combine_op, group_step, last_ticket, load_kv, load_kv_heads,
+                            online_step, store_partial)
 
 
 @triton.jit
@@ -36,16 +36,20 @@ def store_group_partial(acc_ptr, ml_ptr, slot, nslots, m, l, acc, NH: tl.constex
 
 @triton.jit
 def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f0, f1,
-                         layer, slot0, nslots, scale: tl.constexpr, B: tl.constexpr,
-                         HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
-                         G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
-                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr,
-                         NH: tl.constexpr):
+                         layer, slot0, nslots, counters_ptr, epoch, ticket, first, count_a,
+                         count_b, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                         HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, NH: tl.constexpr,
+                         FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1):
     """Keys [f0, f1) of the units of NH kv heads laid end to end (f0, f1 and S multiples of
     CHUNK) in one pipelined loop of CHUNK-key steps, whatever unit each step belongs to. Where a
     unit's piece ends: the whole unit -> its heads' normalised outputs in out [B, HQ * D]; a
     part of one (only the first and the last piece can be) -> each head's acc and (max, sum) in
-    slots slot0 (or slot0 + 1 for the last where the first was a part too) + h * nslots."""
+    slots slot0 (or slot0 + 1 for the last where the first was a part too) + h * nslots.
+    FUSED: then that unit's ticket, and the piece that takes its last merges the unit's heads
+    (``merge_cut_unit``; ticket, first and count_a: the first cut piece's unit, its first slot
+    and its pieces; the second's are ticket + 1, slot0 + 1, count_b)."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     UNITS: tl.constexpr = HKV // NH                                    # units of a row
@@ -79,9 +83,13 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                 out = acc / tl.where(l == 0.0, 1.0, l)[:, :, None]
                 tl.store(out_ptr + offs, out.to(DT), mask=qmask)
             else:
-                slot = slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)
-                store_group_partial(acc_ptr, ml_ptr, slot, nslots, m, l, acc, NH, G, D,
+                second = ((u != c0 // NCH) & first_cut).to(tl.int32)
+                store_group_partial(acc_ptr, ml_ptr, slot0 + second, nslots, m, l, acc, NH, G, D,
                                     BLOCK_G, BLOCK_D)
+                if FUSED:
+                    merge_cut_unit(acc_ptr, ml_ptr, out_ptr, row, kv0, second, slot0, nslots,
+                                   counters_ptr, epoch, ticket, first, count_a, count_b, HQ, D,
+                                   G, BLOCK_G, BLOCK_SPLIT, BLOCK_D, NH)
             m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
             l = tl.zeros([NH, BLOCK_G], tl.float32)
             acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
@@ -89,10 +97,12 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
 
 @triton.jit
 def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f0, f1,
-                        layer, slot0, nslots, scale: tl.constexpr, B: tl.constexpr,
-                        HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
-                        G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
-                        BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr):
+                        layer, slot0, nslots, counters_ptr, epoch, ticket, first, count_a,
+                        count_b, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
+                        HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                        BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                        BLOCK_D: tl.constexpr, STAGES: tl.constexpr, FUSED: tl.constexpr = False,
+                        BLOCK_SPLIT: tl.constexpr = 1):
     """``attn_group_stream_op`` over units of a row's pairs of kv heads, the two heads as two
     independent chains of loads and dots (``attention_ops.pair_steps``'s form: one's
     arithmetic overlaps the other's loads) instead of a batch of score tiles."""
@@ -136,16 +146,37 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                 tl.store(out_ptr + offs + G * D,
                          (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT), mask=qmask)
             else:
-                slot = slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)
-                store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G, BLOCK_D)
-                store_partial(acc_ptr, ml_ptr, slot + nslots, mb, lb, acc_b, G, D, BLOCK_G,
+                second = ((u != c0 // NCH) & first_cut).to(tl.int32)
+                store_partial(acc_ptr, ml_ptr, slot0 + second, ma, la, acc_a, G, D, BLOCK_G,
                               BLOCK_D)
+                store_partial(acc_ptr, ml_ptr, slot0 + second + nslots, mb, lb, acc_b, G, D,
+                              BLOCK_G, BLOCK_D)
+                if FUSED:
+                    merge_cut_unit(acc_ptr, ml_ptr, out_ptr, row, kv0, second, slot0, nslots,
+                                   counters_ptr, epoch, ticket, first, count_a, count_b, HQ, D,
+                                   G, BLOCK_G, BLOCK_SPLIT, BLOCK_D, 2)
             ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
             mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
             la = tl.zeros([BLOCK_G], tl.float32)
             lb = tl.zeros([BLOCK_G], tl.float32)
             acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
             acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+
+
+@triton.jit
+def merge_cut_unit(acc_ptr, ml_ptr, out_ptr, row, kv0, second, slot0, nslots, counters_ptr,
+                   epoch, ticket, first, count_a, count_b, HQ: tl.constexpr, D: tl.constexpr,
+                   G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SPLIT: tl.constexpr,
+                   BLOCK_D: tl.constexpr, NH: tl.constexpr):
+    """After a stream's first (``second`` 0) or second (1) cut piece stored its partials: its
+    unit's ticket, and where this piece takes the last, ``attn_group_combine_op`` of the unit
+    (the first piece's: ``ticket``, slots from ``first``, ``count_a`` pieces; the second's:
+    ticket + 1, from slot0 + 1, ``count_b``)."""
+    count = tl.where(second == 1, count_b, count_a)
+    if last_ticket(counters_ptr + ticket + second, count, epoch):
+        attn_group_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv0,
+                              tl.where(second == 1, slot0 + 1, first), count, nslots, HQ, D, G,
+                              BLOCK_G, BLOCK_SPLIT, BLOCK_D, NH)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import functools
 from collections import defaultdict
 from graphlib import TopologicalSorter
 
-from .ir import Schedule, SyncPlan, TaskGraph
+from .ir import Schedule, SyncPlan, TaskGraph, merged_writes
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,5 +91,5 @@ def plan_sync(graph: TaskGraph, schedule: Schedule) -> SyncPlan:
                 before |= closure[c]
             before |= anc[t] | (1 << t)
     sizes = tuple(len(members[c]) for c in range(len(groups)))
-    tickets = 1 + max((t.args.get("ticket", -1) for t in graph.tasks), default=-1)
+    tickets = 1 + max((k for t in graph.tasks for k in merged_writes(t).values()), default=-1)
     return SyncPlan(len(groups), sizes, tuple(signal), tuple(waits), tickets)

@@ -200,6 +200,16 @@ def first_slots(streams: list, slot_of: dict) -> list[int]:
     return [first.get(i, 0) for i in range(len(streams))]
 
 
+def stream_layout(t: Tiler) -> tuple:
+    """(kv heads a unit, keys a step, streams, their pieces, the cut pieces' slots) of the
+    attention op's streams (``stream_plan`` over ``Tiler.stream_heads`` units)."""
+    d, nh = t.graph.dims, t.stream_heads()
+    units, s = d.batch * d.kv_heads // nh, d.max_seq_len
+    step_keys = t.cfg.kv_step // d.head_dim * 2 // max(2, nh)     # as many keys x heads as a pair
+    step, cut = stream_shares(units * s, s, t.workers, step_keys)
+    return (nh, step, *stream_plan(units, s, cut))
+
+
 def tile_attention_stream(t: Tiler, op) -> None:
     """attn_stream task i: keys [i * cut, (i + 1) * cut) of the units laid end to end; a whole
     unit writes its output, a unit's piece a partial slot of {op}.acc / {op}.ml (numbered in
@@ -207,42 +217,50 @@ def tile_attention_stream(t: Tiler, op) -> None:
     cut, and a unit's pieces take consecutive slots), merged by an attn_combine per cut unit.
     With ``Tiler.stream_heads`` nh > 1, units of nh kv heads of a row (attn_pair_stream tasks,
     or attn_group_stream with steps of as many keys x heads as a pair's), head h of piece p in
-    slot p + h * P (P pieces), an attn_group_combine per cut unit merging each head's slots."""
-    d, s, nh = t.graph.dims, t.graph.dims.max_seq_len, t.stream_heads()
+    slot p + h * P (P pieces), an attn_group_combine per cut unit merging each head's slots; or
+    (``fuse_combine``) the cut unit's last piece to take its ticket merges it (``merge_args``),
+    no combine task."""
+    d, s = t.graph.dims, t.graph.dims.max_seq_len
+    nh, step, streams, pieces, slot_of = stream_layout(t)
     q, out, layer = t.b(op.params["q"]), t.b(op.outputs[0]), op.params["layer"]
-    group, hd, units = d.heads // d.kv_heads, d.head_dim, d.batch * d.kv_heads // nh
-    step, cut = stream_shares(units * s, s, t.workers, t.cfg.kv_step // hd * 2 // max(2, nh))
-    streams, pieces, slot_of = stream_plan(units, s, cut)
-    slots = unit_slots(slot_of)
-    n = len(slot_of)
+    group, hd, n, slots = d.heads // d.kv_heads, d.head_dim, len(slot_of), unit_slots(slot_of)
     acc, ml = (Buffer(f"{op.name}.{k}", "f32", (n * nh, group, w))
                for k, w in (("acc", hd), ("ml", 2)))
     if n:
         t.buffers.update({acc.name: acc, ml.name: ml})
     per_row = d.kv_heads // nh
-    heads = lambda u, h=0, k=nh: ((u // per_row, u // per_row + 1),
-                                  ((u % per_row * nh + h) * group * hd,
-                                   (u % per_row * nh + h + k) * group * hd))
+    heads = lambda u: Region(out.name, ((u // per_row, u // per_row + 1),       # unit u's q/out
+                                        (u % per_row * nh * group * hd,
+                                         (u % per_row + 1) * nh * group * hd)))
     slot_boxes = lambda p: [Region(b.name, ((p + h * n, p + h * n + 1), (0, group), (0, w)))
                             for h in range(nh) for b, w in ((acc, hd), (ml, 2))]
     slot0s = first_slots(streams, slot_of)
     kind = {1: "attn_stream", 2: "attn_pair_stream"}.get(nh, "attn_group_stream")
+    fused = t.cfg.fuse_combine and nh > 1
+    tickets = {u: t.tickets + k for k, u in enumerate(slots)} if fused else {}
+    most = max(map(len, slots.values()), default=0)
     for i, ((f0, f1), ps) in enumerate(zip(streams, pieces)):
         reads, writes = [Region("positions", ((0, d.batch),))], []
         for u, lo, hi in ps:
             kv0 = u % per_row * nh
-            reads += [Region(q.name, heads(u)), Region("kv_cache", (
+            reads += [Region(q.name, heads(u).box), Region("kv_cache", (
                 (layer, layer + 1), (0, 2), (u // per_row, u // per_row + 1), (kv0, kv0 + nh),
                 (lo, hi), (0, hd)))]
             slot = slot_of.get((i, u))
-            writes += [Region(out.name, heads(u))] if slot is None else slot_boxes(slot)
-        nbytes = (2 * (f1 - f0) * hd + len(ps) * group * hd) * nh * d.itemsize
+            writes += [heads(u)] if slot is None else slot_boxes(slot)
         args = dict(q=q.name, out=out.name, acc=acc.name if n else None,
                     ml=ml.name if n else None, f0=f0, f1=f1, layer=layer, slot0=slot0s[i],
-                    step=step)
-        t.add(op, kind, args | (dict(nslots=n, heads=nh) if nh > 1 else {}), reads, writes,
-              nbytes + nh * group * (hd + 2) * 4, 4 * nh * group * (f1 - f0) * hd)
-    most = max(map(len, slots.values()), default=0)
+                    step=step) | (dict(nslots=n, heads=nh) if nh > 1 else {})
+        cuts = [u for u, _, _ in ps if (i, u) in slot_of]
+        if tickets and cuts:
+            args |= merge_args(cuts, slots, tickets, slot0s[i], most, heads)
+            writes += [r for _, r in args["merges"]]
+        nbytes = (2 * (f1 - f0) * hd + len(ps) * group * hd) * nh * d.itemsize
+        t.add(op, kind, args, reads, writes, nbytes + nh * group * (hd + 2) * 4,
+              4 * nh * group * (f1 - f0) * hd)
+    if fused:
+        t.tickets += len(slots)
+        return
     for u, used in slots.items():
         boxes = [((used[0] + h * n, used[-1] + 1 + h * n), (0, group)) for h in range(nh)]
         args = dict(acc=acc.name, ml=ml.name, out=out.name, row=u // per_row,
@@ -250,5 +268,17 @@ def tile_attention_stream(t: Tiler, op) -> None:
         t.add(op, "attn_combine" if nh == 1 else "attn_group_combine",
               args | (dict(nslots=n, heads=nh) if nh > 1 else {}),
               [Region(b.name, box + ((0, w),)) for box in boxes for b, w in ((acc, hd), (ml, 2))],
-              [Region(out.name, heads(u))], nh * (group * len(used) * (hd + 2) * 4
-                                               + group * hd * d.itemsize), 0)
+              [heads(u)], nh * (group * len(used) * (hd + 2) * 4 + group * hd * d.itemsize), 0)
+
+
+def merge_args(cuts: list[int], slots: dict, tickets: dict, slot0: int, most: int,
+               heads) -> dict:
+    """A stream's arguments for merging its cut units (``cuts``: one or two, in order) as the
+    last of their pieces: the first's ticket, first slot and pieces, the second's pieces (its
+    ticket the next, its first slot ``slot0`` + 1: it begins in this stream), and ``merges``
+    [(ticket, the unit's output)], what it declares as written for them."""
+    a, b = cuts[0], cuts[1] if len(cuts) > 1 else None
+    assert b is None or (tickets[b], slots[b][0]) == (tickets[a] + 1, slot0 + 1), (a, b)
+    return dict(ticket=tickets[a], first=slots[a][0], count_a=len(slots[a]),
+                count_b=len(slots[b]) if b is not None else 0, nsplit=most,
+                merges=tuple((tickets[u], heads(u)) for u in cuts))

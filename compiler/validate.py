@@ -17,7 +17,7 @@ from graphlib import CycleError
 import numpy as np
 
 from .cost import Target
-from .ir import Schedule, SyncPlan, TaskGraph
+from .ir import Schedule, SyncPlan, TaskGraph, merged_writes
 from .schedule import DeadlockError, simulate
 from .sync import ancestors, counter_closure
 from .deps import derive_deps
@@ -67,11 +67,12 @@ def check_written_once(graph: TaskGraph) -> None:
     # merge's or reduce's writes, done by one of them) counts once; a piece's own slot is its own
     merged = set()
     for task in graph.tasks:
+        tickets = merged_writes(task)
         for r in task.writes:
-            if "ticket" in task.args:
-                if (task.args["ticket"], r) in merged:
+            if r in tickets:
+                if (tickets[r], r) in merged:
                     continue
-                merged.add((task.args["ticket"], r))
+                merged.add((tickets[r], r))
             if r.buffer not in counts:
                 raise ScheduleError(f"task {task.id} writes {r.buffer}, which is not writable")
             box = cache_cells(r.box) if graph.ops.buffers[r.buffer].space == "cache" else r.box

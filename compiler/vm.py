@@ -256,7 +256,18 @@ class VM:
                     self.attn_out(a, b, g0 + h, acc / ml[:, 1:])
                 else:                                # a piece: head h's slot of the next one
                     self.buf[a["acc"]][slot + h * n], self.buf[a["ml"]][slot + h * n] = acc, ml
-            slot += hi - lo < s
+            if hi - lo < s:
+                if "merges" in a:                    # fused: the unit's last piece merges it
+                    self.merge_cut_unit(a, slot - a["slot0"], b, g0)
+                slot += 1
+
+    def merge_cut_unit(self, a, second: int, row: int, kv0: int):
+        """A stream's first (``second`` 0) or second cut piece: its unit's ticket, and where it
+        is the last, the unit's group combine (``stream_ops.merge_cut_unit``)."""
+        first = a["slot0"] + 1 if second else a["first"]
+        count = a["count_b"] if second else a["count_a"]
+        if self.last_ticket(a["ticket"] + second, count):
+            self.attn_group_combine(a | dict(row=row, kv_head=kv0, first=first, count=count))
 
     attn_pair_stream = attn_group_stream
 

@@ -72,8 +72,8 @@ from .variant import Variant, effective, stream_kv_split
 # Streams over units of a row's kv head groups (``grouped_stream``; ``Tiler.stream_heads``):
 # every worker an equal share of the step's keys in one pipelined loop, the heads side by side,
 # where whole pairs or groups fill 96 of 132 workers at 24 and 48 rows (shares of 6 steps of a
-# pair's 128 keys at 24 rows against 8, 12 of a group of 4's 64 at 48 against 16); cut units
-# merged by combines.
+# pair's 128 keys at 24 rows against 8, 12 of a group of 4's 64 at 48 against 16); each cut
+# unit merged by the last of its pieces (no combine phase).
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
           "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_stream")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
@@ -130,10 +130,11 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
 
 def grouped_stream(v: Variant, seq: int) -> Variant:
     """Attention in streams of equal shares over units of ``v``'s kv head groups (pairs where
-    ``v`` has none) where ``v``'s is not streamed, else in tasks of whole units."""
+    ``v`` has none), each cut unit merged by its last piece (``fuse_combine``), where ``v``'s
+    is not streamed; else in tasks of whole units."""
     if v.attn_stream:
-        return replace(v, attn_stream=False)
-    return replace(v, attn_stream=True, attn_pairs=True, fuse_combine=False,
+        return replace(v, attn_stream=False, fuse_combine=False)
+    return replace(v, attn_stream=True, attn_pairs=True, fuse_combine=True,
                    attn_spill=False, prefetch_kv_ahead=0, kv_split=stream_kv_split(v.kv_block))
 
 

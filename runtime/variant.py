@@ -55,6 +55,7 @@ from dataclasses import dataclass, fields, replace
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig, Tiler
+from megakernel.compiler.tile_attention import stream_layout
 from megakernel.compiler.tile_proj import column_reduced, split_slices
 
 
@@ -290,7 +291,7 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     groups) of kv heads per task or streamed unit only where they apply
     (``Tiler.attn_pairs``, ``Tiler.stream_heads``), the group size only with them, pairs over key ranges only where
     units have several, spilled units only where some are cut, fused combines only for pieces
-    (plain, or pairs over key ranges) where some unit has several, slices of the long projections
+    (plain, pairs over key ranges, or streams of kv head groups) where some unit has several, slices of the long projections
     only where that leaves some projections unsliced, their own slices only where they change
     some (``slicing``), K slices that reduce themselves only where some are reduced by
     columns (``tile_proj.column_reduced``). Equal results build equal kernels. ``memo``
@@ -322,7 +323,7 @@ def _effective(ops, v: Variant, again) -> Variant:
         return again(replace(v, attn_pair_ranges=False))
     if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):
         return again(replace(v, attn_spill=False))
-    if v.fuse_combine and (v.attn_stream or tiler.whole_units()):
+    if v.fuse_combine and (not stream_cuts(tiler) if v.attn_stream else tiler.whole_units()):
         return again(replace(v, fuse_combine=False))
     if v.prefetch_kv_ahead and v.attn_stream:           # streams have no prefetch body
         return again(replace(v, prefetch_kv_ahead=0))
@@ -360,6 +361,12 @@ def _effective(ops, v: Variant, again) -> Variant:
     return replace(out, fuse_reduce=out.fuse_reduce and any(
         column_reduced(Tiler(ops, out.tile, v.workers), op) for op in ops.ops
         if op.kind == "linear"))
+
+
+def stream_cuts(tiler: Tiler) -> bool:
+    """Whether streams over units of kv head groups cut some unit (the ones a fused combine
+    merges; streams of single heads have none)."""
+    return tiler.stream_heads() > 1 and bool(stream_layout(tiler)[-1])
 
 
 def slicing(ops, tile: TileConfig, workers: int) -> tuple[int, bool, int]:

@@ -98,14 +98,14 @@ def pair_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ:
                                        IN_BLOCK)
 
 
-def paged_inputs(seed: int, bs: int, layers: int, lengths: list[int], hq=HQ, hkv=HKV):
-    """q [B, hq * D], a cache [layers, 2, B, hkv, S, D], positions and a shuffled block table
+def paged_inputs(seed: int, bs: int, layers: int, lengths: list[int], hq=HQ, hkv=HKV, s=S):
+    """q [B, hq * D], a cache [layers, 2, B, hkv, s, D], positions and a shuffled block table
     of ``bs``-key blocks."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, hq * D, generator=gen)
-    cache = torch.randn(layers, 2, B, hkv, S, D, generator=gen)
+    cache = torch.randn(layers, 2, B, hkv, s, D, generator=gen)
     positions = torch.tensor(lengths, dtype=torch.int32) - 1
-    table = torch.randperm(B * S // bs, generator=gen).to(torch.int32).view(B, S // bs)
+    table = torch.randperm(B * s // bs, generator=gen).to(torch.int32).view(B, s // bs)
     return q, cache, positions, table
 
 
@@ -114,10 +114,10 @@ def paged_sdpa(q, layer_cache, table, bs: int, lengths: list[int]) -> torch.Tens
     layer_cache [2, B, Hkv, S, D] (the physical blocks)."""
     from megakernel.bench.attention import sdpa
 
-    hkv = layer_cache.shape[2]
-    blocks = layer_cache.view(2, B, hkv, S // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
-        .reshape(B * S // bs, 2, hkv, bs, D)                       # [block, 2, Hkv, BS, D]
-    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, hkv, S, D)
+    hkv, s = layer_cache.shape[2], layer_cache.shape[3]
+    blocks = layer_cache.view(2, B, hkv, s // bs, bs, D).permute(1, 3, 0, 2, 4, 5) \
+        .reshape(B * s // bs, 2, hkv, bs, D)                       # [block, 2, Hkv, BS, D]
+    logical = blocks[table.long()].permute(2, 0, 3, 1, 4, 5).reshape(1, 2, B, hkv, s, D)
     return torch.cat([sdpa(q[r:r + 1], logical[:, :, r:r + 1, :, :lengths[r]], hkv)
                       for r in range(B)])
 
@@ -283,54 +283,81 @@ def test_streams_across_units_merge_to_attention(cut):
 
 @triton.jit
 def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f_ptr,
-                         slot0_ptr, nstreams, nslots, merge_ptr, nmerge, layer, B: tl.constexpr,
-                         HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
-                         G: tl.constexpr, BS: tl.constexpr, STEP: tl.constexpr,
-                         NH: tl.constexpr, CHAINS: tl.constexpr):
-    for i in range(nstreams):
+                         slot0_ptr, merge_ptr, tickets_ptr, nstreams, nslots, nmerge, layer,
+                         B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
+                         D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, STEP: tl.constexpr,
+                         NH: tl.constexpr, CHAINS: tl.constexpr, FUSED: tl.constexpr,
+                         REVERSE: tl.constexpr):
+    """The streams (REVERSE: the last first; FUSED: stream i's ticket words at merge_ptr + 4 i,
+    each cut unit merged by its last piece, tickets at epoch 1), then (not FUSED) the combine
+    of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j)."""
+    for k in range(nstreams):
+        i = nstreams - 1 - k if REVERSE else k
         f0, f1, slot0 = tl.load(f_ptr + i), tl.load(f_ptr + i + 1), tl.load(slot0_ptr + i)
+        w = merge_ptr + 4 * i
+        ticket, first, count_a, count_b = (tl.load(w), tl.load(w + 1), tl.load(w + 2),
+                                           tl.load(w + 3))
         if CHAINS:                                       # pairs as two chains
             stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
-                                           out_ptr, f0, f1, layer, slot0, nslots, D ** -0.5, B,
-                                           HQ, HKV, S, D, G, BS, STEP, G, D, 2)
+                                           out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr, 1,
+                                           ticket, first, count_a, count_b, D ** -0.5, B, HQ,
+                                           HKV, S, D, G, BS, STEP, G, D, 2, FUSED, 4)
         else:
             stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
-                                            out_ptr, f0, f1, layer, slot0, nslots, D ** -0.5, B,
-                                            HQ, HKV, S, D, G, BS, STEP, G, D, 2, NH)
-    tl.debug_barrier()
-    for j in range(nmerge):         # (row, first kv head, first slot, count) of each cut unit
-        stream_ops.attn_group_combine_op(acc_ptr, ml_ptr, out_ptr, tl.load(merge_ptr + 4 * j),
-                                         tl.load(merge_ptr + 4 * j + 1),
-                                         tl.load(merge_ptr + 4 * j + 2),
-                                         tl.load(merge_ptr + 4 * j + 3), nslots, HQ, D, G, G, 4,
-                                         D, NH)
+                                            out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr,
+                                            1, ticket, first, count_a, count_b, D ** -0.5, B, HQ,
+                                            HKV, S, D, G, BS, STEP, G, D, 2, NH, FUSED, 4)
+    if not FUSED:
+        tl.debug_barrier()
+        for j in range(nmerge):
+            w = merge_ptr + 4 * j
+            stream_ops.attn_group_combine_op(acc_ptr, ml_ptr, out_ptr, tl.load(w),
+                                             tl.load(w + 1), tl.load(w + 2), tl.load(w + 3),
+                                             nslots, HQ, D, G, G, 4, D, NH)
 
 
-@pytest.mark.parametrize("nh,hkv,cut,chains", [(2, 2, 16, True), (2, 2, 48, True),
-                                               (2, 4, 80, True), (2, 2, 48, False),
-                                               (4, 4, 48, False)])
-def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains):
+@pytest.mark.parametrize("nh,hkv,cut,chains,fused,s,reverse", [
+    (2, 2, 16, True, False, S, False), (2, 2, 48, True, False, S, False),
+    (2, 4, 80, True, False, S, False), (2, 2, 48, False, False, S, False),
+    (4, 4, 48, False, False, S, False), (2, 2, 16, True, True, S, False),
+    (2, 4, 48, True, True, 80, False), (2, 4, 48, True, True, 80, True),
+    (4, 4, 48, False, True, 80, True)])
+def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reverse):
     """Streams over units of ``nh`` kv heads of a row, laid end to end and cut every ``cut``
     keys (units in pieces, streams holding pieces of two units, whole units too), rows of
     unequal length through a shuffled block table, the second layer of the cache; head h of a
-    cut piece in slot p + h * (pieces), a cut unit's heads merged by its group combine. Pairs
-    as two chains (``chains``) or as a batch of two score tiles."""
-    from megakernel.compiler.tile_attention import first_slots, stream_plan, unit_slots
+    cut piece in slot p + h * (pieces), a cut unit's heads merged by its group combine, or
+    (``fused``) by the last of its pieces to take its ticket (units of ``s`` = 80 keys cut
+    every 48: of two and of three pieces, a stream's two cut units unlike; streams in
+    ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``) or
+    as a batch of two score tiles."""
+    from megakernel.compiler.tile_attention import (first_slots, merge_args, stream_plan,
+                                                    unit_slots)
 
     lengths, hq = [50, 64], hkv * G
-    q, cache, positions, table = paged_inputs(cut + nh, BS, 2, lengths, hq=hq, hkv=hkv)
-    streams, _, slot_of = stream_plan(B * hkv // nh, S, cut)
-    edges, slot0 = [f0 for f0, _ in streams] + [B * hkv // nh * S], first_slots(streams, slot_of)
-    n = len(slot_of)
-    merge = [[u // (hkv // nh), u % (hkv // nh) * nh, used[0], len(used)]
-             for u, used in unit_slots(slot_of).items()]
+    q, cache, positions, table = paged_inputs(cut + nh, BS, 2, lengths, hq=hq, hkv=hkv, s=s)
+    streams, pieces, slot_of = stream_plan(B * hkv // nh, s, cut)
+    edges, slot0 = [f0 for f0, _ in streams] + [B * hkv // nh * s], first_slots(streams, slot_of)
+    n, slots = len(slot_of), unit_slots(slot_of)
+    if fused:                   # each stream's ticket words (merge_args), tickets from 0
+        tickets = {u: k for k, u in enumerate(slots)}
+        words = [merge_args(cuts, slots, tickets, slot0[i], 4, lambda u: None) if cuts else {}
+                 for i, ps in enumerate(pieces)
+                 for cuts in [[u for u, _, _ in ps if (i, u) in slot_of]]]
+        merge = [[w.get(k, 0) for k in ("ticket", "first", "count_a", "count_b")] for w in words]
+    else:
+        merge = [[u // (hkv // nh), u % (hkv // nh) * nh, used[0], len(used)]
+                 for u, used in slots.items()]
     acc, ml = torch.full((n * nh, G, D), float("nan")), torch.full((n * nh, G, 2), float("nan"))
     out = torch.full((B, hq * D), float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, acc, ml, out,
                                    torch.tensor(edges, dtype=torch.int32),
-                                   torch.tensor(slot0, dtype=torch.int32))]
-    group_streams_kernel[(1,)](*args, len(edges) - 1, n,
-                               torch.tensor(merge, dtype=torch.int32).to(DEVICE), len(merge), 1,
-                               B, hq, hkv, S, D, G, BS, 16, nh, chains)
+                                   torch.tensor(slot0, dtype=torch.int32),
+                                   torch.tensor(merge, dtype=torch.int32),
+                                   torch.zeros(len(slots) + 1, dtype=torch.int32))]
+    group_streams_kernel[(1,)](*args, len(edges) - 1, n, len(merge), 1, B, hq, hkv, s, D, G, BS,
+                               16, nh, chains, fused, reverse)
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)
+    if fused:                   # every cut unit's ticket taken by each of its pieces
+        assert args[10][:len(slots)].tolist() == [len(used) for used in slots.values()]

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from megakernel.compiler.capture import capture
 from megakernel.compiler.cost import H200
-from megakernel.compiler.ir import Buffer, Dims, OpGraph, Region, Schedule, Task, TaskGraph
+from megakernel.compiler.ir import (Buffer, Dims, OpGraph, Region, Schedule, Task, TaskGraph,
+                                    merged_writes)
 from megakernel.compiler.lower import LoweringError, is_, lower
 from megakernel.compiler.schedule import schedule
 from megakernel.compiler.sync import plan_sync
@@ -48,7 +49,8 @@ def small_models(draw):
                        attn_pairs=draw(st.booleans()),
                        attn_group=draw(st.sampled_from([2, 4])),
                        attn_pair_ranges=draw(st.booleans()), attn_spill=draw(st.booleans()),
-                       norm_sums=draw(st.booleans()), fuse_reduce=draw(st.booleans()))
+                       norm_sums=draw(st.booleans()), fuse_reduce=draw(st.booleans()),
+                       fuse_combine=draw(st.booleans()))
     spread = draw(st.integers(1, 64))      # workers an op's tasks are spread over (narrower tiles)
     return cfg, batch, seq, tiles, spread
 
@@ -80,13 +82,14 @@ def test_tiling_writes_every_output_once_and_keeps_the_flops(model):
              for name, b in tg.ops.buffers.items() if b.space in ("act", "f32", "cache")
              and not name.startswith("inv_freq")}
     # the tasks of one ticket all declare what the last of them writes (a merge or a reduce)
-    merged = {(t.args["ticket"], r) for t in tg.tasks if "ticket" in t.args for r in t.writes}
+    merged = set()
     for task in tg.tasks:
+        mine = merged_writes(task)
         for r in task.writes:
-            if (task.args.get("ticket"), r) in merged:
-                merged.remove((task.args["ticket"], r))
-            elif "ticket" in task.args:
-                continue
+            if r in mine:
+                if (mine[r], r) in merged:
+                    continue
+                merged.add((mine[r], r))
             box = cache_cells(r.box) if r.buffer == "kv_cache" else r.box
             paint[r.buffer][tuple(slice(lo, hi) for lo, hi in box)] += 1
     for name, counts in paint.items():

@@ -199,14 +199,18 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 kv_split=256, attn_tasks_per_worker=8, kv_block=128),
                                 id="llama-3.2-1b-24-apr-fc-kb128"),
                             # streams of equal shares over a row's pairs (groups of 4) of kv
-                            # heads: 128 streams of 6 (12) steps, cut units' combines
+                            # heads: 128 streams of 6 (12) steps, cut units' combines, or
+                            # merged by their last piece
                             pytest.param("llama-3.2-1b", 24, TileConfig(
                                 attn_stream=True, attn_pairs=True, kv_split=128, kv_block=128),
                                 id="llama-3.2-1b-24-af-ap-kb128"),
+                            pytest.param("llama-3.2-1b", 24, TileConfig(
+                                attn_stream=True, attn_pairs=True, fuse_combine=True,
+                                kv_split=128, kv_block=128), id="llama-3.2-1b-24-af-ap-fc-kb128"),
                             pytest.param("llama-3.2-1b", 48, TileConfig(
                                 attn_stream=True, attn_pairs=True, attn_group=4, kv_split=128,
-                                kv_block=128, norm_first=True, norm_sums=True, fuse_reduce=True),
-                                id="llama-3.2-1b-48-af-ap-ag4-ns-fs")])
+                                kv_block=128, norm_first=True, norm_sums=True, fuse_reduce=True,
+                                fuse_combine=True), id="llama-3.2-1b-48-af-ap-ag4-fc-ns-fs")])
 def test_bf16_megakernel_is_as_accurate_as_bf16_eager(name, batch, config):
     """Two bf16 implementations of a deep random model differ from each other by more than
     either differs from fp32 (torch-compile vs eager shows it too), so the megakernel is held to

@@ -90,23 +90,27 @@ def test_kernel_equals_vm_with_grouped_streams(name, tiles):
     assert not {"attn_stream", "attn_pair", "attn_group"} & set(kinds)
 
 
-@pytest.mark.parametrize("name,group,workers", [("tiny-llama", 2, 5), ("tiny-qwen3", 2, 32),
-                                                ("tiny-llama-kv4", 4, 7),
-                                                ("tiny-llama-kv4", 2, 13)])
-def test_vm_of_grouped_streams_on_many_workers_matches_eager(name, group, workers):
+@pytest.mark.parametrize("name,group,workers,fused", [
+    ("tiny-llama", 2, 5, False), ("tiny-qwen3", 2, 32, False), ("tiny-llama-kv4", 4, 7, False),
+    ("tiny-llama-kv4", 2, 13, False), ("tiny-llama", 2, 5, True), ("tiny-llama-kv4", 4, 7, True),
+    ("tiny-llama-kv4", 2, 13, True)])
+def test_vm_of_grouped_streams_on_many_workers_matches_eager(name, group, workers, fused):
     """Streams over units of ``group`` kv heads of a row, in equal shares of whole steps over
     the workers (the interpreter's one worker cuts no unit): units cut between streams, each
-    cut unit's heads merged by its group combine."""
+    cut unit's heads merged by its group combine, or (``fused``) by the last of its pieces to
+    take its ticket (no combine task)."""
     model = load(name)
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
                           tile=TileConfig(attn_stream=True, attn_pairs=True, attn_group=group,
-                                          kv_step=256))
+                                          kv_step=256, fuse_combine=fused))
     compiled = compile_model(model, opts, name)
     kinds = [t.kind for t in compiled.tasks.tasks]
     d = compiled.ops.dims
     kind = "attn_group_stream" if group > 2 else "attn_pair_stream"
-    assert kinds.count(kind) > d.layers and kinds.count("attn_group_combine") > 0
-    assert all(t.args["heads"] == group for t in compiled.tasks.tasks if t.kind == kind)
+    assert kinds.count(kind) > d.layers and all(
+        t.args["heads"] == group for t in compiled.tasks.tasks if t.kind == kind)
+    assert (kinds.count("attn_group_combine") == 0) == fused
+    assert (compiled.sync.num_tickets > 0) == fused
     tokens, positions, cache = inputs(model)
     cache_ref = cache.clone()
     vm = run_vm(compiled, model, tokens, positions, cache)
