@@ -111,12 +111,7 @@ def test_vm_of_grouped_streams_on_many_workers_matches_eager(name, group, worker
         t.args["heads"] == group for t in compiled.tasks.tasks if t.kind == kind)
     assert (kinds.count("attn_group_combine") == 0) == fused
     assert (compiled.sync.num_tickets > 0) == fused
-    tokens, positions, cache = inputs(model)
-    cache_ref = cache.clone()
-    vm = run_vm(compiled, model, tokens, positions, cache)
-    ref = model(tokens, positions, cache_ref)
-    torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
+    assert_vm_matches_eager(compiled, model)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
@@ -190,6 +185,16 @@ def test_kernel_equals_vm_with_slices_of_the_long_projections_only(norm):
         assert normed == []
         writers = {t.op for t in tasks if t.kind == "linear" and t.args["osums"] is not None}
         assert len(writers) == layers and writers < whole                # o's, not lm_head's
+
+
+def assert_vm_matches_eager(compiled, model) -> None:
+    """The VM's step of ``compiled`` against the eager model's: logits and the cache."""
+    tokens, positions, cache = inputs(model)
+    cache_ref = cache.clone()
+    vm = run_vm(compiled, model, tokens, positions, cache)
+    ref = model(tokens, positions, cache_ref)
+    torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
 
 
 def check_kernel_against_vm(name, tiles, noinline: bool = False) -> list[str]:
@@ -295,9 +300,4 @@ def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance)
         assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
                    for p in pieces)
         assert len({hi - lo for p in pieces for lo, hi in p}) > 1
-    tokens, positions, cache = inputs(model)
-    cache_ref = cache.clone()
-    vm = run_vm(compiled, model, tokens, positions, cache)
-    ref = model(tokens, positions, cache_ref)
-    torch.testing.assert_close(vm[compiled.ops.output].view_as(ref), ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache, cache_ref, atol=1e-5, rtol=1e-5)
+    assert_vm_matches_eager(compiled, model)
