@@ -47,9 +47,10 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     unit's piece ends: the whole unit -> its heads' normalised outputs in out [B, HQ * D]; a
     part of one (only the first and the last piece can be) -> each head's acc and (max, sum) in
     slots slot0 (or slot0 + 1 for the last where the first was a part too) + h * nslots.
-    FUSED: then that unit's ticket, and the piece that takes its last merges the unit's heads
-    (``merge_cut_unit``; ticket, first and count_a: the first cut piece's unit, its first slot
-    and its pieces; the second's are ticket + 1, slot0 + 1, count_b)."""
+    FUSED: after the loop, each cut piece takes its unit's ticket, and the one that takes its
+    last merges the unit's heads (``merge_stream_cuts``; ticket, first and count_a: the first
+    cut piece's unit, its first slot and its pieces; the second's are ticket + 1, slot0 + 1,
+    count_b)."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     UNITS: tl.constexpr = HKV // NH                                    # units of a row
@@ -86,13 +87,13 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                 second = ((u != c0 // NCH) & first_cut).to(tl.int32)
                 store_group_partial(acc_ptr, ml_ptr, slot0 + second, nslots, m, l, acc, NH, G, D,
                                     BLOCK_G, BLOCK_D)
-                if FUSED:
-                    merge_cut_unit(acc_ptr, ml_ptr, out_ptr, row, kv0, second, slot0, nslots,
-                                   counters_ptr, epoch, ticket, first, count_a, count_b, HQ, D,
-                                   G, BLOCK_G, BLOCK_SPLIT, BLOCK_D, NH)
             m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
             l = tl.zeros([NH, BLOCK_G], tl.float32)
             acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
+    if FUSED:                   # after the loop: an atomic in it would stop its pipelining
+        merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
+                          ticket, first, count_a, count_b, NCH, UNITS, HQ, D, G, BLOCK_G,
+                          BLOCK_SPLIT, BLOCK_D, NH)
 
 
 @triton.jit
@@ -151,16 +152,38 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                               BLOCK_D)
                 store_partial(acc_ptr, ml_ptr, slot0 + second + nslots, mb, lb, acc_b, G, D,
                               BLOCK_G, BLOCK_D)
-                if FUSED:
-                    merge_cut_unit(acc_ptr, ml_ptr, out_ptr, row, kv0, second, slot0, nslots,
-                                   counters_ptr, epoch, ticket, first, count_a, count_b, HQ, D,
-                                   G, BLOCK_G, BLOCK_SPLIT, BLOCK_D, 2)
             ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
             mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
             la = tl.zeros([BLOCK_G], tl.float32)
             lb = tl.zeros([BLOCK_G], tl.float32)
             acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
             acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    if FUSED:                   # after the loop: an atomic in it would stop its pipelining
+        merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
+                          ticket, first, count_a, count_b, NCH, HKV // 2, HQ, D, G, BLOCK_G,
+                          BLOCK_SPLIT, BLOCK_D, 2)
+
+
+@triton.jit
+def merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
+                      ticket, first, count_a, count_b, NCH: tl.constexpr, UNITS: tl.constexpr,
+                      HQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+                      BLOCK_SPLIT: tl.constexpr, BLOCK_D: tl.constexpr, NH: tl.constexpr):
+    """The cut pieces of steps [c0, c1) (NCH steps a unit, UNITS units a row), once their
+    partials are stored: the first piece where the stream begins inside its unit, the last
+    where it ends inside its unit (the second cut piece where the first was one too and of
+    another unit), each through ``merge_cut_unit``."""
+    first_cut = c0 % NCH != 0
+    ua = c0 // NCH
+    ub = (c1 - 1) // NCH
+    last_cut = (c1 % NCH != 0) & ((ub != ua) | (c0 % NCH == 0))
+    for k in range(2):          # a loop, not two call sites: one copy of the merge's code
+        if tl.where(k == 0, first_cut, last_cut):
+            u = tl.where(k == 0, ua, ub)
+            second = tl.where(k == 0, 0, ((ub != ua) & first_cut).to(tl.int32))
+            merge_cut_unit(acc_ptr, ml_ptr, out_ptr, u // UNITS, u % UNITS * NH, second, slot0,
+                           nslots, counters_ptr, epoch, ticket, first, count_a, count_b, HQ, D,
+                           G, BLOCK_G, BLOCK_SPLIT, BLOCK_D, NH)
 
 
 @triton.jit
@@ -186,6 +209,6 @@ def attn_group_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, first, count, 
                           BLOCK_D: tl.constexpr, NH: tl.constexpr):
     """``attention_ops.attn_combine_op`` of each of a cut unit's NH kv heads kv_head + h: its
     slots [first + h * nslots, first + h * nslots + count)."""
-    for h in tl.static_range(NH):
+    for h in range(NH):         # a loop, not NH copies of the combine
         attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head + h, first + h * nslots, count,
                         HQ, D, G, BLOCK_G, BLOCK_SPLIT, BLOCK_D)

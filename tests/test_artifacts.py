@@ -153,6 +153,20 @@ c = compile_model(model, CompileOptions(1, 1024, target="h200", tile=tile), "lla
 assert most_waits(c.encoded) > 1
 out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
 print("llama-3.2-1b", 1, "several waits sm_90 ok", out.metadata.shared)
+# streams over a row's pair of kv heads whose cut units merge themselves: the tickets taken
+# after the loop, which stays software-pipelined (its copies asynchronous; an atomic in it would
+# stop that), in a function of its own
+import re
+model = empty_model(PRESETS["tiny-llama"]).to(torch.bfloat16)
+tile = TileConfig(attn_stream=True, attn_pairs=True, fuse_combine=True, kv_step=256)
+c = compile_model(model, CompileOptions(3, 64, target="h200", num_workers=5, tile=tile,
+                                        noinline=True), "tiny-llama")
+assert any("merges" in t.args for t in c.tasks.tasks if t.kind == "attn_pair_stream")
+ptx = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name)).asm["ptx"]
+body = max((f for f in re.split(r"\\n(?=\\.func)", ptx)           # its definition, not its
+            if "attn_pair_stream_op" in f.split("(")[0]), key=len)   # declaration
+assert "cp.async" in body and "atom.global" in body
+print("tiny-llama", 3, "fused pair streams sm_90 ok")
 # projection weights staged in shared memory by bulk copies before the waits (GPU switch STAGE)
 model = empty_model(PRESETS["tiny-llama"]).to(torch.bfloat16)
 opts = CompileOptions(1, 64, target="h200", tile=TileConfig(staged_kib=8, split_k=1))
@@ -179,7 +193,7 @@ def run_without_interpreter(script: str, cache) -> str:
 
 
 def test_generated_kernels_compile_for_sm90(tmp_path):
-    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 10
+    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 11
 
 
 MASK_SCRIPT = """
