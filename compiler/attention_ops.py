@@ -300,16 +300,12 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    first_cut = c0 % NCH != 0               # the first piece is a part (and not the last)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for c in tl.range(c0, c1, num_stages=STAGES):
-        u = c // NCH
-        row = u // HKV
-        kv_head = u % HKV
-        start = (c % NCH) * CHUNK
-        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        row, kv_head, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH, HKV,
+                                                                   1, CHUNK)
         heads = row * HQ + kv_head * G + gs                            # [BLOCK_G] of [B * HQ]
         q = tl.load(q_ptr + heads[:, None] * D + ds[None, :], mask=qmask, other=0.0).to(DT)
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
@@ -317,19 +313,32 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
         m, l, acc = online_step(q, k, v, (start + ss) < hi, m, l, acc, scale, DT)
         # where this unit's piece ends (a branch: the epilogue's stores and layout changes run
         # once a piece, not masked at every step)
-        unit_end = c % NCH == NCH - 1
-        if unit_end | (c == c1 - 1):
-            if unit_end & (u * NCH >= c0):                                 # the whole unit
+        if ends:
+            if whole:
                 out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
                 tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
             else:
-                part = (slot0 + ((u != c0 // NCH) & first_cut).to(tl.int32)) * G + gs
-                tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=qmask)
-                tl.store(ml_ptr + part * 2, m, mask=gs < G)
-                tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+                store_partial(acc_ptr, ml_ptr, slot0 + second, m, l, acc, G, D, BLOCK_G, BLOCK_D)
             m = tl.full([BLOCK_G], float("-inf"), tl.float32)
             l = tl.zeros([BLOCK_G], tl.float32)
             acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+
+
+@triton.jit
+def stream_step(c, c0, c1, pos_ptr, NCH: tl.constexpr, UNITS: tl.constexpr, NH: tl.constexpr,
+                CHUNK: tl.constexpr):
+    """Step c of a stream over steps [c0, c1) of units of NH kv heads laid end to end (NCH
+    steps a unit, UNITS units a row): its unit's row, first kv head and first key, the row's
+    length; whether a piece of the unit ends with it, whether that piece is the whole unit,
+    and whether it is the stream's second cut piece (1; its slot is slot0 + 1: the first piece
+    was cut too, only the first and the last piece can be)."""
+    u = c // NCH
+    row = u // UNITS
+    hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+    unit_end = c % NCH == NCH - 1
+    second = ((u != c0 // NCH) & (c0 % NCH != 0)).to(tl.int32)
+    return (row, (u % UNITS) * NH, (c % NCH) * CHUNK, hi, unit_end | (c == c1 - 1),
+            unit_end & (u * NCH >= c0), second)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .attention_ops import (attn_combine_op, group_step, last_ticket, load_kv, load_kv_heads,
-                            online_step, store_partial)
+                            online_step, store_partial, stream_step)
 
 
 @triton.jit
@@ -61,30 +61,23 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D) & (hs[:, None, None] < NH)
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    first_cut = c0 % NCH != 0               # the first piece is a part (and not the last)
     m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([NH, BLOCK_G], tl.float32)
     acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
     for c in tl.range(c0, c1, num_stages=STAGES):
-        u = c // NCH
-        row = u // UNITS
-        kv0 = (u % UNITS) * NH
-        start = (c % NCH) * CHUNK
-        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH, UNITS,
+                                                               NH, CHUNK)
         heads = row * HQ + (kv0 + hs[:, None]) * G + gs[None, :]          # [NH, BG] of B * HQ
         offs = heads[:, :, None] * D + ds[None, None, :]                   # [NH, BG, BD]
         q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
         k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV, S, D,
                              BS, CHUNK, BLOCK_D, BS % CHUNK == 0)  # steps start at CHUNK multiples
         m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
-        # where this unit's piece ends (a branch: the epilogue runs once a piece)
-        unit_end = c % NCH == NCH - 1
-        if unit_end | (c == c1 - 1):
-            if unit_end & (u * NCH >= c0):                                 # the whole unit
+        if ends:                # where this unit's piece ends (the epilogue once a piece)
+            if whole:
                 out = acc / tl.where(l == 0.0, 1.0, l)[:, :, None]
                 tl.store(out_ptr + offs, out.to(DT), mask=qmask)
             else:
-                second = ((u != c0 // NCH) & first_cut).to(tl.int32)
                 store_group_partial(acc_ptr, ml_ptr, slot0 + second, nslots, m, l, acc, NH, G, D,
                                     BLOCK_G, BLOCK_D)
             m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
@@ -115,7 +108,6 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    first_cut = c0 % NCH != 0               # the first piece is a part (and not the last)
     IN_BLOCK: tl.constexpr = BS % CHUNK == 0                      # steps start at CHUNK multiples
     ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
     mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -124,11 +116,8 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
     acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for c in tl.range(c0, c1, num_stages=STAGES):
-        u = c // NCH
-        row = u // (HKV // 2)
-        kv0 = (u % (HKV // 2)) * 2
-        start = (c % NCH) * CHUNK
-        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH,
+                                                               HKV // 2, 2, CHUNK)
         offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
         qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
         qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
@@ -139,15 +128,13 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
         valid = start + ss < hi
         ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
         mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
-        unit_end = c % NCH == NCH - 1
-        if unit_end | (c == c1 - 1):
-            if unit_end & (u * NCH >= c0):                                 # the whole unit
+        if ends:                # where this unit's piece ends (the epilogue once a piece)
+            if whole:
                 tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT),
                          mask=qmask)
                 tl.store(out_ptr + offs + G * D,
                          (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT), mask=qmask)
             else:
-                second = ((u != c0 // NCH) & first_cut).to(tl.int32)
                 store_partial(acc_ptr, ml_ptr, slot0 + second, ma, la, acc_a, G, D, BLOCK_G,
                               BLOCK_D)
                 store_partial(acc_ptr, ml_ptr, slot0 + second + nslots, mb, lb, acc_b, G, D,

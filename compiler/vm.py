@@ -234,15 +234,7 @@ class VM:
                                            first=a["first"] + h * a["count"]))
 
     def attn_stream(self, a):
-        s, hkv, slot = self.d.max_seq_len, self.d.kv_heads, a["slot0"]
-        for u in range(a["f0"] // s, (a["f1"] - 1) // s + 1):
-            lo, hi = max(a["f0"], u * s) - u * s, min(a["f1"], (u + 1) * s) - u * s
-            acc, ml = self.attend(u // hkv, u % hkv, lo, hi, a["layer"], a["q"])
-            if hi - lo == s:                         # the whole unit: its output
-                self.attn_out(a, u // hkv, u % hkv, acc / ml[:, 1:])
-            else:                                    # a piece: the stream's next slot
-                self.buf[a["acc"]][slot], self.buf[a["ml"]][slot] = acc, ml
-                slot += 1
+        self.attn_group_stream(a | dict(heads=1, nslots=0))       # units of one kv head
 
     def attn_group_stream(self, a):
         s, nh, n, slot = self.d.max_seq_len, a["heads"], a["nslots"], a["slot0"]

@@ -131,11 +131,11 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
 def grouped_stream(v: Variant, seq: int) -> Variant:
     """Attention in streams of equal shares over units of ``v``'s kv head groups (pairs where
     ``v`` has none), each cut unit merged by its last piece (``fuse_combine``), where ``v``'s
-    is not streamed; else in tasks of whole units."""
-    if v.attn_stream:
+    are not such streams; else not streamed (``effective`` sets what streams leave out or
+    change: their keys a task, spills, the KV prefetch a task ahead)."""
+    if v.attn_stream and v.attn_pairs:
         return replace(v, attn_stream=False, fuse_combine=False)
-    return replace(v, attn_stream=True, attn_pairs=True, fuse_combine=True,
-                   attn_spill=False, prefetch_kv_ahead=0, kv_split=stream_kv_split(v.kv_block))
+    return replace(v, attn_stream=True, attn_pairs=True, fuse_combine=True)
 
 
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams at

@@ -288,14 +288,14 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     sums of squares instead: with norm first), the attention rows only where they pad the heads
     otherwise, q/k/v pieces across heads only without head norms (their pieces per head then
     mean nothing), KV prefetch a task ahead only where attention is not streamed, pairs (or
-    groups) of kv heads per task or streamed unit only where they apply
-    (``Tiler.attn_pairs``, ``Tiler.stream_heads``), the group size only with them, pairs over key ranges only where
+    groups) of kv heads per task or streamed unit only where they apply (``Tiler.attn_pairs``,
+    ``Tiler.stream_heads``), the group size only with them, pairs over key ranges only where
     units have several, spilled units only where some are cut, fused combines only for pieces
-    (plain, pairs over key ranges, or streams of kv head groups) where some unit has several, slices of the long projections
-    only where that leaves some projections unsliced, their own slices only where they change
-    some (``slicing``), K slices that reduce themselves only where some are reduced by
-    columns (``tile_proj.column_reduced``). Equal results build equal kernels. ``memo``
-    (variant -> result) carries results across calls on the same ``ops``."""
+    (plain, pairs over key ranges, or streams of kv head groups) where some unit has several,
+    slices of the long projections only where that leaves some projections unsliced, their own
+    slices only where they change some (``slicing``), K slices that reduce themselves only
+    where some are reduced by columns (``tile_proj.column_reduced``). Equal results build equal
+    kernels. ``memo`` (variant -> result) carries results across calls on the same ``ops``."""
     memo = {} if memo is None else memo
     if v not in memo:
         memo[v] = _effective(ops, v, lambda u: effective(ops, u, memo))

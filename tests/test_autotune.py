@@ -120,18 +120,22 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(u, predicted)] = flips({v.label})
     assert u == replace(v, balance=True) and predicted > 0
     assert flips({v.label, u.label}) == []
-    # attention in streams over a row's pairs (its groups where it has them), cut units merged
-    # by their last piece (no spills or KV prefetch a task ahead: streams have none), and back
-    # to whole units
-    grouped = replace(v, attn_stream=True, attn_pairs=True, fuse_combine=True, kv_split=64)
+    # attention in streams over a row's pairs (its groups where it has them; streams of single
+    # heads too), cut units merged by their last piece, and back to no stream
+    grouped = replace(v, attn_stream=True, attn_pairs=True, fuse_combine=True)
     assert refine.flip(v, "attn_stream", 64) == grouped
-    fours = replace(v, attn_pairs=True, attn_group=4, attn_spill=True, prefetch_kv_ahead=128,
-                    kv_block=128, kv_split=1024)
-    assert refine.flip(fours, "attn_stream", 1024) == replace(
-        fours, attn_stream=True, fuse_combine=True, attn_spill=False, prefetch_kv_ahead=0,
-        kv_split=128)
+    assert refine.flip(replace(v, attn_stream=True), "attn_stream", 64) == grouped
+    fours = replace(v, attn_pairs=True, attn_group=4)
+    assert refine.flip(fours, "attn_stream", 1024) == replace(fours, attn_stream=True,
+                                                              fuse_combine=True)
     assert refine.flip(grouped, "attn_stream", 64) == replace(grouped, attn_stream=False,
                                                               fuse_combine=False)
+    # as built, a stream keeps its keys a task, no spills and no KV prefetch a task ahead
+    ops = refine.op_graph(cfg, torch.float32, 2, 64)
+    spilled = replace(v, attn_pairs=True, attn_spill=True, prefetch_kv_ahead=128, kv_split=64)
+    built = effective(ops, refine.flip(spilled, "attn_stream", 64))
+    assert built.attn_stream and built.attn_pairs and (built.kv_split, built.attn_spill,
+                                                       built.prefetch_kv_ahead) == (64, False, 0)
     # the cache block flips to the largest other one that fits the context and the keys per
     # task (streams: their keys per task follow it); where none does, nothing changes
     wide = replace(v, kv_split=128)
