@@ -21,10 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.bench.attention import attn_units, sdpa
+from megakernel.bench.attention import attn_pairs, attn_units, sdpa
 from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
 from megakernel.compiler.registry import p2
+from megakernel.compiler.stream_ops import attn_pair_stream_op
 from megakernel.compiler.tile import TileConfig
 from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
                                                  unit_slots)
@@ -43,6 +44,54 @@ def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cu
                                  t * cut, tl.minimum(t * cut + cut, total), layer,
                                  tl.load(slot0_ptr + t), D ** -0.5, B, HQ, HKV, S, D, G, BS,
                                  STEP, BLOCK_G, D, STAGES)
+
+
+@triton.jit
+def attn_pair_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cut, total,
+                      slot0_ptr, nslots, layer, B: tl.constexpr, HQ: tl.constexpr,
+                      HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                      BS: tl.constexpr, STEP: tl.constexpr, STAGES: tl.constexpr,
+                      BLOCK_G: tl.constexpr):
+    """Program t: the attn_pair_stream task of keys [t * cut, min((t + 1) * cut, total)) of the
+    units of a row's pairs of kv heads laid end to end (unfused: cut units left in slots)."""
+    t = tl.program_id(0)
+    attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, t * cut,
+                        tl.minimum(t * cut + cut, total), layer, tl.load(slot0_ptr + t), nslots,
+                        slot0_ptr, 0, 0, 0, 0, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS, STEP,
+                        BLOCK_G, D, STAGES)
+
+
+def merge_pair_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
+                     hkv: int) -> torch.Tensor:
+    """``merge_slots`` for units of a row's pairs of kv heads: head h of piece p in slot
+    p + h * P (P pieces in all)."""
+    n, width = acc.shape[0] // 2, acc.shape[1] * acc.shape[2]
+    out = out.clone()
+    for u, used in slots.items():
+        row, pair = divmod(u, hkv // 2)
+        for h in range(2):
+            col = (2 * pair + h) * width
+            idx = [p + h * n for p in used]
+            out[row, col:col + width] = merge_partials(acc[idx], ml[idx]).flatten().to(out.dtype)
+    return out
+
+
+def run_pair_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
+                  warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows):
+    """``run_flat`` over units of a row's pairs of kv heads (``attn_pair_stream_op``)."""
+    b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
+    g, units = q.shape[1] // d // hkv, b * hkv // 2
+    step, cut = stream_shares(units * s, s, programs, step)
+    streams, _, slot_of = stream_plan(units, s, cut)
+    slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
+    n = max(1, len(slot_of))
+    acc = torch.full((2 * n, g, d), float("nan"), device=q.device)
+    ml = torch.full((2 * n, g, 2), float("nan"), device=q.device)
+    out = torch.full_like(q, float("nan"))
+    launch = lambda: attn_pair_streams[(len(streams),)](
+        q, cache, pos, table, acc, ml, out, cut, units * s, slot0, n, layer, b, q.shape[1] // d,
+        hkv, s, d, g, s // table.shape[1], step, stages, p2(g, rows), num_warps=warps)
+    return launch, lambda: merge_pair_slots(out, acc, ml, unit_slots(slot_of), hkv)
 
 
 def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
@@ -85,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stages", default="6",
                    help="pipeline stages (TileConfig.attn_stages) timed; the block-table gather "
                         "keeps (stages - 1) // 2 steps in flight: 6 two, 9 four")
+    p.add_argument("--pairs", action="store_true",
+                   help="also units of a row's pairs of kv heads: whole pairs a program "
+                        "(attn_pair_op) beside pair streams (attn_pair_stream_op)")
     p.add_argument("--layers", type=int, default=1,
                    help="cache layers, the last one read (the megakernel's cache holds all)")
     args = p.parse_args(argv)
@@ -115,6 +167,21 @@ def main(argv: list[str] | None = None) -> None:
                                            layer, rows)
                 ms = triton.testing.do_bench(launch)
                 show(f"streams c128 w{warps} {tag}", ms, rel_err(outputs(), ref))
+            if args.pairs:
+                time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, show, ref)
+
+
+def time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, show, ref) -> None:
+    """Whole pairs (one program each, at most one per SM) beside pair streams over every SM."""
+    b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
+    g, tag, layer = q.shape[1] // d // hkv, f"s{stages} ar{rows}", args.layers - 1
+    out = torch.full_like(q, float("nan"))
+    pairs_run = lambda: attn_pairs[(min(b * hkv // 2, sms),)](
+        q, cache[layer:], pos, table, out, b * hkv, b, q.shape[1] // d, hkv, s, d, g,
+        s // table.shape[1], 128, p2(g, rows), stages)
+    show(f"pairs c128 {tag}", triton.testing.do_bench(pairs_run), rel_err(out, ref))
+    launch, outputs = run_pair_flat(q, cache, pos, table, hkv, sms, 128, stages, 4, layer, rows)
+    show(f"pair streams c128 {tag}", triton.testing.do_bench(launch), rel_err(outputs(), ref))
 
 
 if __name__ == "__main__":
