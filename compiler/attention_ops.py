@@ -42,6 +42,56 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
 
 
 @triton.jit
+def load_kv_split(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr,
+                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, W: tl.constexpr,
+                  IN_BLOCK: tl.constexpr = False):
+    """``load_kv``'s keys and values as [W, CHUNK // W, BLOCK_D]: key w * (CHUNK // W) + j of
+    the step at [w, j], a group of keys for each of ``online_split``'s W running states."""
+    CW: tl.constexpr = CHUNK // W
+    ss = start + tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]       # [W, CW]
+    ds = tl.arange(0, BLOCK_D)
+    if IN_BLOCK:
+        first = cache_slots(row, tl.minimum(start, S - 1), bt_ptr, layer, 0, kv_head, B, HKV,
+                            S, D, BS)
+        key = first + (ss - start) * D                                      # [W, CW]
+    else:
+        key = cache_slots(row, tl.minimum(ss, S - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
+                          BS)
+    offs = key[:, :, None] + ds[None, None, :]                          # [W, CW, BLOCK_D]
+    mask = (ss < hi)[:, :, None] & (ds[None, None, :] < D)
+    v_shift = B * HKV * S * D                     # from the K plane to the V plane
+    return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
+            tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
+
+
+@triton.jit
+def online_split(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
+    """``online_step`` over a step's keys in W groups, k and v [W, CW, BLOCK_D] (valid
+    [W, CW]), with a running max m and sum l [W, BLOCK_G] and acc [W, BLOCK_G, BLOCK_D] for
+    each group, q [W, BLOCK_G, BLOCK_D] (the queries broadcast): a batch of W dots, spread
+    over the warps, so that the reductions over keys stay within a warp (``merge_split``
+    merges the groups once, after the loop)."""
+    zeros = tl.zeros([q.shape[0], q.shape[1], k.shape[1]], tl.float32)
+    scores = _dot(q, tl.permute(k.to(DT), (0, 2, 1)), zeros, DT)          # [W, BG, CW]
+    scores = tl.where(valid[:, None, :], scores * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=2))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
+    alpha = tl.exp(m - m_ref)
+    p = tl.exp(scores - m_ref[:, :, None])
+    return (m_new, l * alpha + tl.sum(p, axis=2),
+            _dot(p.to(DT), v.to(DT), acc * alpha[:, :, None], DT))
+
+
+@triton.jit
+def merge_split(m, l, acc):
+    """``online_split``'s W groups, m, l [W, BG] and acc [W, BG, BD] -> one (max, sum, acc)."""
+    m_all = tl.max(m, axis=0)
+    w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])     # [W, BG]
+    return m_all, tl.sum(l * w, axis=0), tl.sum(acc * w[:, :, None], axis=0)
+
+
+@triton.jit
 def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
     """One step of keys k and values v [CHUNK, BLOCK_D] (``valid`` [CHUNK]) into the running
     max m and sum l [BLOCK_G] and the unnormalised output acc [BLOCK_G, BLOCK_D] of queries q."""
@@ -117,7 +167,7 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
                B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-               NCHUNK: tl.constexpr):
+               NCHUNK: tl.constexpr, W: tl.constexpr = 1):
     """Keys [lo, hi) of kv heads kv_head and kv_head + 1 of row ``row`` in NCHUNK CHUNK-key
     steps, the two heads side by side in one pipelined loop (two independent chains of loads and
     dots: one's arithmetic overlaps the other's loads), queries at q_ptr + offs (head a) and
@@ -132,15 +182,52 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
     lb = tl.zeros([BLOCK_G], tl.float32)
     acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    if W > 1:
+        ma, la, acc_a, mb, lb, acc_b = pair_steps_split(
+            qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B, HKV, S, D, BS,
+            CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NCHUNK, W)
+    else:
+        for c in tl.range(0, NCHUNK, num_stages=STAGES):
+            start = lo + c * CHUNK
+            valid = start + ss < hi
+            ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D,
+                             BS, CHUNK, BLOCK_D, IN_BLOCK)
+            kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S,
+                             D, BS, CHUNK, BLOCK_D, IN_BLOCK)
+            ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
+            mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
+    return ma, la, acc_a, mb, lb, acc_b
+
+
+@triton.jit
+def pair_steps_split(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale,
+                     B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                     BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                     BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
+                     NCHUNK: tl.constexpr, W: tl.constexpr):
+    """``pair_steps`` with each step's keys in W groups (``online_split``)."""
+    DT: tl.constexpr = qa.dtype
+    CW: tl.constexpr = CHUNK // W
+    ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
+    qa3 = tl.broadcast_to(qa[None, :, :], (W, BLOCK_G, BLOCK_D))
+    qb3 = tl.broadcast_to(qb[None, :, :], (W, BLOCK_G, BLOCK_D))
+    ma = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
+    mb = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
+    la = tl.zeros([W, BLOCK_G], tl.float32)
+    lb = tl.zeros([W, BLOCK_G], tl.float32)
+    acc_a = tl.zeros([W, BLOCK_G, BLOCK_D], tl.float32)
+    acc_b = tl.zeros([W, BLOCK_G, BLOCK_D], tl.float32)
     for c in tl.range(0, NCHUNK, num_stages=STAGES):
         start = lo + c * CHUNK
         valid = start + ss < hi
-        ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
-                         CHUNK, BLOCK_D, IN_BLOCK)
-        kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S, D,
-                         BS, CHUNK, BLOCK_D, IN_BLOCK)
-        ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
-        mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
+        ka, va = load_kv_split(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D,
+                               BS, CHUNK, BLOCK_D, W, IN_BLOCK)
+        kb, vb = load_kv_split(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S,
+                               D, BS, CHUNK, BLOCK_D, W, IN_BLOCK)
+        ma, la, acc_a = online_split(qa3, ka, va, valid, ma, la, acc_a, scale, DT)
+        mb, lb, acc_b = online_split(qb3, kb, vb, valid, mb, lb, acc_b, scale, DT)
+    ma, la, acc_a = merge_split(ma, la, acc_a)
+    mb, lb, acc_b = merge_split(mb, lb, acc_b)
     return ma, la, acc_a, mb, lb, acc_b
 
 
@@ -149,10 +236,10 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
                  scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
                  CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr):
+                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, W: tl.constexpr = 1):
     """Row ``row``'s query heads of kv heads kv_head and kv_head + 1 over all its keys
     (``pair_steps``) -> both normalised outputs in out [B, HQ * D]. IN_BLOCK: BS a multiple of
-    CHUNK (one block-table entry per step and head)."""
+    CHUNK (one block-table entry per step and head); W: a step's keys in W groups."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     gs = tl.arange(0, BLOCK_G)
@@ -162,7 +249,7 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
     offs = heads[:, None] * D + ds[None, :]                               # [BLOCK_G, BLOCK_D]
     ma, la, acc_a, mb, lb, acc_b = pair_steps(
         q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, 0, hi, offs, qmask, scale, B, HKV, S, D,
-        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (S + CHUNK - 1) // CHUNK)
+        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (S + CHUNK - 1) // CHUNK, W)
     tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT), mask=qmask)
     tl.store(out_ptr + offs + G * D, (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT),
              mask=qmask)

@@ -68,7 +68,7 @@ def attn_pair_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head,
                        HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                        BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                        BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                       AHEAD: tl.constexpr = 0):
+                       W: tl.constexpr = 1, AHEAD: tl.constexpr = 0):
     """``attn_pair_op``'s keys of kv heads kv_head and kv_head + 1 (the first AHEAD of each)."""
     attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
                         HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, 2, AHEAD)

@@ -205,7 +205,10 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
 
 def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = kv_chunk(t, d, c)
-    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0)
+    if chunk // c.attn_split < 16:
+        raise ValueError(f"attn_split={c.attn_split}: a pair's steps of {chunk} keys leave fewer "
+                         f"than 16 keys (a dot's least) to a group")
+    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, W=c.attn_split)
 
 
 def _attn_pair_part(t: Task, d: Dims, c: TileConfig) -> dict:

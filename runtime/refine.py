@@ -69,13 +69,17 @@ from .variant import Variant, effective, stream_kv_split
 # combine phase), in quarters of the context, up to 8 tasks a worker, meant for 24 and 48 rows
 # where whole pairs or groups leave 36 of 132 workers without attention, lost at all 12 batch
 # sizes (7-39%; 24 rows 1.458 ms, 48 1.750 against 1.432) and left the refinement again.
-# Streams over units of a row's kv head groups (``grouped_stream``; ``Tiler.stream_heads``):
-# every worker an equal share of the step's keys in one pipelined loop, the heads side by side,
-# where whole pairs or groups fill 96 of 132 workers at 24 and 48 rows (shares of 6 steps of a
-# pair's 128 keys at 24 rows against 8, 12 of a group of 4's 64 at 48 against 16); each cut
-# unit merged by the last of its pieces (no combine phase).
+# Streams over units of a row's kv head groups (``Tiler.stream_heads``: every worker an equal
+# share of the step's keys, where whole pairs or groups fill 96 of 132 workers at 24 and 48
+# rows) lost wherever timed against the winners (ms: 13 rows 0.996 -> 1.058, 17 1.102 -> 1.216,
+# 24 1.185 -> 1.280, 32 1.225 -> 1.242, 48 1.437 -> 1.499 with groups of 4, 64 1.561 -> 1.587;
+# merged by their last piece, slower still) and left the refinement. A pair's step in key groups
+# with running states of their own (``attn_split``, 4 groups: no reductions across warps in the
+# loop) flips on where whole pairs apply (24 rows 1.187 -> 1.174 ms, 32 1.235 -> 1.246).
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_stream")
+          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_split")
+# key groups of a pair's step when flipped on (one per warp of 4)
+KEY_GROUPS = 4
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
@@ -128,22 +132,14 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
     return replace(v, fuse_reduce=True)
 
 
-def grouped_stream(v: Variant, seq: int) -> Variant:
-    """Attention in streams of equal shares over units of ``v``'s kv head groups (pairs where
-    ``v`` has none), each cut unit merged by its last piece (``fuse_combine``), where ``v``'s
-    are not such streams; else not streamed (``effective`` sets what streams leave out or
-    change: their keys a task, spills, the KV prefetch a task ahead)."""
-    if v.attn_stream and v.attn_pairs:
-        return replace(v, attn_stream=False, fuse_combine=False)
-    return replace(v, attn_stream=True, attn_pairs=True, fuse_combine=True)
-
-
-# the interpreter ignores pipeline stages and prefetches; step sizes change only what streams at
-# once
-GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead")
+# the interpreter ignores pipeline stages and prefetches; step sizes change only what streams
+# at once, key groups how the warps share a step
+GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead",
+                  "attn_split")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
-         "fuse_reduce": fused_reduce, "attn_stream": grouped_stream,
+         "fuse_reduce": fused_reduce,
+         "attn_split": deeper("attn_split", KEY_GROUPS, TileConfig.attn_split),
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),

@@ -87,7 +87,7 @@ def candidates(target: Target, space: dict) -> list[Variant]:
         if smem * per_sm > target.smem_bytes or (cpu and (per_sm > 1 or gpu_only)) \
                 or per_sm * warps > 8:
             continue
-        if k["attn_stream"] and k["attn_pairs"]:  # grouped streams: the refinement's flip
+        if k["attn_stream"] and k["attn_pairs"]:  # grouped streams: timed by hand only
             continue
         if k["kv_split"] % k["kv_block"]:        # keys per task in whole cache blocks
             if not k["attn_stream"]:

@@ -90,12 +90,13 @@ def test_attention_probe_matches_sdpa():
 @triton.jit
 def pair_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ: tl.constexpr,
                 HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                BS: tl.constexpr, CHUNK: tl.constexpr, IN_BLOCK: tl.constexpr):
+                BS: tl.constexpr, CHUNK: tl.constexpr, IN_BLOCK: tl.constexpr,
+                W: tl.constexpr):
     for row in range(B):
         for h in range(0, HKV, 2):
             attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, h, 1,
                                        D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK, G, D, 2,
-                                       IN_BLOCK)
+                                       IN_BLOCK, W)
 
 
 def paged_inputs(seed: int, bs: int, layers: int, lengths: list[int], hq=HQ, hkv=HKV, s=S):
@@ -122,15 +123,18 @@ def paged_sdpa(q, layer_cache, table, bs: int, lengths: list[int]) -> torch.Tens
                       for r in range(B)])
 
 
-@pytest.mark.parametrize("bs,chunk,in_block", [(16, 32, False), (16, 16, True), (32, 16, True)])
-def test_pair_op_matches_attention(bs, chunk, in_block):
-    """``attn_pair_op``: each row's two kv heads over its keys in one loop, rows of unequal
-    length, the second layer of a cache read through a shuffled block table, against SDPA."""
+@pytest.mark.parametrize("bs,chunk,in_block,w", [(16, 32, False, 1), (16, 16, True, 1),
+                                                (32, 16, True, 1), (16, 32, False, 2),
+                                                (32, 32, True, 2)])
+def test_pair_op_matches_attention(bs, chunk, in_block, w):
+    """``attn_pair_op``: each row's two kv heads over its keys in one loop (each step's keys in
+    ``w`` groups with running states of their own), rows of unequal length, the second layer of
+    a cache read through a shuffled block table, against SDPA."""
     lengths = [S - 21, S]
     q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths)
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
-    pair_kernel[(1,)](*args, B, HQ, HKV, S, D, G, bs, chunk, in_block)
+    pair_kernel[(1,)](*args, B, HQ, HKV, S, D, G, bs, chunk, in_block, w)
     torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
                                atol=1e-5, rtol=1e-5)
 

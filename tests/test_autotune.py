@@ -120,20 +120,16 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(u, predicted)] = flips({v.label})
     assert u == replace(v, balance=True) and predicted > 0
     assert flips({v.label, u.label}) == []
-    # attention in streams over a row's pairs (its groups where it has them; streams of single
-    # heads too), cut units merged by their last piece, and back to no stream
-    grouped = replace(v, attn_stream=True, attn_pairs=True, fuse_combine=True)
-    assert refine.flip(v, "attn_stream", 64) == grouped
-    assert refine.flip(replace(v, attn_stream=True), "attn_stream", 64) == grouped
-    fours = replace(v, attn_pairs=True, attn_group=4)
-    assert refine.flip(fours, "attn_stream", 1024) == replace(fours, attn_stream=True,
-                                                              fuse_combine=True)
-    assert refine.flip(grouped, "attn_stream", 64) == replace(grouped, attn_stream=False,
-                                                              fuse_combine=False)
-    # as built, a stream keeps its keys a task, no spills and no KV prefetch a task ahead
+    # a pair's step in key groups, and back; as built, only where whole pairs are tasks
+    pairs = replace(v, attn_pairs=True, kv_split=64)
+    assert refine.flip(pairs, "attn_split", 64) == replace(pairs, attn_split=4)
+    assert refine.flip(replace(pairs, attn_split=4), "attn_split", 64) == pairs
     ops = refine.op_graph(cfg, torch.float32, 2, 64)
+    assert effective(ops, replace(pairs, attn_split=4)).attn_split == 4
+    assert effective(ops, replace(v, attn_split=4)).attn_split == 1
+    # as built, a stream keeps its keys a task, no spills and no KV prefetch a task ahead
     spilled = replace(v, attn_pairs=True, attn_spill=True, prefetch_kv_ahead=128, kv_split=64)
-    built = effective(ops, refine.flip(spilled, "attn_stream", 64))
+    built = effective(ops, replace(spilled, attn_stream=True, fuse_combine=True))
     assert built.attn_stream and built.attn_pairs and (built.kv_split, built.attn_spill,
                                                        built.prefetch_kv_ahead) == (64, False, 0)
     # the cache block flips to the largest other one that fits the context and the keys per

@@ -131,6 +131,9 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 24, TileConfig(
                                 attn_pairs=True, kv_split=1024, kv_block=128),
                                 id="llama-3.2-1b-24-ap-kb128"),
+                            pytest.param("llama-3.2-1b", 24, TileConfig(
+                                attn_pairs=True, kv_split=1024, kv_block=128, attn_split=4),
+                                id="llama-3.2-1b-24-ap-aw4-kb128"),
                             pytest.param("llama-3.2-1b", 64, TileConfig(
                                 attn_pairs=True, kv_split=1024, reduce_norm=True),
                                 id="llama-3.2-1b-64-rn-ap"),
