@@ -68,15 +68,15 @@ def attn_pairs(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexp
 def attn_groups(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr,
                 HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                 G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-                STAGES: tl.constexpr, NH: tl.constexpr):
+                STAGES: tl.constexpr, NH: tl.constexpr, KEYS_M: tl.constexpr = False):
     """``attn_units`` NH units at a time (kv heads h .. h + NH - 1 of one row, HKV a multiple
-    of NH) through ``attn_group_op``."""
+    of NH) through ``attn_group_op`` (KEYS_M: the keys as its dots' M)."""
     group = tl.program_id(0)
     while group < units // NH:
         attention_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr,
                                     (NH * group) // HKV, (NH * group) % HKV, 0, D ** -0.5, B, HQ,
                                     HKV, S, D, G, BS, CHUNK, BLOCK_G, D, STAGES,
-                                    BS % CHUNK == 0, NH)
+                                    BS % CHUNK == 0, NH, KEYS_M)
         group += tl.num_programs(0)
 
 

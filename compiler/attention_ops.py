@@ -46,8 +46,9 @@ def load_kv_split(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.const
                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, W: tl.constexpr,
                   IN_BLOCK: tl.constexpr = False):
-    """``load_kv``'s keys and values as [W, CHUNK // W, BLOCK_D]: key w * (CHUNK // W) + j of
-    the step at [w, j], a group of keys for each of ``online_split``'s W running states."""
+    """``load_kv``'s step in W groups of CW = CHUNK // W keys (key w * CW + j of the step is
+    group w's j-th), for ``online_split``: keys [W, CW, BLOCK_D] and values transposed,
+    [W, BLOCK_D, CW] (each group's dot takes them as its left operand)."""
     CW: tl.constexpr = CHUNK // W
     ss = start + tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]       # [W, CW]
     ds = tl.arange(0, BLOCK_D)
@@ -58,37 +59,42 @@ def load_kv_split(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.const
     else:
         key = cache_slots(row, tl.minimum(ss, S - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
                           BS)
-    offs = key[:, :, None] + ds[None, None, :]                          # [W, CW, BLOCK_D]
-    mask = (ss < hi)[:, :, None] & (ds[None, None, :] < D)
+    live = ss < hi
     v_shift = B * HKV * S * D                     # from the K plane to the V plane
-    return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
-            tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
+    k = tl.load(cache_ptr + key[:, :, None] + ds[None, None, :],           # [W, CW, BLOCK_D]
+                mask=live[:, :, None] & (ds[None, None, :] < D), other=0.0)
+    vt = tl.load(cache_ptr + v_shift + key[:, None, :] + ds[None, :, None],  # [W, BLOCK_D, CW]
+                 mask=live[:, None, :] & (ds[None, :, None] < D), other=0.0)
+    return k, vt
 
 
 @triton.jit
-def online_split(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
-    """``online_step`` over a step's keys in W groups, k and v [W, CW, BLOCK_D] (valid
-    [W, CW]), with a running max m and sum l [W, BLOCK_G] and acc [W, BLOCK_G, BLOCK_D] for
-    each group, q [W, BLOCK_G, BLOCK_D] (the queries broadcast): a batch of W dots, spread
-    over the warps, so that the reductions over keys stay within a warp (``merge_split``
-    merges the groups once, after the loop)."""
-    zeros = tl.zeros([q.shape[0], q.shape[1], k.shape[1]], tl.float32)
-    scores = _dot(q, tl.permute(k.to(DT), (0, 2, 1)), zeros, DT)          # [W, BG, CW]
-    scores = tl.where(valid[:, None, :], scores * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, axis=2))
+def online_split(qt, k, vt, valid, m, l, acc_t, scale, DT: tl.constexpr):
+    """``online_step`` over a step's keys in W groups (``load_kv_split``: k [W, CW, BLOCK_D],
+    vt [W, BLOCK_D, CW], valid [W, CW]), each with its own running max m and sum l
+    [W, BLOCK_G] and acc, held transposed: acc_t [W, BLOCK_D, BLOCK_G]; qt [W, BLOCK_D,
+    BLOCK_G] the queries transposed and broadcast. Batches of W dots spread over the warps, so
+    that no reduction over keys crosses a warp, with the keys (and the head dim) as their M and
+    the few query rows as N: half the tensor-core steps of query rows as M (padded to 16) and a
+    quarter of the elementwise work (``merge_split`` merges the groups after the loop)."""
+    zeros = tl.zeros([k.shape[0], k.shape[1], qt.shape[2]], tl.float32)
+    scores = _dot(k.to(DT), qt, zeros, DT)                                # [W, CW, BG]
+    scores = tl.where(valid[:, :, None], scores * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
     alpha = tl.exp(m - m_ref)
-    p = tl.exp(scores - m_ref[:, :, None])
-    return (m_new, l * alpha + tl.sum(p, axis=2),
-            _dot(p.to(DT), v.to(DT), acc * alpha[:, :, None], DT))
+    p = tl.exp(scores - m_ref[:, None, :])
+    return (m_new, l * alpha + tl.sum(p, axis=1),
+            _dot(vt.to(DT), p.to(DT), acc_t * alpha[:, None, :], DT))
 
 
 @triton.jit
-def merge_split(m, l, acc):
-    """``online_split``'s W groups, m, l [W, BG] and acc [W, BG, BD] -> one (max, sum, acc)."""
+def merge_split(m, l, acc_t):
+    """``online_split``'s W groups, m, l [W, BG] and acc_t [W, BD, BG] -> one max and sum [BG]
+    and acc [BG, BD]."""
     m_all = tl.max(m, axis=0)
     w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])     # [W, BG]
-    return m_all, tl.sum(l * w, axis=0), tl.sum(acc * w[:, :, None], axis=0)
+    return m_all, tl.sum(l * w, axis=0), tl.trans(tl.sum(acc_t * w[:, None, :], axis=0))
 
 
 @triton.jit
@@ -209,14 +215,14 @@ def pair_steps_split(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sca
     DT: tl.constexpr = qa.dtype
     CW: tl.constexpr = CHUNK // W
     ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
-    qa3 = tl.broadcast_to(qa[None, :, :], (W, BLOCK_G, BLOCK_D))
-    qb3 = tl.broadcast_to(qb[None, :, :], (W, BLOCK_G, BLOCK_D))
+    qa3 = tl.broadcast_to(tl.trans(qa)[None, :, :], (W, BLOCK_D, BLOCK_G))
+    qb3 = tl.broadcast_to(tl.trans(qb)[None, :, :], (W, BLOCK_D, BLOCK_G))
     ma = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
     mb = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
     la = tl.zeros([W, BLOCK_G], tl.float32)
     lb = tl.zeros([W, BLOCK_G], tl.float32)
-    acc_a = tl.zeros([W, BLOCK_G, BLOCK_D], tl.float32)
-    acc_b = tl.zeros([W, BLOCK_G, BLOCK_D], tl.float32)
+    acc_a = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
+    acc_b = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
     for c in tl.range(0, NCHUNK, num_stages=STAGES):
         start = lo + c * CHUNK
         valid = start + ss < hi
@@ -303,9 +309,10 @@ def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
 @triton.jit
 def load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, heads, B: tl.constexpr,
                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr):
+                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr,
+                  V_T: tl.constexpr = False):
     """``load_kv`` of the kv heads ``heads`` [NH] of one row at once: keys and values
-    [NH, CHUNK, BLOCK_D]."""
+    [NH, CHUNK, BLOCK_D] (V_T: values transposed, [NH, BLOCK_D, CHUNK])."""
     ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
     if IN_BLOCK:
@@ -318,8 +325,12 @@ def load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, heads, B: tl.constex
     offs = key[:, :, None] + ds[None, None, :]                         # [NH, CHUNK, BLOCK_D]
     mask = (ss < hi)[None, :, None] & (ds[None, None, :] < D)
     v_shift = B * HKV * S * D
-    return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
-            tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
+    if V_T:
+        v = tl.load(cache_ptr + v_shift + key[:, None, :] + ds[None, :, None],
+                    mask=(ss < hi)[None, None, :] & (ds[None, :, None] < D), other=0.0)
+    else:
+        v = tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0)
+    return tl.load(cache_ptr + offs, mask=mask, other=0.0), v
 
 
 @triton.jit
@@ -327,10 +338,27 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
                   scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                   S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                  STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr):
+                  STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr,
+                  KEYS_M: tl.constexpr = False):
     """``attn_pair_op`` for NH kv heads kv_head .. kv_head + NH - 1 of row ``row``: their steps
     as one batch of NH [BLOCK_G, CHUNK] score tiles (batched dots) in one pipelined loop ->
-    their normalised outputs in out [B, HQ * D]."""
+    their normalised outputs in out [B, HQ * D]. KEYS_M: the tiles transposed, the keys as the
+    dots' M (``online_split``, a head a group)."""
+    if KEYS_M:
+        group_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
+                     HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NH)
+    else:
+        group_rows_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
+                     HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NH)
+
+
+@triton.jit
+def group_rows_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
+                 scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr):
+    """``attn_group_op`` with the query rows as the dots' M (``group_step``)."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     hs = tl.arange(0, NH)
@@ -349,6 +377,36 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
                              S, D, BS, CHUNK, BLOCK_D, IN_BLOCK)
         m, l, acc = group_step(q, k, v, c * CHUNK + ss < hi, m, l, acc, scale, DT)
     tl.store(out_ptr + offs, (acc / tl.where(l == 0.0, 1.0, l)[:, :, None]).to(DT), mask=qmask)
+
+
+@triton.jit
+def group_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
+                 scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr):
+    """``attn_group_op`` with the keys as the dots' M: each head's queries and output
+    transposed [BLOCK_D, BLOCK_G], its steps through ``online_split`` (a head a group)."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+    hs = tl.arange(0, NH)
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, CHUNK)
+    heads = row * HQ + (kv_head + hs[:, None]) * G + gs[None, :]        # [NH, BLOCK_G] of B * HQ
+    offs = heads[:, None, :] * D + ds[None, :, None]                    # [NH, BLOCK_D, BLOCK_G]
+    qmask = (gs[None, None, :] < G) & (ds[None, :, None] < D)
+    qt = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+    m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([NH, BLOCK_G], tl.float32)
+    acc_t = tl.zeros([NH, BLOCK_D, BLOCK_G], tl.float32)
+    for c in tl.range(0, (S + CHUNK - 1) // CHUNK, num_stages=STAGES):
+        k, vt = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B,
+                              HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, True)
+        valid = tl.broadcast_to((c * CHUNK + ss < hi)[None, :], (NH, CHUNK))
+        m, l, acc_t = online_split(qt, k, vt, valid, m, l, acc_t, scale, DT)
+    tl.store(out_ptr + offs, (acc_t / tl.where(l == 0.0, 1.0, l)[:, None, :]).to(DT),
+             mask=qmask)
 
 
 @triton.jit

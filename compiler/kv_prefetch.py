@@ -71,7 +71,8 @@ def attn_pair_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head,
                        W: tl.constexpr = 1, AHEAD: tl.constexpr = 0):
     """``attn_pair_op``'s keys of kv heads kv_head and kv_head + 1 (the first AHEAD of each)."""
     attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
-                        HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, 2, AHEAD)
+                        HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, 2,
+                        AHEAD=AHEAD)
 
 
 @triton.jit
@@ -80,7 +81,7 @@ def attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head
                         HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                        NH: tl.constexpr, AHEAD: tl.constexpr = 0):
+                        NH: tl.constexpr, KEYS_M: tl.constexpr = False, AHEAD: tl.constexpr = 0):
     """``attn_group_op``'s keys of kv heads kv_head .. kv_head + NH - 1 (the first AHEAD of
     each)."""
     KEYS: tl.constexpr = AHEAD if AHEAD else S

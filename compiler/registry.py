@@ -178,6 +178,11 @@ def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:
                 BLOCK_B=p2(d.batch, 1), HALF=p2(d.head_dim // 2, 1))
 
 
+# key groups of a pair's step with the keys as the dots' M (``TileConfig.attn_keys_m``): one a
+# warp of 4
+KEY_GROUPS = 4
+
+
 def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
     """Keys per step of an attention task: its whole span, up to c.kv_step key elements."""
     span = 1 << (t.args["kv_split"].bit_length() - 1)
@@ -205,10 +210,11 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
 
 def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = kv_chunk(t, d, c)
-    if chunk // c.attn_split < 16:
-        raise ValueError(f"attn_split={c.attn_split}: a pair's steps of {chunk} keys leave fewer "
-                         f"than 16 keys (a dot's least) to a group")
-    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, W=c.attn_split)
+    groups = KEY_GROUPS if c.attn_keys_m else 1
+    if chunk // groups < 16:
+        raise ValueError(f"attn_keys_m: a pair's steps of {chunk} keys leave fewer than 16 keys "
+                         f"(a dot's least) to each of {groups} groups")
+    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, W=groups)
 
 
 def _attn_pair_part(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -221,7 +227,8 @@ def _attn_pair_part(t: Task, d: Dims, c: TileConfig) -> dict:
 
 def _attn_group(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = max(16, kv_chunk(t, d, c) * 2 // c.attn_group)    # as many keys x heads as a pair
-    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, NH=c.attn_group)
+    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, NH=c.attn_group,
+                                          KEYS_M=c.attn_keys_m)
 
 
 def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -95,9 +95,12 @@ class TileConfig:
                                # adds them (and the residual, and the sums ``norm_sums``
                                # takes) into the output; no linear_reduce task, phase or wait
                                # (where no reduce_norm reduces by rows)
-    attn_split: int = 1        # a pair's steps: keys in this many groups, each with its own
-                               # running max and sum (batched dots over the warps, reductions
-                               # over keys within a warp), merged after the loop
+    attn_keys_m: bool = False  # whole pairs and groups of kv heads: the keys (and the head
+                               # dim) as the attention dots' M, the query rows as N (padded to
+                               # 8, not 16: half the tensor-core steps and of the softmax's
+                               # work), each warp's keys reduced within the warp (a pair's step
+                               # in registry.KEY_GROUPS groups with running states of their
+                               # own, a group's heads one a warp)
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)
@@ -163,8 +166,6 @@ class TileConfig:
             raise ValueError(f"attn_rows={self.attn_rows}: the attention dots take 4, 8 or 16 rows")
         if self.kv_split % self.kv_block:
             raise ValueError(f"kv_split={self.kv_split} is not a multiple of kv_block={self.kv_block}")
-        if self.attn_split < 1 or self.attn_split & (self.attn_split - 1):
-            raise ValueError(f"attn_split={self.attn_split}: key groups a step are 1, 2, 4...")
         if self.attn_group < 2 or self.attn_group & (self.attn_group - 1):
             raise ValueError(f"attn_group={self.attn_group}: kv heads per task are 2, 4, 8...")
 

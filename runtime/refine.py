@@ -73,13 +73,11 @@ from .variant import Variant, effective, stream_kv_split
 # share of the step's keys, where whole pairs or groups fill 96 of 132 workers at 24 and 48
 # rows) lost wherever timed against the winners (ms: 13 rows 0.996 -> 1.058, 17 1.102 -> 1.216,
 # 24 1.185 -> 1.280, 32 1.225 -> 1.242, 48 1.437 -> 1.499 with groups of 4, 64 1.561 -> 1.587;
-# merged by their last piece, slower still) and left the refinement. A pair's step in key groups
-# with running states of their own (``attn_split``, 4 groups: no reductions across warps in the
-# loop) flips on where whole pairs apply (24 rows 1.187 -> 1.174 ms, 32 1.235 -> 1.246).
+# merged by their last piece, slower still) and left the refinement. Whole pairs' and groups'
+# dots with the keys as M (``attn_keys_m``: a third fewer instructions a pair's step in the
+# sm_90 build, 579 against 848, no barrier) flip on where they apply.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_split")
-# key groups of a pair's step when flipped on (one per warp of 4)
-KEY_GROUPS = 4
+          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
@@ -133,13 +131,12 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
 
 
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams
-# at once, key groups how the warps share a step
+# at once, the dots' form how the warps share a step
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead",
-                  "attn_split")
+                  "attn_keys_m")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
          "fuse_reduce": fused_reduce,
-         "attn_split": deeper("attn_split", KEY_GROUPS, TileConfig.attn_split),
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),

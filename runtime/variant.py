@@ -109,7 +109,7 @@ class Variant:
     attn_pair_ranges: bool = TileConfig.attn_pair_ranges
     attn_spill: bool = TileConfig.attn_spill
     attn_rows: int = TileConfig.attn_rows
-    attn_split: int = TileConfig.attn_split
+    attn_keys_m: bool = TileConfig.attn_keys_m
     qkv_cross: bool = TileConfig.qkv_cross
     max_registers: int = CompileOptions.max_registers
     noinline: bool = CompileOptions.noinline
@@ -157,7 +157,7 @@ class Variant:
         flags += ["apr"] * self.attn_pair_ranges
         flags += ["sp"] * self.attn_spill
         flags += [f"ar{self.attn_rows}"] * (self.attn_rows != TileConfig.attn_rows)
-        flags += [f"aw{self.attn_split}"] * (self.attn_split != TileConfig.attn_split)
+        flags += ["km"] * self.attn_keys_m
         flags += [f"sk{self.split_k}"] * (self.split_k != TileConfig.split_k)
         flags += ["kl"] * self.split_long
         flags += [f"ls{self.long_slices}"] * bool(self.long_slices)
@@ -201,7 +201,8 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "fw": {"prefetch_fill": True}, "pc": {"prefetch_columns": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
-            "ap": {"attn_pairs": True}, "apr": {"attn_pairs": True, "attn_pair_ranges": True},
+            "ap": {"attn_pairs": True}, "km": {"attn_keys_m": True},
+            "apr": {"attn_pairs": True, "attn_pair_ranges": True},
             "fc": {"fuse_combine": True}, "fs": {"fuse_reduce": True},
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
             "rn": {"reduce_norm": True}, "ns": {"norm_sums": True}, "kl": {"split_long": True},
@@ -214,7 +215,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "kb": lambda n: {"kv_block": n},
            "as": lambda n: {"attn_stages": n},
-           "ar": lambda n: {"attn_rows": n}, "aw": lambda n: {"attn_split": n}, "ag": lambda n: {"attn_group": n},
+           "ar": lambda n: {"attn_rows": n}, "ag": lambda n: {"attn_group": n},
            "at": lambda n: {"attn_tasks_per_worker": n}, "bo": lambda n: {"backoff_ns": n},
            "sk": lambda n: {"split_k": n}, "ls": lambda n: {"long_slices": n},
            "rg": lambda n: {"max_registers": n}, "tm": lambda n: {"staged_kib": n},
@@ -291,8 +292,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     otherwise, q/k/v pieces across heads only without head norms (their pieces per head then
     mean nothing), KV prefetch a task ahead only where attention is not streamed, pairs (or
     groups) of kv heads per task or streamed unit only where they apply (``Tiler.attn_pairs``,
-    ``Tiler.stream_heads``), the group size only with them, key groups of a step only where
-    whole pairs are tasks, pairs over key ranges only where
+    ``Tiler.stream_heads``), the group size only with them, keys as the attention dots' M only
+    where whole pairs or groups are tasks, pairs over key ranges only where
     units have several, spilled units only where some are cut, fused combines only for pieces
     (plain, pairs over key ranges, or streams of kv head groups) where some unit has several,
     slices of the long projections only where that leaves some projections unsliced, their own
@@ -322,9 +323,8 @@ def _effective(ops, v: Variant, again) -> Variant:
         return again(replace(v, attn_pairs=False))
     if v.attn_group != TileConfig.attn_group and not v.attn_pairs:
         return again(replace(v, attn_group=TileConfig.attn_group))
-    whole_pairs = tiler.attn_pairs() and v.attn_group == 2 and tiler.whole_units()
-    if v.attn_split != TileConfig.attn_split and not whole_pairs:
-        return again(replace(v, attn_split=TileConfig.attn_split))
+    if v.attn_keys_m and not (tiler.attn_pairs() and tiler.whole_units()):
+        return again(replace(v, attn_keys_m=False))
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return again(replace(v, attn_pair_ranges=False))
     if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):

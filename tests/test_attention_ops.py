@@ -143,25 +143,27 @@ def test_pair_op_matches_attention(bs, chunk, in_block, w):
 def group_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ: tl.constexpr,
                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                  BS: tl.constexpr, CHUNK: tl.constexpr, IN_BLOCK: tl.constexpr,
-                 NH: tl.constexpr):
+                 NH: tl.constexpr, KEYS_M: tl.constexpr):
     for row in range(B):
         for h in range(0, HKV, NH):
             attention_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, h, 1,
                                         D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK, 4, D, 2,
-                                        IN_BLOCK, NH)
+                                        IN_BLOCK, NH, KEYS_M)
 
 
-@pytest.mark.parametrize("nh,hkv,bs,chunk,in_block", [(4, 4, 16, 32, False), (4, 8, 16, 16, True),
-                                                      (2, 4, 32, 16, True)])
-def test_group_op_matches_attention(nh, hkv, bs, chunk, in_block):
+@pytest.mark.parametrize("nh,hkv,bs,chunk,in_block,keys_m", [
+    (4, 4, 16, 32, False, False), (4, 8, 16, 16, True, False), (2, 4, 32, 16, True, False),
+    (4, 4, 16, 32, False, True), (4, 8, 16, 16, True, True)])
+def test_group_op_matches_attention(nh, hkv, bs, chunk, in_block, keys_m):
     """``attn_group_op``: each row's kv heads in groups of ``nh`` (G = 3 query heads each,
-    padded to 4 rows) as batched dots in one loop, rows of unequal length, the second layer of
-    a cache read through a shuffled block table, against SDPA."""
+    padded to 4 rows) as batched dots in one loop (or with the keys as their M), rows of
+    unequal length, the second layer of a cache read through a shuffled block table, against
+    SDPA."""
     lengths, hq = [S - 21, S], 3 * hkv
     q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths, hq, hkv)
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
-    group_kernel[(1,)](*args, B, hq, hkv, S, D, 3, bs, chunk, in_block, nh)
+    group_kernel[(1,)](*args, B, hq, hkv, S, D, 3, bs, chunk, in_block, nh, keys_m)
     torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
                                atol=1e-5, rtol=1e-5)
 

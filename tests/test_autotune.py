@@ -120,13 +120,13 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     [(u, predicted)] = flips({v.label})
     assert u == replace(v, balance=True) and predicted > 0
     assert flips({v.label, u.label}) == []
-    # a pair's step in key groups, and back; as built, only where whole pairs are tasks
+    # the keys as the attention dots' M, and back; as built, only where whole pairs are tasks
     pairs = replace(v, attn_pairs=True, kv_split=64)
-    assert refine.flip(pairs, "attn_split", 64) == replace(pairs, attn_split=4)
-    assert refine.flip(replace(pairs, attn_split=4), "attn_split", 64) == pairs
+    assert refine.flip(pairs, "attn_keys_m", 64) == replace(pairs, attn_keys_m=True)
+    assert refine.flip(replace(pairs, attn_keys_m=True), "attn_keys_m", 64) == pairs
     ops = refine.op_graph(cfg, torch.float32, 2, 64)
-    assert effective(ops, replace(pairs, attn_split=4)).attn_split == 4
-    assert effective(ops, replace(v, attn_split=4)).attn_split == 1
+    assert effective(ops, replace(pairs, attn_keys_m=True)).attn_keys_m
+    assert not effective(ops, replace(v, attn_keys_m=True)).attn_keys_m
     # as built, a stream keeps its keys a task, no spills and no KV prefetch a task ahead
     spilled = replace(v, attn_pairs=True, attn_spill=True, prefetch_kv_ahead=128, kv_split=64)
     built = effective(ops, replace(spilled, attn_stream=True, fuse_combine=True))

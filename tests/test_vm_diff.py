@@ -59,7 +59,7 @@ def inputs(model):
                                    TileConfig(attn_stream=True, kv_step=256, kv_block=32),
                                    TileConfig(attn_pairs=True, kv_split=64),
                                    TileConfig(attn_pairs=True, kv_split=64, kv_block=64,
-                                              attn_split=2),
+                                              attn_keys_m=True),
                                    TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=16,
                                               kv_step=256, attn_tasks_per_worker=0),
                                    TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=32,
@@ -70,9 +70,12 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
 
 @pytest.mark.parametrize("tiles", [TileConfig(attn_pairs=True, attn_group=4, kv_split=64),
                                    TileConfig(attn_pairs=True, attn_group=4, kv_split=64,
-                                              kv_block=32, kv_step=512)])
+                                              kv_block=32, kv_step=512),
+                                   TileConfig(attn_pairs=True, attn_group=4, kv_split=64,
+                                              attn_keys_m=True)])
 def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
-    """Attention tasks over groups of 4 kv heads (a batched dot per step)."""
+    """Attention tasks over groups of 4 kv heads (a batched dot per step; the keys as its M
+    too)."""
     kinds = check_kernel_against_vm("tiny-llama-kv4", tiles)
     assert kinds.count("attn_group") == 3 * B and "attn_pair" not in kinds
 
