@@ -75,7 +75,8 @@ from .variant import Variant, effective, stream_kv_split
 # 24 1.185 -> 1.280, 32 1.225 -> 1.242, 48 1.437 -> 1.499 with groups of 4, 64 1.561 -> 1.587;
 # merged by their last piece, slower still) and left the refinement. Whole pairs' and groups'
 # dots with the keys as M (``attn_keys_m``: a third fewer instructions a pair's step in the
-# sm_90 build, 579 against 848, no barrier) flip on where they apply.
+# sm_90 build, 579 against 848, no barrier; against the winners, ms: 24 rows 1.176 -> 1.156, 64
+# rows with groups of 4 1.553 -> 1.544) flip on where they apply.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
           "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
