@@ -343,22 +343,7 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     """``attn_pair_op`` for NH kv heads kv_head .. kv_head + NH - 1 of row ``row``: their steps
     as one batch of NH [BLOCK_G, CHUNK] score tiles (batched dots) in one pipelined loop ->
     their normalised outputs in out [B, HQ * D]. KEYS_M: the tiles transposed, the keys as the
-    dots' M (``online_split``, a head a group)."""
-    if KEYS_M:
-        group_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
-                     HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NH)
-    else:
-        group_rows_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
-                     HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NH)
-
-
-@triton.jit
-def group_rows_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
-                 scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr):
-    """``attn_group_op`` with the query rows as the dots' M (``group_step``)."""
+    dots' M (``online_split``, a head a group; queries and acc [NH, BLOCK_D, BLOCK_G])."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     hs = tl.arange(0, NH)
@@ -366,47 +351,31 @@ def group_rows_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
     ds = tl.arange(0, BLOCK_D)
     ss = tl.arange(0, CHUNK)
     heads = row * HQ + (kv_head + hs[:, None]) * G + gs[None, :]        # [NH, BLOCK_G] of B * HQ
-    offs = heads[:, :, None] * D + ds[None, None, :]                    # [NH, BLOCK_G, BLOCK_D]
-    qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D)
+    if KEYS_M:                  # queries and output transposed
+        offs = heads[:, None, :] * D + ds[None, :, None]                # [NH, BLOCK_D, BLOCK_G]
+        qmask = (gs[None, None, :] < G) & (ds[None, :, None] < D)
+        acc = tl.zeros([NH, BLOCK_D, BLOCK_G], tl.float32)
+    else:
+        offs = heads[:, :, None] * D + ds[None, None, :]                # [NH, BLOCK_G, BLOCK_D]
+        qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D)
+        acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
     q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
     m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([NH, BLOCK_G], tl.float32)
-    acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
     for c in tl.range(0, (S + CHUNK - 1) // CHUNK, num_stages=STAGES):
         k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
-                             S, D, BS, CHUNK, BLOCK_D, IN_BLOCK)
-        m, l, acc = group_step(q, k, v, c * CHUNK + ss < hi, m, l, acc, scale, DT)
-    tl.store(out_ptr + offs, (acc / tl.where(l == 0.0, 1.0, l)[:, :, None]).to(DT), mask=qmask)
-
-
-@triton.jit
-def group_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer,
-                 scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr):
-    """``attn_group_op`` with the keys as the dots' M: each head's queries and output
-    transposed [BLOCK_D, BLOCK_G], its steps through ``online_split`` (a head a group)."""
-    DT: tl.constexpr = q_ptr.dtype.element_ty
-    hi = tl.load(pos_ptr + row).to(tl.int32) + 1
-    hs = tl.arange(0, NH)
-    gs = tl.arange(0, BLOCK_G)
-    ds = tl.arange(0, BLOCK_D)
-    ss = tl.arange(0, CHUNK)
-    heads = row * HQ + (kv_head + hs[:, None]) * G + gs[None, :]        # [NH, BLOCK_G] of B * HQ
-    offs = heads[:, None, :] * D + ds[None, :, None]                    # [NH, BLOCK_D, BLOCK_G]
-    qmask = (gs[None, None, :] < G) & (ds[None, :, None] < D)
-    qt = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-    m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([NH, BLOCK_G], tl.float32)
-    acc_t = tl.zeros([NH, BLOCK_D, BLOCK_G], tl.float32)
-    for c in tl.range(0, (S + CHUNK - 1) // CHUNK, num_stages=STAGES):
-        k, vt = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B,
-                              HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, True)
-        valid = tl.broadcast_to((c * CHUNK + ss < hi)[None, :], (NH, CHUNK))
-        m, l, acc_t = online_split(qt, k, vt, valid, m, l, acc_t, scale, DT)
-    tl.store(out_ptr + offs, (acc_t / tl.where(l == 0.0, 1.0, l)[:, None, :]).to(DT),
-             mask=qmask)
+                             S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M)
+        valid = c * CHUNK + ss < hi
+        if KEYS_M:              # a head a group of online_split
+            m, l, acc = online_split(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m,
+                                     l, acc, scale, DT)
+        else:
+            m, l, acc = group_step(q, k, v, valid, m, l, acc, scale, DT)
+    if KEYS_M:
+        out = acc / tl.where(l == 0.0, 1.0, l)[:, None, :]
+    else:
+        out = acc / tl.where(l == 0.0, 1.0, l)[:, :, None]
+    tl.store(out_ptr + offs, out.to(DT), mask=qmask)
 
 
 @triton.jit
