@@ -1,7 +1,8 @@
 """Attention op bodies of the megakernel (``@triton.jit``, one tile task each): a partial over
 one key range of one row's query heads of a kv head, a pair (or a group) of a row's kv heads
 over all its keys, a stream over the keys of consecutive (row, kv head) units, and the combine
-of partials (their L2 prefetches: ``kv_prefetch``).
+of partials (their L2 prefetches: ``kv_prefetch``; the dots of whole pairs and groups with the
+keys as M: ``attention_keys_m``).
 
 The cache is [L, 2, B, Hkv, S, D], read through the block table as in ``rope_ops.cache_slots``;
 partials are fp32 acc [P, G, D] and (max, sum) [P, G, 2], one slot per key range (P in all), the
@@ -11,6 +12,7 @@ import triton
 import triton.language as tl
 
 from . import kernel_loop
+from .attention_keys_m import online_keys_m, pair_steps_keys_m
 from .ops import _dot
 from .rope_ops import cache_slots
 
@@ -39,62 +41,6 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
     v_shift = B * HKV * S * D                     # from the K plane to the V plane
     return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
             tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
-
-
-@triton.jit
-def load_kv_split(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr,
-                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, W: tl.constexpr,
-                  IN_BLOCK: tl.constexpr = False):
-    """``load_kv``'s step in W groups of CW = CHUNK // W keys (key w * CW + j of the step is
-    group w's j-th), for ``online_split``: keys [W, CW, BLOCK_D] and values transposed,
-    [W, BLOCK_D, CW] (each group's dot takes them as its left operand)."""
-    CW: tl.constexpr = CHUNK // W
-    ss = start + tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]       # [W, CW]
-    ds = tl.arange(0, BLOCK_D)
-    if IN_BLOCK:
-        first = cache_slots(row, tl.minimum(start, S - 1), bt_ptr, layer, 0, kv_head, B, HKV,
-                            S, D, BS)
-        key = first + (ss - start) * D                                      # [W, CW]
-    else:
-        key = cache_slots(row, tl.minimum(ss, S - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
-                          BS)
-    live = ss < hi
-    v_shift = B * HKV * S * D                     # from the K plane to the V plane
-    k = tl.load(cache_ptr + key[:, :, None] + ds[None, None, :],           # [W, CW, BLOCK_D]
-                mask=live[:, :, None] & (ds[None, None, :] < D), other=0.0)
-    vt = tl.load(cache_ptr + v_shift + key[:, None, :] + ds[None, :, None],  # [W, BLOCK_D, CW]
-                 mask=live[:, None, :] & (ds[None, :, None] < D), other=0.0)
-    return k, vt
-
-
-@triton.jit
-def online_split(qt, k, vt, valid, m, l, acc_t, scale, DT: tl.constexpr):
-    """``online_step`` over a step's keys in W groups (``load_kv_split``: k [W, CW, BLOCK_D],
-    vt [W, BLOCK_D, CW], valid [W, CW]), each with its own running max m and sum l
-    [W, BLOCK_G] and acc, held transposed: acc_t [W, BLOCK_D, BLOCK_G]; qt [W, BLOCK_D,
-    BLOCK_G] the queries transposed and broadcast. Batches of W dots spread over the warps, so
-    that no reduction over keys crosses a warp, with the keys (and the head dim) as their M and
-    the few query rows as N: half the tensor-core steps of query rows as M (padded to 16) and a
-    quarter of the elementwise work (``merge_split`` merges the groups after the loop)."""
-    zeros = tl.zeros([k.shape[0], k.shape[1], qt.shape[2]], tl.float32)
-    scores = _dot(k.to(DT), qt, zeros, DT)                                # [W, CW, BG]
-    scores = tl.where(valid[:, :, None], scores * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
-    alpha = tl.exp(m - m_ref)
-    p = tl.exp(scores - m_ref[:, None, :])
-    return (m_new, l * alpha + tl.sum(p, axis=1),
-            _dot(vt.to(DT), p.to(DT), acc_t * alpha[:, None, :], DT))
-
-
-@triton.jit
-def merge_split(m, l, acc_t):
-    """``online_split``'s W groups, m, l [W, BG] and acc_t [W, BD, BG] -> one max and sum [BG]
-    and acc [BG, BD]."""
-    m_all = tl.max(m, axis=0)
-    w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])     # [W, BG]
-    return m_all, tl.sum(l * w, axis=0), tl.trans(tl.sum(acc_t * w[:, None, :], axis=0))
 
 
 @triton.jit
@@ -189,7 +135,7 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
     acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     if W > 1:
-        ma, la, acc_a, mb, lb, acc_b = pair_steps_split(
+        ma, la, acc_a, mb, lb, acc_b = pair_steps_keys_m(
             qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B, HKV, S, D, BS,
             CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NCHUNK, W)
     else:
@@ -202,38 +148,6 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
                              D, BS, CHUNK, BLOCK_D, IN_BLOCK)
             ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
             mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
-    return ma, la, acc_a, mb, lb, acc_b
-
-
-@triton.jit
-def pair_steps_split(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale,
-                     B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
-                     BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-                     BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                     NCHUNK: tl.constexpr, W: tl.constexpr):
-    """``pair_steps`` with each step's keys in W groups (``online_split``)."""
-    DT: tl.constexpr = qa.dtype
-    CW: tl.constexpr = CHUNK // W
-    ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
-    qa3 = tl.broadcast_to(tl.trans(qa)[None, :, :], (W, BLOCK_D, BLOCK_G))
-    qb3 = tl.broadcast_to(tl.trans(qb)[None, :, :], (W, BLOCK_D, BLOCK_G))
-    ma = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
-    mb = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
-    la = tl.zeros([W, BLOCK_G], tl.float32)
-    lb = tl.zeros([W, BLOCK_G], tl.float32)
-    acc_a = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
-    acc_b = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
-    for c in tl.range(0, NCHUNK, num_stages=STAGES):
-        start = lo + c * CHUNK
-        valid = start + ss < hi
-        ka, va = load_kv_split(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D,
-                               BS, CHUNK, BLOCK_D, W, IN_BLOCK)
-        kb, vb = load_kv_split(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S,
-                               D, BS, CHUNK, BLOCK_D, W, IN_BLOCK)
-        ma, la, acc_a = online_split(qa3, ka, va, valid, ma, la, acc_a, scale, DT)
-        mb, lb, acc_b = online_split(qb3, kb, vb, valid, mb, lb, acc_b, scale, DT)
-    ma, la, acc_a = merge_split(ma, la, acc_a)
-    mb, lb, acc_b = merge_split(mb, lb, acc_b)
     return ma, la, acc_a, mb, lb, acc_b
 
 
@@ -343,7 +257,7 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     """``attn_pair_op`` for NH kv heads kv_head .. kv_head + NH - 1 of row ``row``: their steps
     as one batch of NH [BLOCK_G, CHUNK] score tiles (batched dots) in one pipelined loop ->
     their normalised outputs in out [B, HQ * D]. KEYS_M: the tiles transposed, the keys as the
-    dots' M (``online_split``, a head a group; queries and acc [NH, BLOCK_D, BLOCK_G])."""
+    dots' M (``online_keys_m``, a head a group; queries and acc [NH, BLOCK_D, BLOCK_G])."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     hs = tl.arange(0, NH)
@@ -366,8 +280,8 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
         k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
                              S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M)
         valid = c * CHUNK + ss < hi
-        if KEYS_M:              # a head a group of online_split
-            m, l, acc = online_split(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m,
+        if KEYS_M:              # a head a group of online_keys_m
+            m, l, acc = online_keys_m(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m,
                                      l, acc, scale, DT)
         else:
             m, l, acc = group_step(q, k, v, valid, m, l, acc, scale, DT)

@@ -1,0 +1,106 @@
+"""Attention steps with the keys as the dots' M (``@triton.jit``; ``TileConfig.attn_keys_m``):
+score tiles [keys, query rows] and the output [head dim, query rows], so that a kv head's few
+query rows pad the tensor-core N to 8 rather than its M to 16, and each warp's keys are reduced
+within the warp: a pair's step in W groups of keys with running states of their own, merged
+after the loop (``pair_steps_keys_m``), or a group's heads one a warp (``attention_ops``'s
+``attn_group_op``).
+
+Inputs: the cache [L, 2, B, Hkv, S, D] through the block table (``rope_ops.cache_slots``), the
+queries transposed [.., BLOCK_D, BLOCK_G]; outputs: per head (max, sum) [BLOCK_G] and acc
+[BLOCK_G, BLOCK_D], as ``attention_ops.pair_steps`` returns them.
+"""
+import triton
+import triton.language as tl
+
+from .ops import _dot
+from .rope_ops import cache_slots
+
+
+@triton.jit
+def load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr,
+                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, W: tl.constexpr,
+                  IN_BLOCK: tl.constexpr = False):
+    """``load_kv``'s step in W groups of CW = CHUNK // W keys (key w * CW + j of the step is
+    group w's j-th), for ``online_keys_m``: keys [W, CW, BLOCK_D] and values transposed,
+    [W, BLOCK_D, CW] (each group's dot takes them as its left operand)."""
+    CW: tl.constexpr = CHUNK // W
+    ss = start + tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]       # [W, CW]
+    ds = tl.arange(0, BLOCK_D)
+    if IN_BLOCK:
+        first = cache_slots(row, tl.minimum(start, S - 1), bt_ptr, layer, 0, kv_head, B, HKV,
+                            S, D, BS)
+        key = first + (ss - start) * D                                      # [W, CW]
+    else:
+        key = cache_slots(row, tl.minimum(ss, S - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
+                          BS)
+    live = ss < hi
+    v_shift = B * HKV * S * D                     # from the K plane to the V plane
+    k = tl.load(cache_ptr + key[:, :, None] + ds[None, None, :],           # [W, CW, BLOCK_D]
+                mask=live[:, :, None] & (ds[None, None, :] < D), other=0.0)
+    vt = tl.load(cache_ptr + v_shift + key[:, None, :] + ds[None, :, None],  # [W, BLOCK_D, CW]
+                 mask=live[:, None, :] & (ds[None, :, None] < D), other=0.0)
+    return k, vt
+
+
+@triton.jit
+def online_keys_m(qt, k, vt, valid, m, l, acc_t, scale, DT: tl.constexpr):
+    """``online_step`` over a step's keys in W groups (``load_kv_groups``: k [W, CW, BLOCK_D],
+    vt [W, BLOCK_D, CW], valid [W, CW]), each with its own running max m and sum l
+    [W, BLOCK_G] and acc, held transposed: acc_t [W, BLOCK_D, BLOCK_G]; qt [W, BLOCK_D,
+    BLOCK_G] the queries transposed (and broadcast, or a group's own). Batches of W dots spread
+    over the warps, so that no reduction over keys crosses a warp, with the keys (and the head
+    dim) as their M and the few query rows as N (padded to 8): half the tensor-core steps and
+    about half the elementwise work of query rows as M (padded to 16). ``merge_groups`` merges
+    a step's groups after the loop."""
+    zeros = tl.zeros([k.shape[0], k.shape[1], qt.shape[2]], tl.float32)
+    scores = _dot(k.to(DT), qt, zeros, DT)                                # [W, CW, BG]
+    scores = tl.where(valid[:, :, None], scores * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
+    alpha = tl.exp(m - m_ref)
+    p = tl.exp(scores - m_ref[:, None, :])
+    return (m_new, l * alpha + tl.sum(p, axis=1),
+            _dot(vt.to(DT), p.to(DT), acc_t * alpha[:, None, :], DT))
+
+
+@triton.jit
+def merge_groups(m, l, acc_t):
+    """``online_keys_m``'s W groups, m, l [W, BG] and acc_t [W, BD, BG] -> one max and sum [BG]
+    and acc [BG, BD]."""
+    m_all = tl.max(m, axis=0)
+    w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])     # [W, BG]
+    return m_all, tl.sum(l * w, axis=0), tl.trans(tl.sum(acc_t * w[:, None, :], axis=0))
+
+
+@triton.jit
+def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale,
+                     B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                     BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                     BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
+                     NCHUNK: tl.constexpr, W: tl.constexpr):
+    """``pair_steps`` with the keys as the dots' M, each step's keys in W groups
+    (``online_keys_m``)."""
+    DT: tl.constexpr = qa.dtype
+    CW: tl.constexpr = CHUNK // W
+    ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
+    qa3 = tl.broadcast_to(tl.trans(qa)[None, :, :], (W, BLOCK_D, BLOCK_G))
+    qb3 = tl.broadcast_to(tl.trans(qb)[None, :, :], (W, BLOCK_D, BLOCK_G))
+    ma = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
+    mb = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
+    la = tl.zeros([W, BLOCK_G], tl.float32)
+    lb = tl.zeros([W, BLOCK_G], tl.float32)
+    acc_a = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
+    acc_b = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
+    for c in tl.range(0, NCHUNK, num_stages=STAGES):
+        start = lo + c * CHUNK
+        valid = start + ss < hi
+        ka, va = load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S,
+                                D, BS, CHUNK, BLOCK_D, W, IN_BLOCK)
+        kb, vb = load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV,
+                                S, D, BS, CHUNK, BLOCK_D, W, IN_BLOCK)
+        ma, la, acc_a = online_keys_m(qa3, ka, va, valid, ma, la, acc_a, scale, DT)
+        mb, lb, acc_b = online_keys_m(qb3, kb, vb, valid, mb, lb, acc_b, scale, DT)
+    ma, la, acc_a = merge_groups(ma, la, acc_a)
+    mb, lb, acc_b = merge_groups(mb, lb, acc_b)
+    return ma, la, acc_a, mb, lb, acc_b
