@@ -13,24 +13,40 @@ import triton
 import triton.language as tl
 
 from .ops import _dot
-from .rope_ops import cache_slots
+from .rope_ops import block_slot, cache_block, cache_slots
+
+
+@triton.jit
+def step_blocks(row, lo, bt_ptr, S: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+                NCHUNK: tl.constexpr):
+    """The block-table entries of a task's NCHUNK steps of CHUNK keys from key ``lo`` (each step
+    within one cache block), asked for at once before its loop: [NB] (NB >= NCHUNK)."""
+    steps = tl.arange(0, triton.next_power_of_2(NCHUNK))
+    return cache_block(row, tl.minimum(lo + steps * CHUNK, S - 1), bt_ptr, S, BS)
+
+
+@triton.jit
+def step_block(blocks, c):
+    """Step c's entry of ``step_blocks``, taken from registers: the loop's loads then wait on
+    no load of the loop, so that its pipeline keeps STAGES - 1 steps in flight (a table entry
+    gathered in the loop holds half of them back)."""
+    return tl.sum(tl.where(tl.arange(0, blocks.shape[0]) == c, blocks, 0))
 
 
 @triton.jit
 def load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr,
-                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, W: tl.constexpr,
-                  IN_BLOCK: tl.constexpr = False):
+                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, W: tl.constexpr,
+                   IN_BLOCK: tl.constexpr, block):
     """``load_kv``'s step in W groups of CW = CHUNK // W keys (key w * CW + j of the step is
     group w's j-th), for ``online_keys_m``: keys [W, CW, BLOCK_D] and values transposed,
-    [W, BLOCK_D, CW] (each group's dot takes them as its left operand)."""
+    [W, BLOCK_D, CW] (each group's dot takes them as its left operand). IN_BLOCK: the step
+    lies in cache block ``block`` (``step_block``)."""
     CW: tl.constexpr = CHUNK // W
     ss = start + tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]       # [W, CW]
     ds = tl.arange(0, BLOCK_D)
     if IN_BLOCK:
-        first = cache_slots(row, tl.minimum(start, S - 1), bt_ptr, layer, 0, kv_head, B, HKV,
-                            S, D, BS)
-        key = first + (ss - start) * D                                      # [W, CW]
+        key = block_slot(block, start, layer, 0, kv_head, B, HKV, S, D, BS) + (ss - start) * D
     else:
         key = cache_slots(row, tl.minimum(ss, S - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
                           BS)
@@ -92,13 +108,15 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
     lb = tl.zeros([W, BLOCK_G], tl.float32)
     acc_a = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
     acc_b = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
+    blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK)
     for c in tl.range(0, NCHUNK, num_stages=STAGES):
         start = lo + c * CHUNK
         valid = start + ss < hi
+        block = step_block(blocks, c)
         ka, va = load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S,
-                                D, BS, CHUNK, BLOCK_D, W, IN_BLOCK)
+                                D, BS, CHUNK, BLOCK_D, W, IN_BLOCK, block)
         kb, vb = load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV,
-                                S, D, BS, CHUNK, BLOCK_D, W, IN_BLOCK)
+                                S, D, BS, CHUNK, BLOCK_D, W, IN_BLOCK, block)
         ma, la, acc_a = online_keys_m(qa3, ka, va, valid, ma, la, acc_a, scale, DT)
         mb, lb, acc_b = online_keys_m(qb3, kb, vb, valid, mb, lb, acc_b, scale, DT)
     ma, la, acc_a = merge_groups(ma, la, acc_a)

@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 
 from . import kernel_loop
-from .attention_keys_m import online_keys_m, pair_steps_keys_m
+from .attention_keys_m import online_keys_m, pair_steps_keys_m, step_block, step_blocks
 from .ops import _dot
-from .rope_ops import cache_slots
+from .rope_ops import block_slot, cache_slots
 
 
 @triton.jit
@@ -224,12 +224,16 @@ def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
 def load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, heads, B: tl.constexpr,
                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr,
-                  V_T: tl.constexpr = False):
+                  V_T: tl.constexpr = False, block=None):
     """``load_kv`` of the kv heads ``heads`` [NH] of one row at once: keys and values
-    [NH, CHUNK, BLOCK_D] (V_T: values transposed, [NH, BLOCK_D, CHUNK])."""
+    [NH, CHUNK, BLOCK_D] (V_T: values transposed, [NH, BLOCK_D, CHUNK]; ``block``: the step's
+    cache block where IN_BLOCK, ``attention_keys_m.step_block``, else one gathered here)."""
     ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
-    if IN_BLOCK:
+    if IN_BLOCK and block is not None:
+        first = block_slot(block, start, layer, 0, heads, B, HKV, S, D, BS)            # [NH]
+        key = first[:, None] + tl.arange(0, CHUNK)[None, :] * D                  # [NH, CHUNK]
+    elif IN_BLOCK:
         first = cache_slots(row, tl.minimum(start, S - 1), bt_ptr, layer, 0, heads, B, HKV, S,
                             D, BS)                                                   # [NH]
         key = first[:, None] + tl.arange(0, CHUNK)[None, :] * D                  # [NH, CHUNK]
@@ -276,9 +280,12 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
     m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([NH, BLOCK_G], tl.float32)
-    for c in tl.range(0, (S + CHUNK - 1) // CHUNK, num_stages=STAGES):
+    NCHUNK: tl.constexpr = (S + CHUNK - 1) // CHUNK
+    blocks = step_blocks(row, 0, bt_ptr, S, BS, CHUNK, NCHUNK) if KEYS_M else None
+    for c in tl.range(0, NCHUNK, num_stages=STAGES):
         k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
-                             S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M)
+                             S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M,
+                             step_block(blocks, c) if KEYS_M else None)
         valid = c * CHUNK + ss < hi
         if KEYS_M:              # a head a group of online_keys_m
             m, l, acc = online_keys_m(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m,

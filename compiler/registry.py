@@ -181,6 +181,21 @@ def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:
 # key groups of a pair's step with the keys as the dots' M (``TileConfig.attn_keys_m``): one a
 # warp of 4
 KEY_GROUPS = 4
+# shared memory the keys-as-M loops' steps in flight may fill where their steps lie in single
+# cache blocks: with the block-table entries asked for before the loop, its pipeline keeps
+# STAGES - 1 steps of keys and values in shared memory (of the H200's 227 KiB a block)
+KEYS_M_STAGE_KIB = 192
+
+
+def keys_m_stages(d: Dims, c: TileConfig, chunk: int, heads: int, stages: int,
+                  in_block: bool) -> int:
+    """The pipeline stages of a keys-as-M attention loop over steps of ``chunk`` keys of
+    ``heads`` kv heads: ``stages`` (the others'), at most as many as KEYS_M_STAGE_KIB holds
+    steps in flight where each step lies in one cache block."""
+    if not (c.attn_keys_m and in_block):
+        return stages
+    step = 2 * heads * chunk * p2(d.head_dim) * d.itemsize               # keys and values
+    return max(2, min(stages, 1 + KEYS_M_STAGE_KIB * 1024 // step))
 
 
 def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
@@ -210,11 +225,13 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
 
 def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = kv_chunk(t, d, c)
-    groups = KEY_GROUPS if c.attn_keys_m else 1
+    groups, body = KEY_GROUPS if c.attn_keys_m else 1, _attn_body(d, c, chunk)
     if chunk // groups < 16:
         raise ValueError(f"attn_keys_m: a pair's steps of {chunk} keys leave fewer than 16 keys "
                          f"(a dot's least) to each of {groups} groups")
-    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, W=groups)
+    in_block = c.kv_block % chunk == 0
+    return body | dict(IN_BLOCK=in_block, W=groups,
+                       STAGES=keys_m_stages(d, c, chunk, 2, body["STAGES"], in_block))
 
 
 def _attn_pair_part(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -227,8 +244,9 @@ def _attn_pair_part(t: Task, d: Dims, c: TileConfig) -> dict:
 
 def _attn_group(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = max(16, kv_chunk(t, d, c) * 2 // c.attn_group)    # as many keys x heads as a pair
-    return _attn_body(d, c, chunk) | dict(IN_BLOCK=c.kv_block % chunk == 0, NH=c.attn_group,
-                                          KEYS_M=c.attn_keys_m)
+    body, in_block = _attn_body(d, c, chunk), c.kv_block % chunk == 0
+    return body | dict(IN_BLOCK=in_block, NH=c.attn_group, KEYS_M=c.attn_keys_m,
+                       STAGES=keys_m_stages(d, c, chunk, c.attn_group, body["STAGES"], in_block))
 
 
 def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
