@@ -24,7 +24,7 @@ import triton.language as tl
 from megakernel.bench.attention import attn_pairs, attn_units, sdpa
 from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
-from megakernel.compiler.registry import p2
+from megakernel.compiler.registry import KEY_GROUPS, p2
 from megakernel.compiler.stream_ops import attn_pair_stream_op
 from megakernel.compiler.tile import TileConfig
 from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
                         "keeps (stages - 1) // 2 steps in flight: 6 two, 9 four")
     p.add_argument("--pairs", action="store_true",
                    help="also units of a row's pairs of kv heads: whole pairs a program "
-                        "(attn_pair_op) beside pair streams (attn_pair_stream_op)")
+                        "(attn_pair_op, the rows or the keys as its dots' M) beside pair "
+                        "streams (attn_pair_stream_op)")
     p.add_argument("--layers", type=int, default=1,
                    help="cache layers, the last one read (the megakernel's cache holds all)")
     args = p.parse_args(argv)
@@ -172,14 +173,21 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, show, ref) -> None:
-    """Whole pairs (one program each, at most one per SM) beside pair streams over every SM."""
+    """Whole pairs (one program each, at most one per SM; the query rows as the dots' M, or the
+    keys: ``km``) beside pair streams over every SM."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, tag, layer = q.shape[1] // d // hkv, f"s{stages} ar{rows}", args.layers - 1
-    out = torch.full_like(q, float("nan"))
-    pairs_run = lambda: attn_pairs[(min(b * hkv // 2, sms),)](
-        q, cache[layer:], pos, table, out, b * hkv, b, q.shape[1] // d, hkv, s, d, g,
-        s // table.shape[1], 128, p2(g, rows), stages)
-    show(f"pairs c128 {tag}", triton.testing.do_bench(pairs_run), rel_err(out, ref))
+    for w, form in ((1, ""), (KEY_GROUPS, " km")):
+        out = torch.full_like(q, float("nan"))
+        run = lambda: attn_pairs[(min(b * hkv // 2, sms),)](
+            q, cache[layer:], pos, table, out, b * hkv, b, q.shape[1] // d, hkv, s, d, g,
+            s // table.shape[1], 128, p2(g, rows), stages, w)
+        try:
+            ms = triton.testing.do_bench(run)
+        except Exception as err:            # shared memory beyond the SM's
+            print(f"B={b:2d} pairs{form} c128 {tag}: {type(err).__name__}")
+            continue
+        show(f"pairs{form} c128 {tag}", ms, rel_err(out, ref))
     launch, outputs = run_pair_flat(q, cache, pos, table, hkv, sms, 128, stages, 4, layer, rows)
     show(f"pair streams c128 {tag}", triton.testing.do_bench(launch), rel_err(outputs(), ref))
 
