@@ -138,10 +138,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="also units of a row's pairs of kv heads: whole pairs a program "
                         "(attn_pair_op, the rows or the keys as its dots' M) beside pair "
                         "streams (attn_pair_stream_op)")
+    p.add_argument("--block", type=int, default=16,
+                   help="cache block (keys); 128: a step's keys in one block (IN_BLOCK)")
     p.add_argument("--layers", type=int, default=1,
                    help="cache layers, the last one read (the megakernel's cache holds all)")
     args = p.parse_args(argv)
-    hq, hkv, d, bs, dev = 32, 8, 64, 16, "cuda"
+    hq, hkv, d, bs, dev = 32, 8, 64, args.block, "cuda"
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for b in (int(x) for x in args.batch_sizes.split(",")):
         s, units = args.context, b * hkv
