@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.bench.attention import attn_pairs, attn_units, sdpa
+from megakernel.bench.attention import attn_pairs, attn_units, sdpa, show_timed
 from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_ops
 from megakernel.compiler.registry import KEY_GROUPS, p2
@@ -171,27 +171,23 @@ def main(argv: list[str] | None = None) -> None:
                 ms = triton.testing.do_bench(launch)
                 show(f"streams c128 w{warps} {tag}", ms, rel_err(outputs(), ref))
             if args.pairs:
-                time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, show, ref)
+                time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, ref)
 
 
-def time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, show, ref) -> None:
+def time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, ref) -> None:
     """Whole pairs (one program each, at most one per SM; the query rows as the dots' M, or the
     keys: ``km``) beside pair streams over every SM."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, tag, layer = q.shape[1] // d // hkv, f"s{stages} ar{rows}", args.layers - 1
+    nbytes = cache[layer].numel() * cache.element_size()
     for w, form in ((1, ""), (KEY_GROUPS, " km")):
         out = torch.full_like(q, float("nan"))
         run = lambda: attn_pairs[(min(b * hkv // 2, sms),)](
             q, cache[layer:], pos, table, out, b * hkv, b, q.shape[1] // d, hkv, s, d, g,
             s // table.shape[1], 128, p2(g, rows), stages, w)
-        try:
-            ms = triton.testing.do_bench(run)
-        except Exception as err:            # shared memory beyond the SM's
-            print(f"B={b:2d} pairs{form} c128 {tag}: {type(err).__name__}")
-            continue
-        show(f"pairs{form} c128 {tag}", ms, rel_err(out, ref))
+        show_timed(f"B={b:2d} pairs{form} c128 {tag}", run, nbytes, lambda: rel_err(out, ref))
     launch, outputs = run_pair_flat(q, cache, pos, table, hkv, sms, 128, stages, 4, layer, rows)
-    show(f"pair streams c128 {tag}", triton.testing.do_bench(launch), rel_err(outputs(), ref))
+    show_timed(f"B={b:2d} pair streams c128 {tag}", launch, nbytes, lambda: rel_err(outputs(), ref))
 
 
 if __name__ == "__main__":
