@@ -108,11 +108,11 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
     lb = tl.zeros([W, BLOCK_G], tl.float32)
     acc_a = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
     acc_b = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
-    blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK)
+    blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if IN_BLOCK else None
     for c in tl.range(0, NCHUNK, num_stages=STAGES):
         start = lo + c * CHUNK
         valid = start + ss < hi
-        block = step_block(blocks, c)
+        block = step_block(blocks, c) if IN_BLOCK else None
         ka, va = load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S,
                                 D, BS, CHUNK, BLOCK_D, W, IN_BLOCK, block)
         kb, vb = load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV,

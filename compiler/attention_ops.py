@@ -44,6 +44,14 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
 
 
 @triton.jit
+def empty_state(BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The running max, sum [BLOCK_G] and unnormalised acc [BLOCK_G, BLOCK_D] of a head before
+    any key (``online_step``'s)."""
+    return (tl.full([BLOCK_G], float("-inf"), tl.float32), tl.zeros([BLOCK_G], tl.float32),
+            tl.zeros([BLOCK_G, BLOCK_D], tl.float32))
+
+
+@triton.jit
 def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
     """One step of keys k and values v [CHUNK, BLOCK_D] (``valid`` [CHUNK]) into the running
     max m and sum l [BLOCK_G] and the unnormalised output acc [BLOCK_G, BLOCK_D] of queries q."""
@@ -82,9 +90,7 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
     q = tl.load(q_ptr + row * (HQ * D) + (kv_head * G + gs)[:, None] * D + ds[None, :],
                 mask=qmask, other=0.0).to(DT)
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     NCHUNK: tl.constexpr = (KV_SPLIT + CHUNK - 1) // CHUNK
     # a fixed count of CHUNK-key steps (keys >= hi are masked, never read), so that the
     # pipeliner streams the next chunk while this one is used
@@ -125,20 +131,16 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
     dots: one's arithmetic overlaps the other's loads), queries at q_ptr + offs (head a) and
     + G * D (head b) -> (max, sum, unnormalised acc) of each head."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
-    ss = tl.arange(0, CHUNK)
     qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
     qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
-    ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    la = tl.zeros([BLOCK_G], tl.float32)
-    lb = tl.zeros([BLOCK_G], tl.float32)
-    acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     if W > 1:
         ma, la, acc_a, mb, lb, acc_b = pair_steps_keys_m(
             qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B, HKV, S, D, BS,
             CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NCHUNK, W)
     else:
+        ss = tl.arange(0, CHUNK)
+        ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
+        mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
         for c in tl.range(0, NCHUNK, num_stages=STAGES):
             start = lo + c * CHUNK
             valid = start + ss < hi
@@ -281,11 +283,12 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([NH, BLOCK_G], tl.float32)
     NCHUNK: tl.constexpr = (S + CHUNK - 1) // CHUNK
-    blocks = step_blocks(row, 0, bt_ptr, S, BS, CHUNK, NCHUNK) if KEYS_M else None
+    HOISTED: tl.constexpr = KEYS_M and IN_BLOCK              # the steps' entries asked for first
+    blocks = step_blocks(row, 0, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None
     for c in tl.range(0, NCHUNK, num_stages=STAGES):
         k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
                              S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M,
-                             step_block(blocks, c) if KEYS_M else None)
+                             step_block(blocks, c) if HOISTED else None)
         valid = c * CHUNK + ss < hi
         if KEYS_M:              # a head a group of online_keys_m
             m, l, acc = online_keys_m(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m,
@@ -335,9 +338,7 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     for c in tl.range(c0, c1, num_stages=STAGES):
         row, kv_head, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH, HKV,
                                                                    1, CHUNK)
@@ -354,9 +355,7 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
                 tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
             else:
                 store_partial(acc_ptr, ml_ptr, slot0 + second, m, l, acc, G, D, BLOCK_G, BLOCK_D)
-            m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            l = tl.zeros([BLOCK_G], tl.float32)
-            acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+            m, l, acc = empty_state(BLOCK_G, BLOCK_D)
 
 
 @triton.jit

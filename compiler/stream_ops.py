@@ -13,8 +13,8 @@ stay consecutive for its combine.
 import triton
 import triton.language as tl
 
-from .attention_ops import (attn_combine_op, group_step, last_ticket, load_kv, load_kv_heads,
-                            online_step, store_partial, stream_step)
+from .attention_ops import (attn_combine_op, empty_state, group_step, last_ticket, load_kv,
+                            load_kv_heads, online_step, store_partial, stream_step)
 
 
 @triton.jit
@@ -109,12 +109,8 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
     IN_BLOCK: tl.constexpr = BS % CHUNK == 0                      # steps start at CHUNK multiples
-    ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    la = tl.zeros([BLOCK_G], tl.float32)
-    lb = tl.zeros([BLOCK_G], tl.float32)
-    acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
+    mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
     for c in tl.range(c0, c1, num_stages=STAGES):
         row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH,
                                                                HKV // 2, 2, CHUNK)
@@ -139,12 +135,8 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                               BLOCK_D)
                 store_partial(acc_ptr, ml_ptr, slot0 + second + nslots, mb, lb, acc_b, G, D,
                               BLOCK_G, BLOCK_D)
-            ma = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            mb = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            la = tl.zeros([BLOCK_G], tl.float32)
-            lb = tl.zeros([BLOCK_G], tl.float32)
-            acc_a = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-            acc_b = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+            ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
+            mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
     if FUSED:                   # after the loop: an atomic in it would stop its pipelining
         merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
                           ticket, first, count_a, count_b, NCH, HKV // 2, HQ, D, G, BLOCK_G,
