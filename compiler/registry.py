@@ -172,6 +172,17 @@ def _qkv(t: Task, d: Dims, c: TileConfig) -> dict:
                 **({"CROSS": 1} if t.args.get("cross") else {}))
 
 
+def _qkv_part_rope(t: Task, d: Dims, c: TileConfig) -> dict:
+    half = p2(t.args["part"])
+    proj = _projection(t.args["ks"], 2 * half, t.args["bk"], d, c)
+    return dict(eps=t.args["eps"], qk_eps=t.args["qk_eps"], B=d.batch, K=d.hidden,
+                KS=t.args["ks"], D=d.head_dim, HQ=d.heads, HKV=d.kv_heads, S=d.max_seq_len,
+                BS=c.kv_block, HAS_HEAD_NORM=t.args["head_norm"] is not None,
+                BLOCK_B=proj["BLOCK_B"], PART=t.args["part"], HALF=half, BLOCK_K=t.args["bk"],
+                FORM=c.form, STAGES=proj["STAGES"], FOLD=proj["FOLD"], SLICES=t.args["slices"],
+                HAS_NORM=t.args["norm"] is not None, **_sums(t))
+
+
 def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:
     return dict(qk_eps=t.args["qk_eps"], B=d.batch, D=d.head_dim, HQ=d.heads, HKV=d.kv_heads,
                 S=d.max_seq_len, BS=c.kv_block, RAW_COLS=(d.heads + d.kv_heads) * d.head_dim,
@@ -311,6 +322,11 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
            _fields("x:act norm:weight weight:weight head_norm:weight inv_freq:f32 "
                    "positions_ptr:kernel block_table_ptr:kernel out:act cache_ptr:kernel "
                    "sums:f32 kind:int head:int layer:int d0:int col:int"), _qkv),
+    OpSpec("qkv_part_rope", "split_ops.qkv_part_rope_op",
+           _fields("x:act weight:weight head_norm:weight inv_freq:f32 positions_ptr:kernel "
+                   "block_table_ptr:kernel out:act cache_ptr:kernel sums:f32 partial:f32 "
+                   "kind:int head:int layer:int d0:int s:int counters_ptr:kernel "
+                   "epoch:kernel ticket:ticket"), _qkv_part_rope),
     OpSpec("head_norm_rope", "ops.head_norm_rope_op",
            _fields("raw:act head_norm:weight inv_freq:f32 positions_ptr:kernel "
                    "block_table_ptr:kernel out:act cache_ptr:kernel kind:int head:int layer:int "

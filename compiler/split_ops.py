@@ -6,6 +6,8 @@ RMSNorm.
 
 Or (``fuse_reduce``) no reduce task: each slice takes its column group's ticket after writing
 its partial, and the last of the group to take it reduces the group as linear_reduce would.
+A q/k/v piece in K slices (``qkv_part_rope_op``) is finished the same way: the last slice to
+take the piece's ticket sums the partials, then rotates and stores the piece.
 
 Partials are fp32 [S, B, N] (S slices); activations row-major [B, K] as in ``ops``. The sum
 runs over the slices in order, rounded to the model dtype once, as the unsplit ``linear_op``
@@ -15,8 +17,9 @@ import triton
 import triton.language as tl
 
 from .attention_ops import last_ticket
-from .norm_ops import store_normed
+from .norm_ops import first_rstd, rows_after, store_normed
 from .ops import _round, matmul_tile, store_norm_inputs, store_rows
+from .rope_ops import norm_rope_store, rope_inputs
 
 
 @triton.jit
@@ -99,3 +102,57 @@ def reduce_norm_op(part_ptr, res_ptr, nw_ptr, out_ptr, xn_ptr, r0, r1, eps: tl.c
     y = sum_slices(part_ptr, res_ptr, offs, mask, S, B, N, HAS_RES, DT)
     tl.store(out_ptr + offs, y.to(DT), mask=mask)
     store_normed(xn_ptr, offs, mask, y, nw_ptr, ns, N, eps, DT)
+
+
+@triton.jit
+def piece_slots(kind, head, d0, end, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                B: tl.constexpr, BLOCK_B: tl.constexpr, HALF: tl.constexpr):
+    """Offsets [BLOCK_B, 2 * HALF] of a q/k/v piece's product (dims [d0, d0 + end) of each
+    half of ``head`` of kind 0, 1 or 2, as ``matmul_tile`` gives it: the lo half's, then the
+    hi half's) in one slot [B, (HQ + 2 HKV) * D] of the partials, and their mask."""
+    D2: tl.constexpr = D // 2
+    rows = tl.arange(0, BLOCK_B)
+    js = tl.arange(0, 2 * HALF)
+    base = (tl.where(kind == 0, 0, HQ + (kind - 1) * HKV) + head) * D + d0
+    offs = rows[:, None] * ((HQ + 2 * HKV) * D) + base + (js // HALF * D2 + js % HALF)[None, :]
+    return offs, (rows[:, None] < B) & (js % HALF < end)[None, :]
+
+
+@triton.jit
+def qkv_part_rope_op(x_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, cache_ptr, ss_ptr,
+                     part_ptr, kind, head, layer, d0, s, counters_ptr, epoch, ticket,
+                     eps: tl.constexpr, qk_eps: tl.constexpr, B: tl.constexpr,
+                     K: tl.constexpr, KS: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr,
+                     HKV: tl.constexpr, S: tl.constexpr, BS: tl.constexpr,
+                     HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, PART: tl.constexpr,
+                     HALF: tl.constexpr, BLOCK_K: tl.constexpr, FORM: tl.constexpr,
+                     STAGES: tl.constexpr, FOLD: tl.constexpr, SLICES: tl.constexpr,
+                     HAS_NORM: tl.constexpr, SUMS: tl.constexpr, SUMS_BLOCK: tl.constexpr):
+    """K slice s (x's columns [s * KS, (s + 1) * KS), x normalised already or the norm's RMS
+    from sums of squares) of ``ops.qkv_rope_op``'s piece within a head: its fp32 product into
+    slot s of part [SLICES, B, (HQ + 2 HKV) * D], then the piece's ticket; the slice that takes
+    its last sums the slots in order and finishes the piece as qkv_rope_op does (the row RMS,
+    the head norm, RoPE, q's columns or the cache)."""
+    tl.static_assert(SUMS > 0 or not HAS_NORM, "a norm in the loop needs all of K")
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    end = tl.minimum(d0 + PART, D // 2) - d0
+    k0 = s * KS
+    acc = matmul_tile(x_ptr + k0, x_ptr, tl.zeros([BLOCK_B], tl.float32), w_ptr + k0,
+                      head * D + d0, end, D // 2, B, K, False, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
+                      DT, FORM, STAGES, FOLD, KS)                             # [BB, 2 HALF]
+    offs, mask = piece_slots(kind, head, d0, end, HQ, HKV, D, B, BLOCK_B, HALF)
+    slot = (HQ + 2 * HKV) * D * B
+    tl.store(part_ptr + s * slot + offs, acc, mask=mask)
+    if last_ticket(counters_ptr + ticket, SLICES, epoch):
+        pos, block, inv = rope_inputs(pos_ptr, bt_ptr, inv_ptr, d0 + tl.arange(0, HALF), end,
+                                      B, D, S, BS, BLOCK_B)
+        _, ss = first_rstd(x_ptr, eps, B, K, BLOCK_B, BLOCK_K, 0, HAS_NORM, ss_ptr, SUMS,
+                           SUMS_BLOCK)
+        y = tl.load(part_ptr + offs, mask=mask, other=0.0)
+        for i in tl.static_range(1, SLICES):
+            y += tl.load(part_ptr + i * slot + offs, mask=mask, other=0.0)
+        both = _round(rows_after(y, ss, eps, K, SUMS), DT)
+        lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))
+        norm_rope_store(lo, hi, hn_ptr, inv, pos, block, out_ptr, cache_ptr, kind, head, layer,
+                        head * D, d0, end, qk_eps, B, D, HQ, HKV, S, BS, HAS_HEAD_NORM, BLOCK_B,
+                        HALF, HQ * D)

@@ -142,6 +142,15 @@ class TileConfig:
     min_qkv_dims: int = 8      # narrowest piece (dims per RoPE half) that qkv_parts=0 makes
     qkv_cross: bool = False    # without head norms: each kind's RoPE pairs laid end to end over
                                # its heads, cut into equal pieces that fill one wave
+    qkv_slices: int = 1        # where x is normalised already (norm first, or the norm from
+                               # sums of squares): a head's q/k/v tasks (qkv_parts, or as many
+                               # as fill a wave) as pieces this many times wider in this many K
+                               # slices (pieces that write no raw projection); each slice reads
+                               # that share of x and of the piece's weights, writes its fp32
+                               # partial and takes the piece's ticket, the last summing them and
+                               # rotating and storing the piece. Each task's x from L2 shrinks
+                               # with the slices (at 64 rows a q/k/v task of llama-3.2-1b read
+                               # 256 KB of x for 131 KB of weights)
     split_head_norm: bool = True   # heads with a head norm also split into pieces, which write
                                    # the raw projection; a head_norm_rope task per head finishes
                                    # (qwen3-8b at batch 1 on the H200: 4.515 ms against 4.713)
@@ -166,6 +175,8 @@ class TileConfig:
             raise ValueError(f"attn_rows={self.attn_rows}: the attention dots take 4, 8 or 16 rows")
         if self.kv_split % self.kv_block:
             raise ValueError(f"kv_split={self.kv_split} is not a multiple of kv_block={self.kv_block}")
+        if self.qkv_slices < 1:
+            raise ValueError(f"qkv_slices={self.qkv_slices}: K slices of q/k/v are at least 1")
         if self.attn_group < 2 or self.attn_group & (self.attn_group - 1):
             raise ValueError(f"attn_group={self.attn_group}: kv heads per task are 2, 4, 8...")
 

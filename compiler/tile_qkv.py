@@ -9,7 +9,12 @@ that fill one wave of the workers (at least ``min_qkv_dims`` pairs each); a piec
 the next head (or further), so the q/k/v phase need not be as long as a head's half. Such
 tasks have ``cross`` set, ``head``/``d0`` their first pair, ``part`` the pairs of every piece
 (the kind's last one fewer); their regions are the union of the heads' pieces they touch, so
-dependencies follow as for pieces of one head."""
+dependencies follow as for pieces of one head.
+
+In K slices (``TileConfig.qkv_slices``, pieces within heads that write no raw projection, x
+normalised already): a head's tasks are its pieces' slices (``Tiler.qkv_pieces`` tasks, so
+pieces that many times wider), a qkv_part_rope task a slice (``add_qkv_slices``), each piece
+finished by the last of its slices to take its ticket."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -58,6 +63,53 @@ def add_qkv_piece(t: Tiler, op, kind: str, spans: dict, n: int, part: int, inv: 
           reads, writes, nbytes, 4 * d.batch * n * d.hidden)
 
 
+def qkv_slices(t: Tiler, op) -> int:
+    """K slices of the op's pieces within heads (``TileConfig.qkv_slices``): where x is
+    normalised already (norm first, or the norm's RMS from sums of squares, applied to the
+    product) and each slice keeps a multiple of 16 columns, else 1."""
+    p, s, k = op.params, t.cfg.qkv_slices, t.graph.dims.hidden
+    ready = p["norm"] is None or bool(p.get("sums"))
+    return s if s > 1 and ready and k % (16 * s) == 0 else 1
+
+
+def add_qkv_slices(t: Tiler, op, kind: str, h: int, spans: tuple, n: int, part: int,
+                   inv: tuple, args: dict, reads: list, slices: int) -> None:
+    """``add_qkv_piece``'s piece of head h as ``slices`` qkv_part_rope tasks, one a K slice:
+    each reads its columns of x and of the piece's weight rows ``spans`` and writes its slot of
+    ``{op}.part`` [S, B, (HQ + 2 HKV) * D] fp32 (the kinds' weight rows end to end); each also
+    declares what the piece's finish reads and writes, and takes the piece's ticket, the last
+    to take it summing the slots in order and rotating and storing the piece."""
+    from .tile import p2
+    from .tile_norm import norm_reads, sums_args
+
+    p, d = op.params, t.graph.dims
+    x, q, w = t.b(p["x"]), t.b(op.outputs[0]), t.b(p[f"w{kind}"])
+    cols = (d.heads + 2 * d.kv_heads) * d.head_dim
+    partial = t.buffers.setdefault(f"{op.name}.part",
+                                   Buffer(f"{op.name}.part", "f32", (slices, d.batch, cols)))
+    base = {"q": 0, "k": d.heads, "v": d.heads + d.kv_heads}[kind] * d.head_dim
+    ks = d.hidden // slices
+    finish = ([Region("positions", ((0, d.batch),)), Region(p["inv_freq"], inv), *reads,
+               *norm_reads(t, p)], qkv_writes(t, q, kind, h, p["layer"], spans))
+    finish_bytes = d.batch * 2 * n * (4 * slices + d.itemsize)
+    for s in range(slices):
+        k0 = s * ks
+        own = ([Region(x.name, ((0, d.batch), (k0, k0 + ks))),
+                *(Region(w.name, ((lo, hi), (k0, k0 + ks))) for lo, hi in spans)],
+               [Region(partial.name, ((s, s + 1), (0, d.batch), (base + lo, base + hi)))
+                for lo, hi in spans])
+        nbytes = (2 * n + d.batch) * ks * d.itemsize + d.batch * 2 * n * 4 + \
+            finish_bytes // slices
+        t.add(op, "qkv_part_rope",
+              dict(x=x.name, norm=p["norm"], weight=w.name, inv_freq=p["inv_freq"],
+                   kind="qkv".index(kind), layer=p["layer"], part=part, eps=p["eps"],
+                   qk_eps=p["qk_eps"], **sums_args(t, p), partial=partial.name, s=s, ks=ks,
+                   slices=slices, ticket=t.tickets,
+                   bk=t.depth(ks, 2 * max(p2(part), 16)), **args),
+              own[0] + finish[0], own[1] + finish[1], nbytes, 4 * d.batch * n * ks)
+    t.tickets += 1
+
+
 def tile_qkv_rope(t: Tiler, op) -> None:
     """Pieces of each head; where a head norm needs the whole head and its pieces are split,
     they write the raw projection into ``{op}.raw`` [B, (HQ + HKV) * D] and one head_norm_rope
@@ -73,10 +125,15 @@ def tile_qkv_rope(t: Tiler, op) -> None:
               for h in range(d.kv_heads) for kind in ("k", "v")]
     half = hd // 2
     raw = Buffer(f"{op.name}.raw", "act", (d.batch, (d.heads + d.kv_heads) * hd))
+    slices = qkv_slices(t, op)
     for kind, h, head_norm in heads:
-        # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2)
+        # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2); a head's
+        # tasks pieces of K slices where they write no raw projection
         pieces = t.qkv_pieces(head_norm is not None)
-        part, split = -(-half // pieces), head_norm is not None and pieces > 1
+        split = head_norm is not None and pieces > 1
+        sliced = 1 if split else slices
+        pieces = max(1, pieces // sliced)
+        part = -(-half // pieces)
         col = (h + d.heads * (kind == "k")) * hd if split else h * hd      # out column of dim 0
         for d0 in range(0, half, part):
             n = min(part, half - d0)
@@ -84,11 +141,15 @@ def tile_qkv_rope(t: Tiler, op) -> None:
             whole = head_norm and not split
             writes = [cols(raw, lo - h * hd + col, hi - h * hd + col) for lo, hi in spans] \
                 if split else None
-            add_qkv_piece(t, op, kind, {h: spans}, n, part, ((d0, d0 + n),),
-                          dict(head_norm=None if split else head_norm,
-                               out=raw.name if split else q.name, head=h, d0=d0, col=col,
-                               raw=split),
-                          [Region(head_norm, ((0, hd),))] if whole else (), writes)
+            args = dict(head_norm=None if split else head_norm,
+                        out=raw.name if split else q.name, head=h, d0=d0, col=col, raw=split)
+            reads = [Region(head_norm, ((0, hd),))] if whole else []
+            if sliced > 1:
+                add_qkv_slices(t, op, kind, h, spans, n, part, ((d0, d0 + n),), args, reads,
+                               sliced)
+            else:
+                add_qkv_piece(t, op, kind, {h: spans}, n, part, ((d0, d0 + n),), args, reads,
+                              writes)
         if split:
             t.buffers[raw.name] = raw
             spans = ((h * hd, h * hd + half), (h * hd + half, (h + 1) * hd))

@@ -76,9 +76,12 @@ from .variant import Variant, effective, stream_kv_split
 # merged by their last piece, slower still) and left the refinement. Whole pairs' and groups'
 # dots with the keys as M (``attn_keys_m``: a third fewer instructions a pair's step in the
 # sm_90 build, 579 against 848, no barrier; against the winners, ms: 24 rows 1.176 -> 1.156, 64
-# rows with groups of 4 1.553 -> 1.544) flip on where they apply.
+# rows with groups of 4 1.553 -> 1.544) flip on where they apply. A head's q/k/v tasks as 2 K
+# slices of pieces twice as wide (``qkv_slices``, where x is normalised first: each task reads
+# half as much of x from L2; the cost model rates llama-3.2-1b's winners at 24, 32 and 64 rows
+# 1118.6 -> 1104.9, 1287.4 -> 1269.2 and 1702.7 -> 1666.2 us with them; not yet timed).
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m")
+          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m", "qkv_slices")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
@@ -100,7 +103,7 @@ def other_block(v: Variant, seq: int) -> Variant:
 
 
 def deeper(knob: str, deep: int, default: int):
-    """The flip of a pipeline depth: ``deep`` from the default, the default from any other."""
+    """The flip of a depth or count: ``deep`` from the default, the default from any other."""
     return lambda v, seq: replace(v, **{knob: deep if getattr(v, knob) == default else default})
 
 
@@ -141,7 +144,8 @@ FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_nor
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),
-         "prefetch_kv_ahead": deeper("prefetch_kv_ahead", KV_AHEAD_KEYS, 0)}
+         "prefetch_kv_ahead": deeper("prefetch_kv_ahead", KV_AHEAD_KEYS, 0),
+         "qkv_slices": deeper("qkv_slices", 2, TileConfig.qkv_slices)}
 # flips that change how the registers are shared out: timed at each warp count of ``SPACE`` (on
 # GPUs; the interpreter ignores warps). With calls, llama-3.2-1b's 4-warp variants won at 1-5, 13
 # and 16 rows (5 rows: 0.941 ms against 0.972 for the best without, of 8 warps), and at 8, 17, 24

@@ -7,8 +7,10 @@ projection pipeline (s1: none), ``smN`` each projection's pipeline deepened to a
 N KiB of shared memory (at most 8), ``sw2`` one-matrix projection steps as deep as fit gate_up's
 step, ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as many as spread the
 heads over the workers), ``qc`` q/k/v pieces across heads (each kind's RoPE pairs end to end, equal
-pieces filling one wave; models without head norms), ``hn0`` heads with a head norm kept whole (by
-default they split into pieces too, then one task per head normalises and rotates it), ``ruN`` a row
+pieces filling one wave; models without head norms), ``qsN`` a head's q/k/v tasks as N K slices
+of pieces N times wider, the last to take a piece's ticket finishing it (x normalised first),
+``hn0`` heads with a head norm kept whole (by default they split into pieces too, then one task per head
+normalises and rotates it), ``ruN`` a row
 RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step), ``np`` no
 L2 prefetch of each task's weights before its waits, ``pf`` with it (the default), ``pfN`` with at
 most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching the weights of
@@ -111,6 +113,7 @@ class Variant:
     attn_rows: int = TileConfig.attn_rows
     attn_keys_m: bool = TileConfig.attn_keys_m
     qkv_cross: bool = TileConfig.qkv_cross
+    qkv_slices: int = TileConfig.qkv_slices
     max_registers: int = CompileOptions.max_registers
     noinline: bool = CompileOptions.noinline
     staged_kib: int = TileConfig.staged_kib
@@ -123,6 +126,7 @@ class Variant:
         flags += [f"kv{self.kv_split}"]
         flags += [f"q{self.qkv_parts}"] * (self.qkv_parts != TileConfig.qkv_parts)
         flags += ["qc"] * self.qkv_cross
+        flags += [f"qs{self.qkv_slices}"] * (self.qkv_slices != TileConfig.qkv_slices)
         flags += ["hn0"] * (not self.split_head_norm)
         flags += [f"ru{self.rms_unroll}"] * (self.rms_unroll != TileConfig.rms_unroll)
         flags += [f"fo{self.fold}"] * (self.fold != TileConfig.fold)
@@ -211,7 +215,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
 NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "sw": lambda n: {"step_weights": n},
            "kv": lambda n: {"kv_split": n},
-           "q": lambda n: {"qkv_parts": n}, "ru": lambda n: {"rms_unroll": n},
+           "q": lambda n: {"qkv_parts": n}, "qs": lambda n: {"qkv_slices": n}, "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "kb": lambda n: {"kv_block": n},
            "as": lambda n: {"attn_stages": n},
@@ -255,8 +259,8 @@ CUDA_KV_BLOCK = 128   # tokens a cache block, for the CUDA backend's tensor-core
 
 def cuda_form(v: Variant, sms: int, batch: int = 1, context: int = 0) -> Variant:
     """``v`` with what the CUDA backend builds (``compiler.cuda_codegen``): at most one worker an
-    SM, norms first from the writers' sums of squares, q/k/v pieces within heads, nothing
-    staged, K slices reduced by reduce tasks (no CUDA body reduces its own group),
+    SM, norms first from the writers' sums of squares, q/k/v pieces within heads in whole K,
+    nothing staged, K slices reduced by reduce tasks (no CUDA body reduces its own group),
     attention in plain pieces (a streamed variant's keys a task kept) whose units merge
     themselves (fused combines; the Triton kernel of the same tables at batch 1 on the H200:
     0.8294 -> 0.8256 ms, the CUDA one 0.8287 -> 0.8176). Below ``MMA_FROM`` batch rows
@@ -274,8 +278,8 @@ def cuda_form(v: Variant, sms: int, batch: int = 1, context: int = 0) -> Variant
             context % CUDA_KV_BLOCK == 0 and keys % CUDA_KV_BLOCK == 0:
         slices["kv_block"] = CUDA_KV_BLOCK
     return replace(v, workers=min(v.workers, sms), norm_first=True, norm_sums=True,
-                   reduce_norm=False, qkv_cross=False, staged_kib=0, attn_stream=False,
-                   attn_pairs=False, attn_pair_ranges=False,
+                   reduce_norm=False, qkv_cross=False, qkv_slices=1, staged_kib=0,
+                   attn_stream=False, attn_pairs=False, attn_pair_ranges=False,
                    attn_group=TileConfig.attn_group, fuse_combine=True, fuse_reduce=False,
                    kv_split=keys, **slices)
 
@@ -359,8 +363,12 @@ def _effective(ops, v: Variant, again) -> Variant:
     # a split's output normalised
     split_norm = tiler.norm_first() and max(split, long_slices) > 1
     sums = v.norm_sums and tiler.norm_first()
+    # q/k/v in K slices where x is normalised first and pieces lie within heads (tile_qkv)
+    qkv_slices = v.qkv_slices if tiler.norm_first() and not v.qkv_cross and \
+        ops.dims.hidden % (16 * v.qkv_slices) == 0 else TileConfig.qkv_slices
     out = replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
                   split_k=split, norm_first=tiler.norm_first(), norm_sums=sums,
+                  qkv_slices=qkv_slices,
                   reduce_norm=v.reduce_norm and split_norm and not sums,
                   split_head_norm=v.split_head_norm and pieces > 1 if head_norm
                   else TileConfig.split_head_norm)

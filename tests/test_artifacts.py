@@ -135,12 +135,13 @@ c = compile_model(model, CompileOptions(16, 1024, target="h200", tile=tile), "ll
 assert {t.kind for t in c.tasks.tasks} >= {"attn_pair_part", "attn_combine"}
 out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
 print("llama-3.2-1b", 16, "attn_pair_part sm_90 ok", out.metadata.shared)
-# units spilled over the workers, norms from the reduces' sums of squares
+# units spilled over the workers, norms from the reduces' sums of squares, q/k/v in K slices
 tile = TileConfig(attn_spill=True, kv_split=1024, kv_block=128, norm_first=True, split_k=4,
-                  norm_sums=True)
+                  norm_sums=True, qkv_slices=2)
 c = compile_model(model, CompileOptions(17, 1024, target="h200", tile=tile), "llama-3.2-1b")
 kinds = {t.kind for t in c.tasks.tasks}
-assert "attn_combine" in kinds and not kinds & {"rms_norm", "reduce_norm"}
+assert {"attn_combine", "qkv_part_rope"} <= kinds
+assert not kinds & {"rms_norm", "reduce_norm", "qkv_rope"}
 assert all(t.args.get("sums") for t in c.tasks.tasks if t.kind in ("gate_up", "embed"))
 out = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name))
 assert out.metadata.shared <= 233472 - 1024, out.metadata.shared

@@ -127,6 +127,14 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     ops = refine.op_graph(cfg, torch.float32, 2, 64)
     assert effective(ops, replace(pairs, attn_keys_m=True)).attn_keys_m
     assert not effective(ops, replace(v, attn_keys_m=True)).attn_keys_m
+    # q/k/v in 2 K slices and back; as built, only where x is normalised first (tiny-llama's
+    # hidden 96 in slices of 48 columns)
+    first = replace(v, norm_first=True)
+    assert refine.flip(first, "qkv_slices", 64) == replace(first, qkv_slices=2)
+    assert refine.flip(replace(first, qkv_slices=2), "qkv_slices", 64) == first
+    assert effective(ops, replace(first, qkv_slices=2)).qkv_slices == 2
+    assert effective(ops, replace(v, qkv_slices=2)).qkv_slices == 1
+    assert parse_variant(replace(first, qkv_slices=3).label).qkv_slices == 3
     # as built, a stream keeps its keys a task, no spills and no KV prefetch a task ahead
     spilled = replace(v, attn_pairs=True, attn_spill=True, prefetch_kv_ahead=128, kv_split=64)
     built = effective(ops, replace(spilled, attn_stream=True, fuse_combine=True))

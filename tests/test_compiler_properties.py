@@ -29,7 +29,8 @@ def small_models(draw):
     kv, group = draw(st.sampled_from([1, 2, 3, 4])), draw(st.integers(1, 3))
     cfg = ModelConfig(
         arch=draw(st.sampled_from(["llama", "qwen3"])), vocab_size=draw(st.integers(40, 300)),
-        hidden_size=draw(st.integers(24, 160)), intermediate_size=draw(st.integers(24, 200)),
+        hidden_size=draw(st.integers(24, 160) | st.sampled_from([48, 96, 144])),  # K slices
+        intermediate_size=draw(st.integers(24, 200)),
         num_layers=draw(st.integers(1, 3)), num_heads=kv * group, num_kv_heads=kv,
         head_dim=draw(st.sampled_from([16, 24, 32])), rms_norm_eps=1e-5, rope_theta=1e4,
         max_position_embeddings=512, tie_word_embeddings=draw(st.booleans()))
@@ -38,6 +39,7 @@ def small_models(draw):
                        kv_split=16 * draw(st.integers(1, 4)),
                        min_block_n=draw(st.sampled_from([4, 16])),
                        qkv_parts=draw(st.sampled_from([1, 2, 3, 8])),
+                       qkv_slices=draw(st.sampled_from([1, 2, 3])),
                        split_head_norm=draw(st.booleans()), balance=draw(st.booleans()),
                        split_k=draw(st.sampled_from([1, 2, 3])),
                        split_long=draw(st.booleans()),

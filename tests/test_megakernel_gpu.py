@@ -199,6 +199,16 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
                                 norm_first=True, norm_sums=True, fuse_reduce=True),
                                 id="llama-3.2-1b-64-ap-ag4-ns-fs"),
+                            # a head's q/k/v tasks as K slices finished by their last (tickets),
+                            # x normalised by rms_norm tasks or from sums of squares
+                            pytest.param("llama-3.2-1b", 24, TileConfig(
+                                norm_first=True, norm_sums=True, fuse_reduce=True,
+                                qkv_slices=2, kv_split=1024, kv_block=128),
+                                id="llama-3.2-1b-24-ns-fs-qs2"),
+                            pytest.param("llama-3.2-1b", 64, TileConfig(
+                                attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
+                                norm_first=True, reduce_norm=True, qkv_slices=4),
+                                id="llama-3.2-1b-64-rn-ap-ag4-qs4"),
                             # pairs over key ranges merging their units themselves (24 rows:
                             # 384 parts of 256 keys, no combine phase)
                             pytest.param("llama-3.2-1b", 24, TileConfig(

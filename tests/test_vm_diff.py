@@ -146,6 +146,23 @@ def test_kernel_equals_vm_with_fused_reduces(name, norm):
     assert not {"linear_reduce", "linear_part", "reduce_norm", "rms_norm"} & set(kinds)
 
 
+@pytest.mark.parametrize("name,slices,tiles", [
+    ("tiny-llama", 2, dict(qkv_parts=2)), ("tiny-llama", 3, dict(norm_sums=True)),
+    ("tiny-qwen3", 5, dict(norm_sums=True, split_head_norm=False))])
+def test_kernel_equals_vm_with_qkv_in_k_slices(name, slices, tiles):
+    """q/k/v pieces in K slices, each piece finished by the last slice to take its ticket (no
+    qkv_rope task): x normalised by rms_norm tasks, or the row RMS from sums of squares applied
+    to the summed slices; tiny-qwen3's q and k heads whole, their head norm in the finish."""
+    tiles = TileConfig(qkv_slices=slices, norm_first=True, **tiles)
+    kinds = check_kernel_against_vm(name, tiles)
+    assert "qkv_part_rope" in kinds and "qkv_rope" not in kinds
+    model = load(name)
+    compiled = compile_model(model, CompileOptions(B, S, target="cpu", tile=tiles), name)
+    assert {t.args["slices"] for t in compiled.tasks.tasks if t.kind == "qkv_part_rope"} == \
+        {slices}
+    assert_vm_matches_eager(compiled, model)
+
+
 def test_kernel_equals_vm_with_op_bodies_as_calls():
     """Op bodies built as functions of their own (``noinline``) compute the same step."""
     check_kernel_against_vm("tiny-qwen3", TileConfig(split_k=2, norm_first=True), noinline=True)
