@@ -105,17 +105,15 @@ def reduce_norm_op(part_ptr, res_ptr, nw_ptr, out_ptr, xn_ptr, r0, r1, eps: tl.c
 
 
 @triton.jit
-def piece_slots(kind, head, d0, end, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                B: tl.constexpr, BLOCK_B: tl.constexpr, HALF: tl.constexpr):
+def piece_slots(head, d0, end, cols, D: tl.constexpr, B: tl.constexpr, BLOCK_B: tl.constexpr,
+                HALF: tl.constexpr):
     """Offsets [BLOCK_B, 2 * HALF] of a q/k/v piece's product (dims [d0, d0 + end) of each
-    half of ``head`` of kind 0, 1 or 2, as ``matmul_tile`` gives it: the lo half's, then the
-    hi half's) in one slot [B, (HQ + 2 HKV) * D] of the partials, and their mask."""
-    D2: tl.constexpr = D // 2
+    half of ``head``, as ``matmul_tile`` gives it: the lo half's, then the hi half's) in one
+    slot [B, cols] of its kind's partials (columns as the weight's rows), and their mask."""
     rows = tl.arange(0, BLOCK_B)
     js = tl.arange(0, 2 * HALF)
-    base = (tl.where(kind == 0, 0, HQ + (kind - 1) * HKV) + head) * D + d0
-    offs = rows[:, None] * ((HQ + 2 * HKV) * D) + base + (js // HALF * D2 + js % HALF)[None, :]
-    return offs, (rows[:, None] < B) & (js % HALF < end)[None, :]
+    dims = head * D + d0 + js // HALF * (D // 2) + js % HALF
+    return rows[:, None] * cols + dims[None, :], (rows[:, None] < B) & (js % HALF < end)[None, :]
 
 
 @triton.jit
@@ -130,7 +128,7 @@ def qkv_part_rope_op(x_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, ca
                      HAS_NORM: tl.constexpr, SUMS: tl.constexpr, SUMS_BLOCK: tl.constexpr):
     """K slice s (x's columns [s * KS, (s + 1) * KS), x normalised already or the norm's RMS
     from sums of squares) of ``ops.qkv_rope_op``'s piece within a head: its fp32 product into
-    slot s of part [SLICES, B, (HQ + 2 HKV) * D], then the piece's ticket; the slice that takes
+    slot s of its kind's part [SLICES, B, heads * D], then the piece's ticket; the slice that takes
     its last sums the slots in order and finishes the piece as qkv_rope_op does (the row RMS,
     the head norm, RoPE, q's columns or the cache)."""
     tl.static_assert(SUMS > 0 or not HAS_NORM, "a norm in the loop needs all of K")
@@ -140,8 +138,9 @@ def qkv_part_rope_op(x_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, ca
     acc = matmul_tile(x_ptr + k0, x_ptr, tl.zeros([BLOCK_B], tl.float32), w_ptr + k0,
                       head * D + d0, end, D // 2, B, K, False, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
                       DT, FORM, STAGES, FOLD, KS)                             # [BB, 2 HALF]
-    offs, mask = piece_slots(kind, head, d0, end, HQ, HKV, D, B, BLOCK_B, HALF)
-    slot = (HQ + 2 * HKV) * D * B
+    cols = tl.where(kind == 0, HQ, HKV) * D
+    offs, mask = piece_slots(head, d0, end, cols, D, B, BLOCK_B, HALF)
+    slot = cols * B
     tl.store(part_ptr + s * slot + offs, acc, mask=mask)
     if last_ticket(counters_ptr + ticket, SLICES, epoch):
         pos, block, inv = rope_inputs(pos_ptr, bt_ptr, inv_ptr, d0 + tl.arange(0, HALF), end,

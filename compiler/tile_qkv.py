@@ -76,18 +76,16 @@ def add_qkv_slices(t: Tiler, op, kind: str, h: int, spans: tuple, n: int, part: 
                    inv: tuple, args: dict, reads: list, slices: int) -> None:
     """``add_qkv_piece``'s piece of head h as ``slices`` qkv_part_rope tasks, one a K slice:
     each reads its columns of x and of the piece's weight rows ``spans`` and writes its slot of
-    ``{op}.part`` [S, B, (HQ + 2 HKV) * D] fp32 (the kinds' weight rows end to end); each also
-    declares what the piece's finish reads and writes, and takes the piece's ticket, the last
-    to take it summing the slots in order and rotating and storing the piece."""
+    the kind's ``{op}.part{kind}`` [S, B, heads * D] fp32 (columns as the weight's rows); each
+    also declares what the piece's finish reads and writes, and takes the piece's ticket, the
+    last to take it summing the slots in order and rotating and storing the piece."""
     from .tile import p2
     from .tile_norm import norm_reads, sums_args
 
     p, d = op.params, t.graph.dims
     x, q, w = t.b(p["x"]), t.b(op.outputs[0]), t.b(p[f"w{kind}"])
-    cols = (d.heads + 2 * d.kv_heads) * d.head_dim
-    partial = t.buffers.setdefault(f"{op.name}.part",
-                                   Buffer(f"{op.name}.part", "f32", (slices, d.batch, cols)))
-    base = {"q": 0, "k": d.heads, "v": d.heads + d.kv_heads}[kind] * d.head_dim
+    name = f"{op.name}.part{kind}"
+    t.buffers.setdefault(name, Buffer(name, "f32", (slices, d.batch, w.shape[0])))
     ks = d.hidden // slices
     finish = ([Region("positions", ((0, d.batch),)), Region(p["inv_freq"], inv), *reads,
                *norm_reads(t, p)], qkv_writes(t, q, kind, h, p["layer"], spans))
@@ -96,14 +94,13 @@ def add_qkv_slices(t: Tiler, op, kind: str, h: int, spans: tuple, n: int, part: 
         k0 = s * ks
         own = ([Region(x.name, ((0, d.batch), (k0, k0 + ks))),
                 *(Region(w.name, ((lo, hi), (k0, k0 + ks))) for lo, hi in spans)],
-               [Region(partial.name, ((s, s + 1), (0, d.batch), (base + lo, base + hi)))
-                for lo, hi in spans])
+               [Region(name, ((s, s + 1), (0, d.batch), (lo, hi))) for lo, hi in spans])
         nbytes = (2 * n + d.batch) * ks * d.itemsize + d.batch * 2 * n * 4 + \
             finish_bytes // slices
         t.add(op, "qkv_part_rope",
               dict(x=x.name, norm=p["norm"], weight=w.name, inv_freq=p["inv_freq"],
                    kind="qkv".index(kind), layer=p["layer"], part=part, eps=p["eps"],
-                   qk_eps=p["qk_eps"], **sums_args(t, p), partial=partial.name, s=s, ks=ks,
+                   qk_eps=p["qk_eps"], **sums_args(t, p), partial=name, s=s, ks=ks,
                    slices=slices, ticket=t.tickets,
                    bk=t.depth(ks, 2 * max(p2(part), 16)), **args),
               own[0] + finish[0], own[1] + finish[1], nbytes, 4 * d.batch * n * ks)

@@ -154,18 +154,17 @@ class VM:
 
     def qkv_part_rope(self, a):
         """K slice s of a q/k/v piece within its head (``qkv_rope``'s pairs): its fp32 product
-        into slot s of the partials (the kinds' weight rows end to end); the last slice to take
+        into slot s of its kind's partials (columns as the weight's rows); the last slice to take
         the piece's ticket sums the slots, scales each row by its RMS (``sums``) and finishes
         the piece."""
-        d, half = self.d, self.d.head_dim // 2
+        half = self.d.head_dim // 2
         pair = torch.arange(a["head"] * half + a["d0"], (a["head"] + 1) * half)[:a["part"]]
         row, _ = pair_rows(pair, half)
         k0, k1 = a["s"] * a["ks"], (a["s"] + 1) * a["ks"]
-        at = (0, d.heads, d.heads + d.kv_heads)[a["kind"]] * d.head_dim + row
         x, w, part = self.buf[a["x"]], self.buf[a["weight"]], self.buf[a["partial"]]
-        part[a["s"]][:, at] = x[:, k0:k1].float() @ w[row, k0:k1].float().T
+        part[a["s"]][:, row] = x[:, k0:k1].float() @ w[row, k0:k1].float().T
         if self.last_ticket(a["ticket"], a["slices"]):
-            y = part[:, :, at].sum(0)                                            # [B, 2n]
+            y = part[:, :, row].sum(0)                                           # [B, 2n]
             if a["sums"] is not None:
                 y = y * torch.rsqrt(self.buf[a["sums"]].sum(0) / x.shape[-1] + a["eps"])[:, None]
             self.norm_rope_store(y.to(self.dt), a, pair)
