@@ -128,9 +128,9 @@ def qkv_part_rope_op(x_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, ca
                      HAS_NORM: tl.constexpr, SUMS: tl.constexpr, SUMS_BLOCK: tl.constexpr):
     """K slice s (x's columns [s * KS, (s + 1) * KS), x normalised already or the norm's RMS
     from sums of squares) of ``ops.qkv_rope_op``'s piece within a head: its fp32 product into
-    slot s of its kind's part [SLICES, B, heads * D], then the piece's ticket; the slice that takes
-    its last sums the slots in order and finishes the piece as qkv_rope_op does (the row RMS,
-    the head norm, RoPE, q's columns or the cache)."""
+    slot s of its kind's part [SLICES, B, heads * D], then the piece's ticket; the slice that
+    takes its last sums the slots in order and finishes the piece as qkv_rope_op does (the row
+    RMS, the head norm, RoPE, q's columns or the cache)."""
     tl.static_assert(SUMS > 0 or not HAS_NORM, "a norm in the loop needs all of K")
     DT: tl.constexpr = out_ptr.dtype.element_ty
     end = tl.minimum(d0 + PART, D // 2) - d0

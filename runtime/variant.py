@@ -9,9 +9,9 @@ step, ``kvN`` N keys per attention task, ``qN`` N tasks per q/k/v head (none: as
 heads over the workers), ``qc`` q/k/v pieces across heads (each kind's RoPE pairs end to end, equal
 pieces filling one wave; models without head norms), ``qsN`` a head's q/k/v tasks as N K slices
 of pieces N times wider, the last to take a piece's ticket finishing it (x normalised first),
-``hn0`` heads with a head norm kept whole (by default they split into pieces too, then one task per head
-normalises and rotates it), ``ruN`` a row
-RMS loads up to N elements at once (default 16384; ru0: a load and a reduction per step), ``np`` no
+``hn0`` heads with a head norm kept whole (by default they split into pieces too, then one task
+per head normalises and rotates it), ``ruN`` a row RMS loads up to N elements at once (default
+16384; ru0: a load and a reduction per step), ``np`` no
 L2 prefetch of each task's weights before its waits, ``pf`` with it (the default), ``pfN`` with at
 most N KiB of them per task (default 64; ``pf0`` all of them), ``paN`` prefetching the weights of
 the task N places later in the worker's queue instead of its own, ``pw0`` each task's weights
@@ -215,7 +215,8 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
 NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "sw": lambda n: {"step_weights": n},
            "kv": lambda n: {"kv_split": n},
-           "q": lambda n: {"qkv_parts": n}, "qs": lambda n: {"qkv_slices": n}, "ru": lambda n: {"rms_unroll": n},
+           "q": lambda n: {"qkv_parts": n}, "qs": lambda n: {"qkv_slices": n},
+           "ru": lambda n: {"rms_unroll": n},
            "fo": lambda n: {"fold": n}, "fr": lambda n: {"fold_rows": n},
            "ks": lambda n: {"kv_step": n}, "kb": lambda n: {"kv_block": n},
            "as": lambda n: {"attn_stages": n},
@@ -363,9 +364,12 @@ def _effective(ops, v: Variant, again) -> Variant:
     # a split's output normalised
     split_norm = tiler.norm_first() and max(split, long_slices) > 1
     sums = v.norm_sums and tiler.norm_first()
-    # q/k/v in K slices where x is normalised first and pieces lie within heads (tile_qkv)
+    # q/k/v in K slices where x is normalised first and pieces lie within heads (tile_qkv),
+    # pieces 1/slices of a head's tasks (at least 1): the tasks a head as that builds them
     qkv_slices = v.qkv_slices if tiler.norm_first() and not v.qkv_cross and \
         ops.dims.hidden % (16 * v.qkv_slices) == 0 else TileConfig.qkv_slices
+    if qkv_slices > 1 and not (head_norm and v.split_head_norm and pieces > 1):
+        pieces = max(1, pieces // qkv_slices) * qkv_slices
     out = replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
                   split_k=split, norm_first=tiler.norm_first(), norm_sums=sums,
                   qkv_slices=qkv_slices,

@@ -134,6 +134,9 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     assert refine.flip(replace(first, qkv_slices=2), "qkv_slices", 64) == first
     assert effective(ops, replace(first, qkv_slices=2)).qkv_slices == 2
     assert effective(ops, replace(v, qkv_slices=2)).qkv_slices == 1
+    # a head's tasks as built: pieces of 1/slices of them, at least one (q1 as q2 here)
+    assert effective(ops, replace(first, qkv_slices=2, qkv_parts=1)) == \
+        effective(ops, replace(first, qkv_slices=2, qkv_parts=2))
     assert parse_variant(replace(first, qkv_slices=3).label).qkv_slices == 3
     # as built, a stream keeps its keys a task, no spills and no KV prefetch a task ahead
     spilled = replace(v, attn_pairs=True, attn_spill=True, prefetch_kv_ahead=128, kv_split=64)
