@@ -200,7 +200,7 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 norm_first=True, norm_sums=True, fuse_reduce=True),
                                 id="llama-3.2-1b-64-ap-ag4-ns-fs"),
                             # a head's q/k/v tasks as K slices finished by their last (tickets),
-                            # x normalised by rms_norm tasks or from sums of squares
+                            # the row RMS from sums of squares, or x normalised by the reduces
                             pytest.param("llama-3.2-1b", 24, TileConfig(
                                 norm_first=True, norm_sums=True, fuse_reduce=True,
                                 qkv_slices=2, kv_split=1024, kv_block=128),
