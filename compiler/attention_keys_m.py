@@ -34,6 +34,17 @@ def step_block(blocks, c):
 
 
 @triton.jit
+def empty_states(NH: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                 T: tl.constexpr = False):
+    """The running max and sum [NH, BLOCK_G] and unnormalised acc [NH, BLOCK_G, BLOCK_D] (T:
+    transposed, [NH, BLOCK_D, BLOCK_G], as ``online_keys_m`` holds it) of NH heads or key groups
+    before any key."""
+    shape: tl.constexpr = [NH, BLOCK_D, BLOCK_G] if T else [NH, BLOCK_G, BLOCK_D]
+    return (tl.full([NH, BLOCK_G], float("-inf"), tl.float32), tl.zeros([NH, BLOCK_G], tl.float32),
+            tl.zeros(shape, tl.float32))
+
+
+@triton.jit
 def load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr,
                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, W: tl.constexpr,
@@ -102,12 +113,8 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
     ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
     qa3 = tl.broadcast_to(tl.trans(qa)[None, :, :], (W, BLOCK_D, BLOCK_G))
     qb3 = tl.broadcast_to(tl.trans(qb)[None, :, :], (W, BLOCK_D, BLOCK_G))
-    ma = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
-    mb = tl.full([W, BLOCK_G], float("-inf"), tl.float32)
-    la = tl.zeros([W, BLOCK_G], tl.float32)
-    lb = tl.zeros([W, BLOCK_G], tl.float32)
-    acc_a = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
-    acc_b = tl.zeros([W, BLOCK_D, BLOCK_G], tl.float32)
+    ma, la, acc_a = empty_states(W, BLOCK_G, BLOCK_D, True)
+    mb, lb, acc_b = empty_states(W, BLOCK_G, BLOCK_D, True)
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if IN_BLOCK else None
     for c in tl.range(0, NCHUNK, num_stages=STAGES):
         start = lo + c * CHUNK

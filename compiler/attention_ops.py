@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from . import kernel_loop
-from .attention_keys_m import online_keys_m, pair_steps_keys_m, step_block, step_blocks
+from .attention_keys_m import (empty_states, online_keys_m, pair_steps_keys_m, step_block,
+                               step_blocks)
 from .ops import _dot
 from .rope_ops import block_slot, cache_slots
 
@@ -285,14 +286,11 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     if KEYS_M:                  # queries and output transposed
         offs = heads[:, None, :] * D + ds[None, :, None]                # [NH, BLOCK_D, BLOCK_G]
         qmask = (gs[None, None, :] < G) & (ds[None, :, None] < D)
-        acc = tl.zeros([NH, BLOCK_D, BLOCK_G], tl.float32)
     else:
         offs = heads[:, :, None] * D + ds[None, None, :]                # [NH, BLOCK_G, BLOCK_D]
         qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D)
-        acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
     q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-    m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([NH, BLOCK_G], tl.float32)
+    m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D, KEYS_M)
     NCHUNK: tl.constexpr = (S + CHUNK - 1) // CHUNK
     HOISTED: tl.constexpr = KEYS_M and IN_BLOCK              # the steps' entries asked for first
     blocks = step_blocks(row, 0, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None

@@ -13,6 +13,7 @@ stay consecutive for its combine.
 import triton
 import triton.language as tl
 
+from .attention_keys_m import empty_states
 from .attention_ops import (attn_combine_op, empty_state, group_step, last_ticket, load_kv,
                             load_kv_heads, online_step, store_partial, stream_step)
 
@@ -61,9 +62,7 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D) & (hs[:, None, None] < NH)
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([NH, BLOCK_G], tl.float32)
-    acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
+    m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
     for c in tl.range(c0, c1, num_stages=STAGES):
         row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH, UNITS,
                                                                NH, CHUNK)
@@ -80,9 +79,7 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
             else:
                 store_group_partial(acc_ptr, ml_ptr, slot0 + second, nslots, m, l, acc, NH, G, D,
                                     BLOCK_G, BLOCK_D)
-            m = tl.full([NH, BLOCK_G], float("-inf"), tl.float32)
-            l = tl.zeros([NH, BLOCK_G], tl.float32)
-            acc = tl.zeros([NH, BLOCK_G, BLOCK_D], tl.float32)
+            m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
     if FUSED:                   # after the loop: an atomic in it would stop its pipelining
         merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
                           ticket, first, count_a, count_b, NCH, UNITS, HQ, D, G, BLOCK_G,
