@@ -61,69 +61,47 @@ def attn_pair_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
                         BLOCK_G, D, STAGES)
 
 
-def merge_pair_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
-                     hkv: int) -> torch.Tensor:
-    """``merge_slots`` for units of a row's pairs of kv heads: head h of piece p in slot
-    p + h * P (P pieces in all)."""
-    n, width = acc.shape[0] // 2, acc.shape[1] * acc.shape[2]
+def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
+                hkv: int, heads: int = 1) -> torch.Tensor:
+    """out [B, HQ * D] with each cut unit's output merged from its slots of acc [P, G, D] and
+    (max, sum) ml [P, G, 2], as attn_combine does; units of ``heads`` kv heads of a row, head h
+    of piece p in slot p + h * P / heads."""
+    n, width = acc.shape[0] // heads, acc.shape[1] * acc.shape[2]
     out = out.clone()
     for u, used in slots.items():
-        row, pair = divmod(u, hkv // 2)
-        for h in range(2):
-            col = (2 * pair + h) * width
+        row, unit = divmod(u, hkv // heads)
+        for h in range(heads):
+            col = (heads * unit + h) * width
             idx = [p + h * n for p in used]
             out[row, col:col + width] = merge_partials(acc[idx], ml[idx]).flatten().to(out.dtype)
     return out
 
 
-def run_pair_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
-                  warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows):
-    """``run_flat`` over units of a row's pairs of kv heads (``attn_pair_stream_op``)."""
+def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
+             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows, heads: int = 1):
+    """(launch, outputs): the launch fills NaN-poisoned outputs and slots from layer ``layer``
+    of the cache, the query heads of a kv head padded to ``rows`` (at least) as
+    ``TileConfig.attn_rows`` pads them; outputs() merges. Units of one kv head
+    (``attn_stream_op``) or (``heads`` 2) of a row's pair of kv heads (``attn_pair_stream_op``)."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
-    g, units = q.shape[1] // d // hkv, b * hkv // 2
+    g, units = q.shape[1] // d // hkv, b * hkv // heads
     step, cut = stream_shares(units * s, s, programs, step)
     streams, _, slot_of = stream_plan(units, s, cut)
     slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
     n = max(1, len(slot_of))
-    acc = torch.full((2 * n, g, d), float("nan"), device=q.device)
-    ml = torch.full((2 * n, g, 2), float("nan"), device=q.device)
+    acc = torch.full((heads * n, g, d), float("nan"), device=q.device)
+    ml = torch.full((heads * n, g, 2), float("nan"), device=q.device)
     out = torch.full_like(q, float("nan"))
-    launch = lambda: attn_pair_streams[(len(streams),)](
-        q, cache, pos, table, acc, ml, out, cut, units * s, slot0, n, layer, b, q.shape[1] // d,
-        hkv, s, d, g, s // table.shape[1], step, stages, p2(g, rows), num_warps=warps)
-    return launch, lambda: merge_pair_slots(out, acc, ml, unit_slots(slot_of), hkv)
-
-
-def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
-                hkv: int) -> torch.Tensor:
-    """out [B, HQ * D] with each cut unit's output merged from its slots of acc [P, G, D] and
-    (max, sum) ml [P, G, 2], as attn_combine does."""
-    width = acc.shape[1] * acc.shape[2]
-    out = out.clone()
-    for u, used in slots.items():
-        row, head = divmod(u, hkv)
-        out[row, head * width:(head + 1) * width] = \
-            merge_partials(acc[used], ml[used]).flatten().to(out.dtype)
-    return out
-
-
-def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
-             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows):
-    """(launch, outputs): the launch fills NaN-poisoned outputs and slots from layer ``layer``
-    of the cache, the query heads of a kv head padded to ``rows`` (at least) as
-    ``TileConfig.attn_rows`` pads them; outputs() merges."""
-    b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
-    g, units = q.shape[1] // d // hkv, b * hkv
-    step, cut = stream_shares(units * s, s, programs, step)
-    streams, _, slot_of = stream_plan(units, s, cut)
-    slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
-    acc = torch.full((max(1, len(slot_of)), g, d), float("nan"), device=q.device)
-    ml = torch.full((max(1, len(slot_of)), g, 2), float("nan"), device=q.device)
-    out = torch.full_like(q, float("nan"))
-    launch = lambda: attn_streams[(len(streams),)](
-        q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, b, q.shape[1] // d, hkv,
-        s, d, g, s // table.shape[1], step, stages, p2(g, rows), num_warps=warps)
-    return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv)
+    sizes = (b, q.shape[1] // d, hkv, s, d, g, s // table.shape[1], step, stages, p2(g, rows))
+    if heads == 1:
+        launch = lambda: attn_streams[(len(streams),)](
+            q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, *sizes,
+            num_warps=warps)
+    else:
+        launch = lambda: attn_pair_streams[(len(streams),)](
+            q, cache, pos, table, acc, ml, out, cut, units * s, slot0, n, layer, *sizes,
+            num_warps=warps)
+    return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv, heads)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,7 +165,7 @@ def time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, ref) -> None:
             q, cache[layer:], pos, table, out, b * hkv, b, q.shape[1] // d, hkv, s, d, g,
             s // table.shape[1], 128, p2(g, rows), stages, w, hoist)
         show_timed(f"B={b:2d} pairs{form} c128 {tag}", run, nbytes, lambda: rel_err(out, ref))
-    launch, outputs = run_pair_flat(q, cache, pos, table, hkv, sms, 128, stages, 4, layer, rows)
+    launch, outputs = run_flat(q, cache, pos, table, hkv, sms, 128, stages, 4, layer, rows, 2)
     show_timed(f"B={b:2d} pair streams c128 {tag}", launch, nbytes, lambda: rel_err(outputs(), ref))
 
 
