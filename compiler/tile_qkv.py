@@ -63,13 +63,12 @@ def add_qkv_piece(t: Tiler, op, kind: str, spans: dict, n: int, part: int, inv: 
           reads, writes, nbytes, 4 * d.batch * n * d.hidden)
 
 
-def qkv_slices(t: Tiler, op) -> int:
-    """K slices of the op's pieces within heads (``TileConfig.qkv_slices``): where x is
-    normalised already (norm first, or the norm's RMS from sums of squares, applied to the
-    product) and each slice keeps a multiple of 16 columns, else 1."""
-    p, s, k = op.params, t.cfg.qkv_slices, t.graph.dims.hidden
-    ready = p["norm"] is None or bool(p.get("sums"))
-    return s if s > 1 and ready and k % (16 * s) == 0 else 1
+def qkv_slices(t: Tiler) -> int:
+    """K slices of the q/k/v pieces within heads (``TileConfig.qkv_slices``): where x is
+    normalised first (by rms_norm tasks, or the norm's RMS from sums of squares, applied to the
+    product: ``tile_norm.norm_first``) and each slice keeps a multiple of 16 columns, else 1."""
+    s, k = t.cfg.qkv_slices, t.graph.dims.hidden
+    return s if s > 1 and t.norm_first() and k % (16 * s) == 0 else 1
 
 
 def add_qkv_slices(t: Tiler, op, kind: str, h: int, spans: tuple, n: int, part: int,
@@ -122,7 +121,7 @@ def tile_qkv_rope(t: Tiler, op) -> None:
               for h in range(d.kv_heads) for kind in ("k", "v")]
     half = hd // 2
     raw = Buffer(f"{op.name}.raw", "act", (d.batch, (d.heads + d.kv_heads) * hd))
-    slices = qkv_slices(t, op)
+    slices = qkv_slices(t)
     for kind, h, head_norm in heads:
         # pieces of dims [d0, d0 + part) in each half (RoPE pairs i with i + hd/2); a head's
         # tasks pieces of K slices where they write no raw projection

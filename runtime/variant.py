@@ -59,6 +59,7 @@ from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig, Tiler
 from megakernel.compiler.tile_attention import stream_layout
 from megakernel.compiler.tile_proj import column_reduced, split_slices
+from megakernel.compiler.tile_qkv import qkv_slices as tile_qkv_slices
 
 
 @dataclass(frozen=True)
@@ -364,10 +365,9 @@ def _effective(ops, v: Variant, again) -> Variant:
     # a split's output normalised
     split_norm = tiler.norm_first() and max(split, long_slices) > 1
     sums = v.norm_sums and tiler.norm_first()
-    # q/k/v in K slices where x is normalised first and pieces lie within heads (tile_qkv),
-    # pieces 1/slices of a head's tasks (at least 1): the tasks a head as that builds them
-    qkv_slices = v.qkv_slices if tiler.norm_first() and not v.qkv_cross and \
-        ops.dims.hidden % (16 * v.qkv_slices) == 0 else TileConfig.qkv_slices
+    # q/k/v in K slices (the tiling's rule) where pieces lie within heads, pieces 1/slices of
+    # a head's tasks (at least 1): the tasks a head as that builds them
+    qkv_slices = TileConfig.qkv_slices if v.qkv_cross else tile_qkv_slices(tiler)
     if qkv_slices > 1 and not (head_norm and v.split_head_norm and pieces > 1):
         pieces = max(1, pieces // qkv_slices) * qkv_slices
     out = replace(v, kv_split=span, qkv_parts=pieces, attn_tasks_per_worker=at, attn_rows=rows,
