@@ -76,12 +76,15 @@ from .variant import Variant, effective, stream_kv_split
 # merged by their last piece, slower still) and left the refinement. Whole pairs' and groups'
 # dots with the keys as M (``attn_keys_m``: a third fewer instructions a pair's step in the
 # sm_90 build, 579 against 848, no barrier; against the winners, ms: 24 rows 1.176 -> 1.156, 64
-# rows with groups of 4 1.553 -> 1.544) flip on where they apply. A head's q/k/v tasks as 2 K
+# rows with groups of 4 1.553 -> 1.544; again, 24 rows 1.181 -> 1.175, 32 1.234 -> 1.239, 48
+# 1.452 -> 1.479, 64 1.570 -> 1.559) flip on where they apply. A head's q/k/v tasks as 2 K
 # slices of pieces twice as wide (``qkv_slices``, where x is normalised first: each task reads
-# half as much of x from L2; the cost model rates llama-3.2-1b's winners at 24, 32 and 64 rows
-# 1118.6 -> 1104.9, 1287.4 -> 1269.2 and 1702.7 -> 1666.2 us with them; not yet timed).
+# half as much of x from L2; the cost model rated them 1-2% faster) lost against every winner
+# timed (ms: 24 rows 1.181 -> 1.243, 32 1.234 -> 1.265, 48 1.452 -> 1.530, 64 1.570 -> 1.673;
+# traced at 64 rows, a slice's task 9.9 us against a whole piece's 7.7 and the phase 14.2
+# against 8.5) and left the refinement; its flip stays in ``FLIPS`` for a ``refine`` argument.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
-          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m", "qkv_slices")
+          "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
