@@ -52,15 +52,15 @@ def attn_units(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, layer, B: tl.c
 def attn_pairs(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constexpr,
                HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-               STAGES: tl.constexpr, W: tl.constexpr = 1, HOIST: tl.constexpr = False):
+               STAGES: tl.constexpr, W: tl.constexpr = 1):
     """``attn_units`` two units at a time (kv heads h and h + 1 of one row, HKV even) through
     ``attn_pair_op``: each step loads both units' keys and values and runs both online steps,
-    so that one unit's arithmetic can overlap the other's loads (HOIST: ``pair_steps``'s)."""
+    so that one unit's arithmetic can overlap the other's loads."""
     pair = tl.program_id(0)
     while pair < units // 2:
         attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, (2 * pair) // HKV,
                                    (2 * pair) % HKV, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS,
-                                   CHUNK, BLOCK_G, D, STAGES, BS % CHUNK == 0, W, HOIST)
+                                   CHUNK, BLOCK_G, D, STAGES, BS % CHUNK == 0, W)
         pair += tl.num_programs(0)
 
 

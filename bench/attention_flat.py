@@ -153,17 +153,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, ref) -> None:
-    """Whole pairs (one program each, at most one per SM; the query rows as the dots' M, with
-    their block-table entries asked for before the loop too, or the keys: ``km``, which asks for
-    them so) beside pair streams over every SM."""
+    """Whole pairs (one program each, at most one per SM; the query rows as the dots' M, or the
+    keys: ``km``) beside pair streams over every SM."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, tag, layer = q.shape[1] // d // hkv, f"s{stages} ar{rows}", args.layers - 1
     nbytes = cache[layer].numel() * cache.element_size()
-    for w, hoist, form in ((1, False, ""), (1, True, " hoisted"), (KEY_GROUPS, True, " km")):
+    for w, form in ((1, ""), (KEY_GROUPS, " km")):
         out = torch.full_like(q, float("nan"))
         run = lambda: attn_pairs[(min(b * hkv // 2, sms),)](
             q, cache[layer:], pos, table, out, b * hkv, b, q.shape[1] // d, hkv, s, d, g,
-            s // table.shape[1], 128, p2(g, rows), stages, w, hoist)
+            s // table.shape[1], 128, p2(g, rows), stages, w)
         show_timed(f"B={b:2d} pairs{form} c128 {tag}", run, nbytes, lambda: rel_err(out, ref))
     launch, outputs = run_flat(q, cache, pos, table, hkv, sms, 128, stages, 4, layer, rows, 2)
     show_timed(f"B={b:2d} pair streams c128 {tag}", launch, nbytes, lambda: rel_err(outputs(), ref))

@@ -21,20 +21,16 @@ from .rope_ops import block_slot, cache_slots
 @triton.jit
 def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, HKV: tl.constexpr,
             S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
-            BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr = False, block=None):
+            BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr = False):
     """Keys and values [CHUNK, BLOCK_D] at positions [start, start + CHUNK), each through the
     block table (one gather, one memory latency); positions >= hi are not read. The table
     entries do not wait for hi (the row's length, itself a load): positions are only kept
     within the table's row (S), where every entry names a block of the cache. IN_BLOCK (the
     caller's promise: the step lies in one cache block, as where BS and start are multiples of
-    CHUNK): one table entry per step, the keys at fixed offsets from the first (``block``, the
-    step's entry where the caller has it, ``attention_keys_m.step_block``, else gathered)."""
+    CHUNK): one table entry per step, the keys at fixed offsets from the first."""
     ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
-    if IN_BLOCK and block is not None:
-        key = block_slot(block, start, layer, 0, kv_head, B, HKV, S, D, BS) + \
-            tl.arange(0, CHUNK) * D                                     # [CHUNK]
-    elif IN_BLOCK:
+    if IN_BLOCK:
         first = cache_slots(row, tl.minimum(start, S - 1), bt_ptr, layer, 0, kv_head, B, HKV,
                             S, D, BS)
         key = first + tl.arange(0, CHUNK) * D                           # [CHUNK]
@@ -130,13 +126,11 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
                B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-               NCHUNK: tl.constexpr, W: tl.constexpr = 1, HOIST: tl.constexpr = False):
+               NCHUNK: tl.constexpr, W: tl.constexpr = 1):
     """Keys [lo, hi) of kv heads kv_head and kv_head + 1 of row ``row`` in NCHUNK CHUNK-key
     steps, the two heads side by side in one pipelined loop (two independent chains of loads and
     dots: one's arithmetic overlaps the other's loads), queries at q_ptr + offs (head a) and
-    + G * D (head b) -> (max, sum, unnormalised acc) of each head. HOIST (W 1, IN_BLOCK; the
-    bench's, ``bench.attention_flat --pairs``): the steps' block-table entries asked for before
-    the loop, as the keys-as-M loop asks for them."""
+    + G * D (head b) -> (max, sum, unnormalised acc) of each head."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
     qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
@@ -148,16 +142,13 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
         ss = tl.arange(0, CHUNK)
         ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
         mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
-        HOISTED: tl.constexpr = HOIST and IN_BLOCK
-        blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None
         for c in tl.range(0, NCHUNK, num_stages=STAGES):
             start = lo + c * CHUNK
             valid = start + ss < hi
-            block = step_block(blocks, c) if HOISTED else None
             ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D,
-                             BS, CHUNK, BLOCK_D, IN_BLOCK, block)
+                             BS, CHUNK, BLOCK_D, IN_BLOCK)
             kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S,
-                             D, BS, CHUNK, BLOCK_D, IN_BLOCK, block)
+                             D, BS, CHUNK, BLOCK_D, IN_BLOCK)
             ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
             mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
     return ma, la, acc_a, mb, lb, acc_b
@@ -168,12 +159,10 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
                  scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
                  CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, W: tl.constexpr = 1,
-                 HOIST: tl.constexpr = False):
+                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, W: tl.constexpr = 1):
     """Row ``row``'s query heads of kv heads kv_head and kv_head + 1 over all its keys
     (``pair_steps``) -> both normalised outputs in out [B, HQ * D]. IN_BLOCK: BS a multiple of
-    CHUNK (one block-table entry per step and head); W: a step's keys in W groups; HOIST: as
-    ``pair_steps``'s."""
+    CHUNK (one block-table entry per step and head); W: a step's keys in W groups."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     gs = tl.arange(0, BLOCK_G)
@@ -183,7 +172,7 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
     offs = heads[:, None] * D + ds[None, :]                               # [BLOCK_G, BLOCK_D]
     ma, la, acc_a, mb, lb, acc_b = pair_steps(
         q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, 0, hi, offs, qmask, scale, B, HKV, S, D,
-        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (S + CHUNK - 1) // CHUNK, W, HOIST)
+        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (S + CHUNK - 1) // CHUNK, W)
     tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT), mask=qmask)
     tl.store(out_ptr + offs + G * D, (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT),
              mask=qmask)
