@@ -27,8 +27,8 @@ from megakernel.compiler import attention_ops
 from megakernel.compiler.registry import KEY_GROUPS, p2
 from megakernel.compiler.stream_ops import attn_pair_stream_op
 from megakernel.compiler.tile import TileConfig
-from megakernel.compiler.tile_attention import (first_slots, stream_plan, stream_shares,
-                                                 unit_slots)
+from megakernel.compiler.tile_attention import (first_slots, rows_spanned, stream_plan,
+                                                 stream_shares, unit_slots)
 from megakernel.compiler.vm import merge_partials
 
 
@@ -36,14 +36,15 @@ from megakernel.compiler.vm import merge_partials
 def attn_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, cut, total,
                  slot0_ptr, layer, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                 STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr):
+                 STEP: tl.constexpr, STAGES: tl.constexpr, BLOCK_G: tl.constexpr,
+                 ROWS: tl.constexpr):
     """Program t: the attn_stream task of keys [t * cut, min((t + 1) * cut, total)), the
     query heads of a kv head padded to BLOCK_G rows."""
     t = tl.program_id(0)
     attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                  t * cut, tl.minimum(t * cut + cut, total), layer,
                                  tl.load(slot0_ptr + t), D ** -0.5, B, HQ, HKV, S, D, G, BS,
-                                 STEP, BLOCK_G, D, STAGES)
+                                 STEP, BLOCK_G, D, STAGES, ROWS)
 
 
 @triton.jit
@@ -51,14 +52,14 @@ def attn_pair_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
                       slot0_ptr, nslots, layer, B: tl.constexpr, HQ: tl.constexpr,
                       HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                       BS: tl.constexpr, STEP: tl.constexpr, STAGES: tl.constexpr,
-                      BLOCK_G: tl.constexpr):
+                      BLOCK_G: tl.constexpr, ROWS: tl.constexpr):
     """Program t: the attn_pair_stream task of keys [t * cut, min((t + 1) * cut, total)) of the
     units of a row's pairs of kv heads laid end to end (unfused: cut units left in slots)."""
     t = tl.program_id(0)
     attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, t * cut,
                         tl.minimum(t * cut + cut, total), layer, tl.load(slot0_ptr + t), nslots,
                         slot0_ptr, 0, 0, 0, 0, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS, STEP,
-                        BLOCK_G, D, STAGES)
+                        BLOCK_G, D, STAGES, ROWS)
 
 
 def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
@@ -92,7 +93,8 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
     acc = torch.full((heads * n, g, d), float("nan"), device=q.device)
     ml = torch.full((heads * n, g, 2), float("nan"), device=q.device)
     out = torch.full_like(q, float("nan"))
-    sizes = (b, q.shape[1] // d, hkv, s, d, g, s // table.shape[1], step, stages, p2(g, rows))
+    sizes = (b, q.shape[1] // d, hkv, s, d, g, s // table.shape[1], step, stages, p2(g, rows),
+             rows_spanned(streams, s, hkv // heads))
     if heads == 1:
         launch = lambda: attn_streams[(len(streams),)](
             q, cache, pos, table, acc, ml, out, cut, units * s, slot0, layer, *sizes,

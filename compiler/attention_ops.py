@@ -321,13 +321,13 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
                    slot0, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                    BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_D: tl.constexpr, STAGES: tl.constexpr):
+                   BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr):
     """Keys [f0, f1) of the (row, kv head) units laid end to end (unit u = row * HKV + kv head
     holds keys [u * S, (u + 1) * S); f0, f1 and S multiples of CHUNK) in one pipelined loop of
     CHUNK-key steps, whatever unit each step belongs to. Where a unit's piece ends: the whole
     unit -> its normalised output in out [B, HQ * D]; a part of one (only the first and the last
     piece can be) -> acc and (max, sum) in partial slot slot0, or slot0 + 1 for the last where
-    the first was a part too."""
+    the first was a part too. ROWS: ``stream_step``'s."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     gs = tl.arange(0, BLOCK_G)
@@ -337,9 +337,10 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+    rows = stream_rows(c0, pos_ptr, B, NCH, HKV)
     for c in tl.range(c0, c1, num_stages=STAGES):
-        row, kv_head, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH, HKV,
-                                                                   1, CHUNK)
+        row, kv_head, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, rows, NCH,
+                                                                   HKV, 1, CHUNK, ROWS)
         heads = row * HQ + kv_head * G + gs                            # [BLOCK_G] of [B * HQ]
         q = tl.load(q_ptr + heads[:, None] * D + ds[None, :], mask=qmask, other=0.0).to(DT)
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
@@ -357,16 +358,31 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
 
 
 @triton.jit
-def stream_step(c, c0, c1, pos_ptr, NCH: tl.constexpr, UNITS: tl.constexpr, NH: tl.constexpr,
-                CHUNK: tl.constexpr):
+def stream_rows(c0, pos_ptr, B: tl.constexpr, NCH: tl.constexpr, UNITS: tl.constexpr):
+    """Before a stream's loop from step c0 (NCH steps a unit, UNITS units a row): its first
+    row and the lengths of that row and the next (the last row's own where there is none)."""
+    row = c0 // NCH // UNITS
+    return (row, tl.load(pos_ptr + row).to(tl.int32) + 1,
+            tl.load(pos_ptr + tl.minimum(row + 1, B - 1)).to(tl.int32) + 1)
+
+
+@triton.jit
+def stream_step(c, c0, c1, pos_ptr, rows, NCH: tl.constexpr, UNITS: tl.constexpr,
+                NH: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr):
     """Step c of a stream over steps [c0, c1) of units of NH kv heads laid end to end (NCH
     steps a unit, UNITS units a row): its unit's row, first kv head and first key, the row's
     length; whether a piece of the unit ends with it, whether that piece is the whole unit,
     and whether it is the stream's second cut piece (1; its slot is slot0 + 1: the first piece
-    was cut too, only the first and the last piece can be)."""
+    was cut too, only the first and the last piece can be). ROWS, the most rows a stream of
+    the op spans: up to 2, the length is picked from ``rows`` (``stream_rows``), so that no
+    load in the loop waits on another (the keys' masks on the length); more, loaded here."""
     u = c // NCH
     row = u // UNITS
-    hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+    if ROWS <= 2:
+        row_a, hi_a, hi_b = rows
+        hi = tl.where(row == row_a, hi_a, hi_b)
+    else:
+        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     unit_end = c % NCH == NCH - 1
     second = ((u != c0 // NCH) & (c0 % NCH != 0)).to(tl.int32)
     return (row, (u % UNITS) * NH, (c % NCH) * CHUNK, hi, unit_end | (c == c1 - 1),

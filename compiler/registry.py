@@ -261,13 +261,13 @@ def _attn_group(t: Task, d: Dims, c: TileConfig) -> dict:
 
 
 def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    return _attn_body(d, c, t.args["step"])
+    return _attn_body(d, c, t.args["step"]) | dict(ROWS=t.args["rows"])
 
 
 def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
     fused = "merges" in t.args
-    return _attn_body(d, c, t.args["step"]) | dict(
-        FUSED=fused, BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
+    return _attn_stream(t, d, c) | dict(FUSED=fused,
+                                        BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
 
 
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:

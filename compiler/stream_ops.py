@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .attention_keys_m import empty_states
 from .attention_ops import (attn_combine_op, empty_state, group_step, last_ticket, load_kv,
-                            load_kv_heads, online_step, store_partial, stream_step)
+                            load_kv_heads, online_step, store_partial, stream_rows, stream_step)
 
 
 @triton.jit
@@ -41,8 +41,9 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          count_b, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                          HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                          BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, NH: tl.constexpr,
-                         FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1):
+                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
+                         NH: tl.constexpr, FUSED: tl.constexpr = False,
+                         BLOCK_SPLIT: tl.constexpr = 1):
     """Keys [f0, f1) of the units of NH kv heads laid end to end (f0, f1 and S multiples of
     CHUNK) in one pipelined loop of CHUNK-key steps, whatever unit each step belongs to. Where a
     unit's piece ends: the whole unit -> its heads' normalised outputs in out [B, HQ * D]; a
@@ -51,7 +52,7 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     FUSED: after the loop, each cut piece takes its unit's ticket, and the one that takes its
     last merges the unit's heads (``merge_stream_cuts``; ticket, first and count_a: the first
     cut piece's unit, its first slot and its pieces; the second's are ticket + 1, slot0 + 1,
-    count_b)."""
+    count_b). ROWS: ``attention_ops.stream_step``'s."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     UNITS: tl.constexpr = HKV // NH                                    # units of a row
@@ -63,9 +64,10 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
     m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
+    rows = stream_rows(c0, pos_ptr, B, NCH, UNITS)
     for c in tl.range(c0, c1, num_stages=STAGES):
-        row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH, UNITS,
-                                                               NH, CHUNK)
+        row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, rows, NCH,
+                                                               UNITS, NH, CHUNK, ROWS)
         heads = row * HQ + (kv0 + hs[:, None]) * G + gs[None, :]          # [NH, BG] of B * HQ
         offs = heads[:, :, None] * D + ds[None, None, :]                   # [NH, BG, BD]
         q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
@@ -92,8 +94,8 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                         count_b, scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr,
                         HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-                        BLOCK_D: tl.constexpr, STAGES: tl.constexpr, FUSED: tl.constexpr = False,
-                        BLOCK_SPLIT: tl.constexpr = 1):
+                        BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
+                        FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1):
     """``attn_group_stream_op`` over units of a row's pairs of kv heads, the two heads as two
     independent chains of loads and dots (``attention_ops.pair_steps``'s form: one's
     arithmetic overlaps the other's loads) instead of a batch of score tiles."""
@@ -108,9 +110,10 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
     IN_BLOCK: tl.constexpr = BS % CHUNK == 0                      # steps start at CHUNK multiples
     ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
     mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
+    rows = stream_rows(c0, pos_ptr, B, NCH, HKV // 2)
     for c in tl.range(c0, c1, num_stages=STAGES):
-        row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, NCH,
-                                                               HKV // 2, 2, CHUNK)
+        row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, rows, NCH,
+                                                               HKV // 2, 2, CHUNK, ROWS)
         offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
         qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
         qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)

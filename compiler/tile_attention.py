@@ -183,6 +183,13 @@ def stream_plan(units: int, seq: int, cut: int):
     return streams, pieces, slot_of
 
 
+def rows_spanned(streams: list, seq: int, units_per_row: int) -> int:
+    """The most rows any of ``streams`` [(f0, f1)] spans (``seq`` keys a unit, ``units_per_row``
+    units a row): the stream bodies' ROWS."""
+    per_row = seq * units_per_row
+    return max((f1 - 1) // per_row - f0 // per_row + 1 for f0, f1 in streams)
+
+
 def unit_slots(slot_of: dict) -> dict[int, list[int]]:
     """{unit: its pieces' slots} of the units cut between streams."""
     slots: dict[int, list[int]] = {}
@@ -238,7 +245,7 @@ def tile_attention_stream(t: Tiler, op) -> None:
     kind = {1: "attn_stream", 2: "attn_pair_stream"}.get(nh, "attn_group_stream")
     fused = t.cfg.fuse_combine and nh > 1
     tickets = {u: t.tickets + k for k, u in enumerate(slots)} if fused else {}
-    most = max(map(len, slots.values()), default=0)
+    most, rows = max(map(len, slots.values()), default=0), rows_spanned(streams, s, per_row)
     for i, ((f0, f1), ps) in enumerate(zip(streams, pieces)):
         reads, writes = [Region("positions", ((0, d.batch),))], []
         for u, lo, hi in ps:
@@ -250,7 +257,7 @@ def tile_attention_stream(t: Tiler, op) -> None:
             writes += [heads(u)] if slot is None else slot_boxes(slot)
         args = dict(q=q.name, out=out.name, acc=acc.name if n else None,
                     ml=ml.name if n else None, f0=f0, f1=f1, layer=layer, slot0=slot0s[i],
-                    step=step) | (dict(nslots=n, heads=nh) if nh > 1 else {})
+                    step=step, rows=rows) | (dict(nslots=n, heads=nh) if nh > 1 else {})
         cuts = [u for u, _, _ in ps if (i, u) in slot_of]
         if tickets and cuts:
             args |= merge_args(cuts, slots, tickets, slot0s[i], most, heads)

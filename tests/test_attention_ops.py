@@ -250,12 +250,12 @@ def test_flat_attention_probe_matches_sdpa(heads):
 def streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, f_ptr, slot0_ptr,
                    nstreams, merge_ptr, nmerge, layer, B: tl.constexpr, HQ: tl.constexpr,
                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                   BS: tl.constexpr, STEP: tl.constexpr):
+                   BS: tl.constexpr, STEP: tl.constexpr, ROWS: tl.constexpr):
     for i in range(nstreams):
         attention_ops.attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                      tl.load(f_ptr + i), tl.load(f_ptr + i + 1), layer,
                                      tl.load(slot0_ptr + i), D ** -0.5, B, HQ, HKV, S, D, G, BS,
-                                     STEP, G, D, 2)
+                                     STEP, G, D, 2, ROWS)
     tl.debug_barrier()
     for j in range(nmerge):                    # (unit, first slot, count) of each cut unit
         u = tl.load(merge_ptr + 3 * j)
@@ -264,13 +264,15 @@ def streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
                                       tl.load(merge_ptr + 3 * j + 2), HQ, D, G, G, 4, D)
 
 
-@pytest.mark.parametrize("cut", [16, 48, 80])
-def test_streams_across_units_merge_to_attention(cut):
+@pytest.mark.parametrize("cut,picked", [(16, True), (48, True), (80, True), (80, False)])
+def test_streams_across_units_merge_to_attention(cut, picked):
     """The units' keys end to end, cut every ``cut`` keys: units in four pieces (16), streams
-    holding pieces of two units (48), whole units too (80); rows of unequal length through a
-    shuffled block table. Pieces go to slots in stream order, a cut unit's slots merged by the
-    combine."""
-    from megakernel.compiler.tile_attention import first_slots, stream_plan, unit_slots
+    holding pieces of two units (48), whole units too (80, streams over both rows); rows of
+    unequal length through a shuffled block table. Pieces go to slots in stream order, a cut
+    unit's slots merged by the combine. Each step's row length ``picked`` from the two loaded
+    before the loop (ROWS as spanned), or loaded at each step (ROWS 3)."""
+    from megakernel.compiler.tile_attention import (first_slots, rows_spanned, stream_plan,
+                                                    unit_slots)
 
     lengths = [50, 64]
     q, cache, positions, table = paged_inputs(cut, BS, 1, lengths)
@@ -284,7 +286,8 @@ def test_streams_across_units_merge_to_attention(cut):
                                    torch.tensor(edges, dtype=torch.int32),
                                    torch.tensor(slot0, dtype=torch.int32))]
     streams_kernel[(1,)](*args, len(edges) - 1, torch.tensor(merge, dtype=torch.int32).to(DEVICE),
-                         len(merge), 0, B, HQ, HKV, S, D, G, BS, 16)
+                         len(merge), 0, B, HQ, HKV, S, D, G, BS, 16,
+                         rows_spanned(streams, S, HKV) if picked else 3)
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[0], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)
 
@@ -295,7 +298,7 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                          D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, STEP: tl.constexpr,
                          NH: tl.constexpr, CHAINS: tl.constexpr, FUSED: tl.constexpr,
-                         REVERSE: tl.constexpr):
+                         REVERSE: tl.constexpr, ROWS: tl.constexpr):
     """The streams (REVERSE: the last first; FUSED: stream i's ticket words at merge_ptr + 4 i,
     each cut unit merged by its last piece, tickets at epoch 1), then (not FUSED) the combine
     of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j)."""
@@ -309,12 +312,13 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
             stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                            out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr, 1,
                                            ticket, first, count_a, count_b, D ** -0.5, B, HQ,
-                                           HKV, S, D, G, BS, STEP, G, D, 2, FUSED, 4)
+                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4)
         else:
             stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                             out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr,
                                             1, ticket, first, count_a, count_b, D ** -0.5, B, HQ,
-                                            HKV, S, D, G, BS, STEP, G, D, 2, NH, FUSED, 4)
+                                            HKV, S, D, G, BS, STEP, G, D, 2, ROWS, NH, FUSED,
+                                            4)
     if not FUSED:
         tl.debug_barrier()
         for j in range(nmerge):
@@ -339,8 +343,8 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
     every 48: of two and of three pieces, a stream's two cut units unlike; streams in
     ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``) or
     as a batch of two score tiles."""
-    from megakernel.compiler.tile_attention import (first_slots, merge_args, stream_plan,
-                                                    unit_slots)
+    from megakernel.compiler.tile_attention import (first_slots, merge_args, rows_spanned,
+                                                    stream_plan, unit_slots)
 
     lengths, hq = [50, 64], hkv * G
     q, cache, positions, table = paged_inputs(cut + nh, BS, 2, lengths, hq=hq, hkv=hkv, s=s)
@@ -364,7 +368,7 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
                                    torch.tensor(merge, dtype=torch.int32),
                                    torch.zeros(len(slots) + 1, dtype=torch.int32))]
     group_streams_kernel[(1,)](*args, len(edges) - 1, n, len(merge), 1, B, hq, hkv, s, D, G, BS,
-                               16, nh, chains, fused, reverse)
+                               16, nh, chains, fused, reverse, rows_spanned(streams, s, hkv // nh))
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)
     if fused:                   # every cut unit's ticket taken by each of its pieces
