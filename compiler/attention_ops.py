@@ -143,14 +143,26 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
         ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
         mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
         for c in tl.range(0, NCHUNK, num_stages=STAGES):
-            start = lo + c * CHUNK
-            valid = start + ss < hi
-            ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D,
-                             BS, CHUNK, BLOCK_D, IN_BLOCK)
-            kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S,
-                             D, BS, CHUNK, BLOCK_D, IN_BLOCK)
-            ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
-            mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
+            ma, la, acc_a, mb, lb, acc_b = pair_step(
+                qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo + c * CHUNK, hi, ss, ma, la,
+                acc_a, mb, lb, acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, DT)
+    return ma, la, acc_a, mb, lb, acc_b
+
+
+@triton.jit
+def pair_step(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, start, hi, ss, ma, la, acc_a, mb,
+              lb, acc_b, scale, B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
+              D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+              IN_BLOCK: tl.constexpr, DT: tl.constexpr):
+    """One step of keys [start, start + CHUNK) (ss: arange(CHUNK)) of kv heads kv_head and
+    kv_head + 1 of row ``row`` (keys >= hi masked) into both heads' running states."""
+    valid = start + ss < hi
+    ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS, CHUNK,
+                     BLOCK_D, IN_BLOCK)
+    kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S, D, BS,
+                     CHUNK, BLOCK_D, IN_BLOCK)
+    ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
+    mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
     return ma, la, acc_a, mb, lb, acc_b
 
 

@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from .attention_keys_m import empty_states
-from .attention_ops import (attn_combine_op, empty_state, group_step, last_ticket, load_kv,
-                            load_kv_heads, online_step, store_partial, stream_rows, stream_step)
+from .attention_ops import (attn_combine_op, empty_state, group_step, last_ticket,
+                            load_kv_heads, pair_step, store_partial, stream_rows, stream_step)
 
 
 @triton.jit
@@ -95,19 +95,45 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                         HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
-                        FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1):
+                        FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1,
+                        PIECES: tl.constexpr = False):
     """``attn_group_stream_op`` over units of a row's pairs of kv heads, the two heads as two
     independent chains of loads and dots (``attention_ops.pair_steps``'s form: one's
-    arithmetic overlaps the other's loads) instead of a batch of score tiles."""
+    arithmetic overlaps the other's loads) instead of a batch of score tiles. PIECES (the
+    bench's, ``bench.attention_flat --pairs``): a loop of its own for each unit's piece, whose
+    row, heads and length stay put through it (``pair_pieces``), instead of one loop over all
+    the stream's steps that works out each step's unit."""
+    NCH: tl.constexpr = S // CHUNK
+    c0 = f0 // CHUNK
+    c1 = f1 // CHUNK
+    if PIECES:
+        pair_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer,
+                    slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D,
+                    STAGES)
+    else:
+        pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                          layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
+                          BLOCK_D, STAGES, ROWS)
+    if FUSED:                   # after the loop: an atomic in it would stop its pipelining
+        merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
+                          ticket, first, count_a, count_b, NCH, HKV // 2, HQ, D, G, BLOCK_G,
+                          BLOCK_SPLIT, BLOCK_D, 2)
+
+
+@triton.jit
+def pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer,
+                      slot0, nslots, scale, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                      S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                      CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                      STAGES: tl.constexpr, ROWS: tl.constexpr):
+    """``attn_pair_stream_op``'s steps [c0, c1) in one pipelined loop, each step's unit worked
+    out from its index (``stream_step``), each piece ended where its unit's steps end."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
     ss = tl.arange(0, CHUNK)
     qmask = (gs[:, None] < G) & (ds[None, :] < D)
-    c0 = f0 // CHUNK
-    c1 = f1 // CHUNK
-    IN_BLOCK: tl.constexpr = BS % CHUNK == 0                      # steps start at CHUNK multiples
     ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
     mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
     rows = stream_rows(c0, pos_ptr, B, NCH, HKV // 2)
@@ -117,30 +143,68 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
         offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
         qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
         qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
-        ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv0, B, HKV, S, D, BS,
-                         CHUNK, BLOCK_D, IN_BLOCK)
-        kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + 1, B, HKV, S, D, BS,
-                         CHUNK, BLOCK_D, IN_BLOCK)
-        valid = start + ss < hi
-        ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
-        mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
+        ma, la, acc_a, mb, lb, acc_b = pair_step(
+            qa, qb, cache_ptr, bt_ptr, row, kv0, layer, start, hi, ss, ma, la, acc_a, mb, lb,
+            acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D, BS % CHUNK == 0, DT)
         if ends:                # where this unit's piece ends (the epilogue once a piece)
-            if whole:
-                tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT),
-                         mask=qmask)
-                tl.store(out_ptr + offs + G * D,
-                         (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT), mask=qmask)
-            else:
-                store_partial(acc_ptr, ml_ptr, slot0 + second, ma, la, acc_a, G, D, BLOCK_G,
-                              BLOCK_D)
-                store_partial(acc_ptr, ml_ptr, slot0 + second + nslots, mb, lb, acc_b, G, D,
-                              BLOCK_G, BLOCK_D)
+            end_pair_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second, nslots,
+                           ma, la, acc_a, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
             ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
             mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
-    if FUSED:                   # after the loop: an atomic in it would stop its pipelining
-        merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
-                          ticket, first, count_a, count_b, NCH, HKV // 2, HQ, D, G, BLOCK_G,
-                          BLOCK_SPLIT, BLOCK_D, 2)
+
+
+@triton.jit
+def pair_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer, slot0,
+                nslots, scale, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                STAGES: tl.constexpr):
+    """``attn_pair_stream_op``'s steps [c0, c1) as one pipelined loop per unit they touch: the
+    unit's row, heads, queries and length set before its loop, the piece ended after it."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    ss = tl.arange(0, CHUNK)
+    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    u = c0 // NCH
+    while u * NCH < c1:
+        row = u // (HKV // 2)
+        kv0 = u % (HKV // 2) * 2
+        lo = tl.maximum(c0, u * NCH)                       # the unit's steps [lo, hi_c)
+        hi_c = tl.minimum(c1, u * NCH + NCH)
+        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
+        qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+        qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
+        ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
+        mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
+        for c in tl.range(lo, hi_c, num_stages=STAGES):
+            ma, la, acc_a, mb, lb, acc_b = pair_step(
+                qa, qb, cache_ptr, bt_ptr, row, kv0, layer, (c - u * NCH) * CHUNK, hi, ss, ma,
+                la, acc_a, mb, lb, acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D,
+                BS % CHUNK == 0, DT)
+        second = ((u != c0 // NCH) & (c0 % NCH != 0)).to(tl.int32)
+        end_pair_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, hi_c - lo == NCH, slot0 + second,
+                       nslots, ma, la, acc_a, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
+        u += 1
+
+
+@triton.jit
+def end_pair_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot, nslots, ma, la, acc_a, mb,
+                   lb, acc_b, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """A pair's piece ended: the whole unit's two normalised outputs at out + offs (head a)
+    and + G * D (head b), or its heads' partials in slots ``slot`` and slot + nslots."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    if whole:
+        tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT),
+                 mask=qmask)
+        tl.store(out_ptr + offs + G * D, (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT),
+                 mask=qmask)
+    else:
+        store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G, BLOCK_D)
+        store_partial(acc_ptr, ml_ptr, slot + nslots, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
 
 
 @triton.jit

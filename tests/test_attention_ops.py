@@ -222,12 +222,13 @@ def test_attention_loads_probe_sums_the_keys_and_values(use_table, chunk, bs):
     torch.testing.assert_close(args[3].cpu(), ref, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("heads", [1, 2])
-def test_flat_attention_probe_matches_sdpa(heads):
+@pytest.mark.parametrize("heads,pieces", [(1, False), (2, False), (2, True)])
+def test_flat_attention_probe_matches_sdpa(heads, pieces):
     """``bench/attention_flat.py``: units' keys laid end to end, each program an equal share in
     one loop (3 programs of 96 keys over 4 units of 64: pieces of two units in one program; or
-    of 48 keys over 2 units of a row's kv head pair), pieces merged on the host; rows of shorter
-    sequences too (and 4 query rows); the second layer of the cache."""
+    of 48 keys over 2 units of a row's kv head pair; or a loop per unit's piece), pieces merged
+    on the host; rows of shorter sequences too (and 4 query rows); the second layer of the
+    cache."""
     from megakernel.bench import attention_flat
     from megakernel.bench.attention import sdpa
 
@@ -239,7 +240,8 @@ def test_flat_attention_probe_matches_sdpa(heads):
         positions = torch.tensor(lengths, dtype=torch.int32) - 1
         args = [t.to(DEVICE) for t in (q, cache, positions, table)]
         launch, outputs = attention_flat.run_flat(*args, HKV, programs=3, step=16, stages=2,
-                                                  layer=1, rows=rows, heads=heads)
+                                                  layer=1, rows=rows, heads=heads,
+                                                  pieces=pieces)
         launch()
         ref = torch.cat([sdpa(q[r:r + 1], cache[1:, :, r:r + 1, :, :lengths[r]], HKV)
                          for r in range(B)])
@@ -298,7 +300,7 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                          D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, STEP: tl.constexpr,
                          NH: tl.constexpr, CHAINS: tl.constexpr, FUSED: tl.constexpr,
-                         REVERSE: tl.constexpr, ROWS: tl.constexpr):
+                         REVERSE: tl.constexpr, ROWS: tl.constexpr, PIECES: tl.constexpr):
     """The streams (REVERSE: the last first; FUSED: stream i's ticket words at merge_ptr + 4 i,
     each cut unit merged by its last piece, tickets at epoch 1), then (not FUSED) the combine
     of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j)."""
@@ -312,7 +314,8 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
             stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                            out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr, 1,
                                            ticket, first, count_a, count_b, D ** -0.5, B, HQ,
-                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4)
+                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4,
+                                           PIECES)
         else:
             stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                             out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr,
@@ -333,7 +336,9 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     (2, 4, 80, True, False, S, False), (2, 2, 48, False, False, S, False),
     (4, 4, 48, False, False, S, False), (2, 2, 16, True, True, S, False),
     (2, 4, 48, True, True, 80, False), (2, 4, 48, True, True, 80, True),
-    (4, 4, 48, False, True, 80, True)])
+    (4, 4, 48, False, True, 80, True), (2, 2, 16, "pieces", False, S, False),
+    (2, 4, 80, "pieces", False, S, False), (2, 4, 48, "pieces", True, 80, True),
+    (2, 4, 208, "pieces", False, S, False), (2, 4, 208, True, False, S, False)])
 def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reverse):
     """Streams over units of ``nh`` kv heads of a row, laid end to end and cut every ``cut``
     keys (units in pieces, streams holding pieces of two units, whole units too), rows of
@@ -341,8 +346,9 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
     cut piece in slot p + h * (pieces), a cut unit's heads merged by its group combine, or
     (``fused``) by the last of its pieces to take its ticket (units of ``s`` = 80 keys cut
     every 48: of two and of three pieces, a stream's two cut units unlike; streams in
-    ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``) or
-    as a batch of two score tiles."""
+    ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``; as
+    "pieces", a loop per unit's piece; cut every 208 keys, a stream over three whole units and
+    a piece of a fourth) or as a batch of two score tiles."""
     from megakernel.compiler.tile_attention import (first_slots, merge_args, rows_spanned,
                                                     stream_plan, unit_slots)
 
@@ -368,7 +374,8 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
                                    torch.tensor(merge, dtype=torch.int32),
                                    torch.zeros(len(slots) + 1, dtype=torch.int32))]
     group_streams_kernel[(1,)](*args, len(edges) - 1, n, len(merge), 1, B, hq, hkv, s, D, G, BS,
-                               16, nh, chains, fused, reverse, rows_spanned(streams, s, hkv // nh))
+                               16, nh, bool(chains), fused, reverse,
+                               rows_spanned(streams, s, hkv // nh), chains == "pieces")
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)
     if fused:                   # every cut unit's ticket taken by each of its pieces
