@@ -53,6 +53,16 @@ def empty_state(BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def step_frame(G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+               CHUNK: tl.constexpr):
+    """The aranges of a kv head's query rows [BLOCK_G], dims [BLOCK_D] and a step's keys
+    [CHUNK], and the query tile's mask [BLOCK_G, BLOCK_D]."""
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    return gs, ds, tl.arange(0, CHUNK), (gs[:, None] < G) & (ds[None, :] < D)
+
+
+@triton.jit
 def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
     """One step of keys k and values v [CHUNK, BLOCK_D] (``valid`` [CHUNK]) into the running
     max m and sum l [BLOCK_G] and the unnormalised output acc [BLOCK_G, BLOCK_D] of queries q."""
@@ -342,10 +352,7 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
     the first was a part too. ROWS: ``stream_step``'s."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
-    gs = tl.arange(0, BLOCK_G)
-    ds = tl.arange(0, BLOCK_D)
-    ss = tl.arange(0, CHUNK)
-    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    gs, ds, ss, qmask = step_frame(G, D, BLOCK_G, BLOCK_D, CHUNK)
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)

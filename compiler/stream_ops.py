@@ -15,7 +15,8 @@ import triton.language as tl
 
 from .attention_keys_m import empty_states
 from .attention_ops import (attn_combine_op, empty_state, group_step, last_ticket,
-                            load_kv_heads, pair_step, store_partial, stream_rows, stream_step)
+                            load_kv_heads, pair_step, step_frame, store_partial, stream_rows,
+                            stream_step)
 
 
 @triton.jit
@@ -130,10 +131,7 @@ def pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
     out from its index (``stream_step``), each piece ended where its unit's steps end."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
-    gs = tl.arange(0, BLOCK_G)
-    ds = tl.arange(0, BLOCK_D)
-    ss = tl.arange(0, CHUNK)
-    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    gs, ds, ss, qmask = step_frame(G, D, BLOCK_G, BLOCK_D, CHUNK)
     ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
     mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
     rows = stream_rows(c0, pos_ptr, B, NCH, HKV // 2)
@@ -163,10 +161,7 @@ def pair_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0,
     unit's row, heads, queries and length set before its loop, the piece ended after it."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
-    gs = tl.arange(0, BLOCK_G)
-    ds = tl.arange(0, BLOCK_D)
-    ss = tl.arange(0, CHUNK)
-    qmask = (gs[:, None] < G) & (ds[None, :] < D)
+    gs, ds, ss, qmask = step_frame(G, D, BLOCK_G, BLOCK_D, CHUNK)
     u = c0 // NCH
     while u * NCH < c1:
         row = u // (HKV // 2)
