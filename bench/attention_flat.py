@@ -55,7 +55,7 @@ def attn_pair_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
                       BLOCK_G: tl.constexpr, ROWS: tl.constexpr, PIECES: tl.constexpr):
     """Program t: the attn_pair_stream task of keys [t * cut, min((t + 1) * cut, total)) of the
     units of a row's pairs of kv heads laid end to end (unfused: cut units left in slots;
-    PIECES: a loop per unit's piece)."""
+    PIECES: a loop per unit's piece, ``TileConfig.stream_pieces``)."""
     t = tl.program_id(0)
     attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, t * cut,
                         tl.minimum(t * cut + cut, total), layer, tl.load(slot0_ptr + t), nslots,

@@ -264,14 +264,17 @@ def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
     return _attn_body(d, c, t.args["step"]) | dict(ROWS=t.args["rows"])
 
 
-def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
+def _stream_merges(t: Task) -> dict:
     fused = "merges" in t.args
-    return _attn_stream(t, d, c) | dict(FUSED=fused,
-                                        BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
+    return dict(FUSED=fused, BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
+
+
+def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
+    return _attn_stream(t, d, c) | _stream_merges(t) | dict(PIECES=c.stream_pieces)
 
 
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    return _attn_pair_stream(t, d, c) | dict(NH=t.args["heads"])
+    return _attn_stream(t, d, c) | _stream_merges(t) | dict(NH=t.args["heads"])
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -100,10 +100,10 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                         PIECES: tl.constexpr = False):
     """``attn_group_stream_op`` over units of a row's pairs of kv heads, the two heads as two
     independent chains of loads and dots (``attention_ops.pair_steps``'s form: one's
-    arithmetic overlaps the other's loads) instead of a batch of score tiles. PIECES (the
-    bench's, ``bench.attention_flat --pairs``): a loop of its own for each unit's piece, whose
-    row, heads and length stay put through it (``pair_pieces``), instead of one loop over all
-    the stream's steps that works out each step's unit."""
+    arithmetic overlaps the other's loads) instead of a batch of score tiles. PIECES
+    (``TileConfig.stream_pieces``): a loop of its own for each unit's piece, whose row, heads
+    and length stay put through it (``pair_pieces``), instead of one loop over all the
+    stream's steps that works out each step's unit."""
     NCH: tl.constexpr = S // CHUNK
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK

@@ -113,6 +113,7 @@ class Variant:
     attn_spill: bool = TileConfig.attn_spill
     attn_rows: int = TileConfig.attn_rows
     attn_keys_m: bool = TileConfig.attn_keys_m
+    stream_pieces: bool = TileConfig.stream_pieces
     qkv_cross: bool = TileConfig.qkv_cross
     qkv_slices: int = TileConfig.qkv_slices
     max_registers: int = CompileOptions.max_registers
@@ -156,6 +157,7 @@ class Variant:
         flags += ["fs"] * self.fuse_reduce
         flags += ["ab"] * self.attn_balance
         flags += ["af"] * self.attn_stream
+        flags += ["pp"] * self.stream_pieces
         flags += ["ap"] * self.attn_pairs
         flags += ["fc"] * self.fuse_combine
         flags += [f"ag{self.attn_group}"] * (self.attn_group != TileConfig.attn_group)
@@ -206,6 +208,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "fw": {"prefetch_fill": True}, "pc": {"prefetch_columns": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
+            "pp": {"stream_pieces": True},
             "ap": {"attn_pairs": True}, "km": {"attn_keys_m": True},
             "apr": {"attn_pairs": True, "attn_pair_ranges": True},
             "fc": {"fuse_combine": True}, "fs": {"fuse_reduce": True},
@@ -281,7 +284,8 @@ def cuda_form(v: Variant, sms: int, batch: int = 1, context: int = 0) -> Variant
         slices["kv_block"] = CUDA_KV_BLOCK
     return replace(v, workers=min(v.workers, sms), norm_first=True, norm_sums=True,
                    reduce_norm=False, qkv_cross=False, qkv_slices=1, staged_kib=0,
-                   attn_stream=False, attn_pairs=False, attn_pair_ranges=False,
+                   attn_stream=False, stream_pieces=False, attn_pairs=False,
+                   attn_pair_ranges=False,
                    attn_group=TileConfig.attn_group, fuse_combine=True, fuse_reduce=False,
                    kv_split=keys, **slices)
 
@@ -299,7 +303,8 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     mean nothing), KV prefetch a task ahead only where attention is not streamed, pairs (or
     groups) of kv heads per task or streamed unit only where they apply (``Tiler.attn_pairs``,
     ``Tiler.stream_heads``), the group size only with them, keys as the attention dots' M only
-    where whole pairs or groups are tasks, pairs over key ranges only where
+    where whole pairs or groups are tasks, a loop per piece only in streams over pairs, pairs
+    over key ranges only where
     units have several, spilled units only where some are cut, fused combines only for pieces
     (plain, pairs over key ranges, or streams of kv head groups) where some unit has several,
     slices of the long projections only where that leaves some projections unsliced, their own
@@ -331,6 +336,8 @@ def _effective(ops, v: Variant, again) -> Variant:
         return again(replace(v, attn_group=TileConfig.attn_group))
     if v.attn_keys_m and not (tiler.attn_pairs() and tiler.whole_units()):
         return again(replace(v, attn_keys_m=False))
+    if v.stream_pieces and not (v.attn_stream and tiler.stream_heads() == 2):
+        return again(replace(v, stream_pieces=False))
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return again(replace(v, attn_pair_ranges=False))
     if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):
