@@ -274,7 +274,7 @@ def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
 
 
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    return _attn_stream(t, d, c) | _stream_merges(t) | dict(NH=t.args["heads"])
+    return _attn_pair_stream(t, d, c) | dict(NH=t.args["heads"])
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -44,16 +44,17 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
                          NH: tl.constexpr, FUSED: tl.constexpr = False,
-                         BLOCK_SPLIT: tl.constexpr = 1):
+                         BLOCK_SPLIT: tl.constexpr = 1, PIECES: tl.constexpr = False):
     """Keys [f0, f1) of the units of NH kv heads laid end to end (f0, f1 and S multiples of
-    CHUNK) in one pipelined loop of CHUNK-key steps, whatever unit each step belongs to. Where a
-    unit's piece ends: the whole unit -> its heads' normalised outputs in out [B, HQ * D]; a
-    part of one (only the first and the last piece can be) -> each head's acc and (max, sum) in
-    slots slot0 (or slot0 + 1 for the last where the first was a part too) + h * nslots.
-    FUSED: after the loop, each cut piece takes its unit's ticket, and the one that takes its
-    last merges the unit's heads (``merge_stream_cuts``; ticket, first and count_a: the first
-    cut piece's unit, its first slot and its pieces; the second's are ticket + 1, slot0 + 1,
-    count_b). ROWS: ``attention_ops.stream_step``'s."""
+    CHUNK) in one pipelined loop of CHUNK-key steps, whatever unit each step belongs to
+    (PIECES, ``TileConfig.stream_pieces``: a loop per unit's piece). Where a unit's piece ends:
+    the whole unit -> its heads' normalised outputs in out [B, HQ * D]; a part of one (only the
+    first and the last piece can be) -> each head's acc and (max, sum) in slots slot0 (or
+    slot0 + 1 for the last where the first was a part too) + h * nslots. FUSED: after the loop,
+    each cut piece takes its unit's ticket, and the one that takes its last merges the unit's
+    heads (``merge_stream_cuts``; ticket, first and count_a: the first cut piece's unit, its
+    first slot and its pieces; the second's are ticket + 1, slot0 + 1, count_b). ROWS:
+    ``attention_ops.stream_step``'s."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     UNITS: tl.constexpr = HKV // NH                                    # units of a row
@@ -64,29 +65,69 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D) & (hs[:, None, None] < NH)
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
-    rows = stream_rows(c0, pos_ptr, B, NCH, UNITS)
-    for c in tl.range(c0, c1, num_stages=STAGES):
-        row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, rows, NCH,
-                                                               UNITS, NH, CHUNK, ROWS)
-        heads = row * HQ + (kv0 + hs[:, None]) * G + gs[None, :]          # [NH, BG] of B * HQ
-        offs = heads[:, :, None] * D + ds[None, None, :]                   # [NH, BG, BD]
-        q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-        k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV, S, D,
-                             BS, CHUNK, BLOCK_D, BS % CHUNK == 0)  # steps start at CHUNK multiples
-        m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
-        if ends:                # where this unit's piece ends (the epilogue once a piece)
-            if whole:
-                out = acc / tl.where(l == 0.0, 1.0, l)[:, :, None]
-                tl.store(out_ptr + offs, out.to(DT), mask=qmask)
-            else:
-                store_group_partial(acc_ptr, ml_ptr, slot0 + second, nslots, m, l, acc, NH, G, D,
-                                    BLOCK_G, BLOCK_D)
+    IN_BLOCK: tl.constexpr = BS % CHUNK == 0                      # steps start at CHUNK multiples
+    if PIECES:
+        u = c0 // NCH
+        while u * NCH < c1:
+            row, kv0, lo, hi_c, hi, whole, second = unit_piece(u, c0, c1, pos_ptr, NCH, UNITS,
+                                                               NH)
+            offs = ((row * HQ + (kv0 + hs[:, None]) * G + gs[None, :])[:, :, None] * D +
+                    ds[None, None, :])                                     # [NH, BG, BD]
+            q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
             m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
+            for c in tl.range(lo, hi_c, num_stages=STAGES):
+                start = (c - u * NCH) * CHUNK
+                k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV,
+                                     S, D, BS, CHUNK, BLOCK_D, IN_BLOCK)
+                m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
+            end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second,
+                            nslots, m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
+            u += 1
+    else:
+        m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
+        rows = stream_rows(c0, pos_ptr, B, NCH, UNITS)
+        for c in tl.range(c0, c1, num_stages=STAGES):
+            row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, rows, NCH,
+                                                                   UNITS, NH, CHUNK, ROWS)
+            offs = ((row * HQ + (kv0 + hs[:, None]) * G + gs[None, :])[:, :, None] * D +
+                    ds[None, None, :])                                     # [NH, BG, BD]
+            q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+            k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV, S,
+                                 D, BS, CHUNK, BLOCK_D, IN_BLOCK)
+            m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
+            if ends:            # where this unit's piece ends (the epilogue once a piece)
+                end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second,
+                                nslots, m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
+                m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
     if FUSED:                   # after the loop: an atomic in it would stop its pipelining
         merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
                           ticket, first, count_a, count_b, NCH, UNITS, HQ, D, G, BLOCK_G,
                           BLOCK_SPLIT, BLOCK_D, NH)
+
+
+@triton.jit
+def end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot, nslots, m, l, acc,
+                    NH: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    """A group's piece ended: the whole unit's heads' normalised outputs at out + offs, or
+    their partials in slots slot + h * nslots."""
+    if whole:
+        out = acc / tl.where(l == 0.0, 1.0, l)[:, :, None]
+        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=qmask)
+    else:
+        store_group_partial(acc_ptr, ml_ptr, slot, nslots, m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
+
+
+@triton.jit
+def unit_piece(u, c0, c1, pos_ptr, NCH: tl.constexpr, UNITS: tl.constexpr, NH: tl.constexpr):
+    """Unit u's piece of a stream over steps [c0, c1) (NCH steps a unit, UNITS units a row):
+    its row, first kv head, steps [lo, hi_c), the row's length, whether the piece is the whole
+    unit, and whether it is the stream's second cut piece (``stream_step``'s)."""
+    row = u // UNITS
+    lo = tl.maximum(c0, u * NCH)
+    hi_c = tl.minimum(c1, u * NCH + NCH)
+    return (row, u % UNITS * NH, lo, hi_c, tl.load(pos_ptr + row).to(tl.int32) + 1,
+            hi_c - lo == NCH, ((u != c0 // NCH) & (c0 % NCH != 0)).to(tl.int32))
 
 
 @triton.jit
@@ -164,11 +205,7 @@ def pair_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0,
     gs, ds, ss, qmask = step_frame(G, D, BLOCK_G, BLOCK_D, CHUNK)
     u = c0 // NCH
     while u * NCH < c1:
-        row = u // (HKV // 2)
-        kv0 = u % (HKV // 2) * 2
-        lo = tl.maximum(c0, u * NCH)                       # the unit's steps [lo, hi_c)
-        hi_c = tl.minimum(c1, u * NCH + NCH)
-        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        row, kv0, lo, hi_c, hi, whole, second = unit_piece(u, c0, c1, pos_ptr, NCH, HKV // 2, 2)
         offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
         qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
         qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
@@ -179,9 +216,8 @@ def pair_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0,
                 qa, qb, cache_ptr, bt_ptr, row, kv0, layer, (c - u * NCH) * CHUNK, hi, ss, ma,
                 la, acc_a, mb, lb, acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D,
                 BS % CHUNK == 0, DT)
-        second = ((u != c0 // NCH) & (c0 % NCH != 0)).to(tl.int32)
-        end_pair_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, hi_c - lo == NCH, slot0 + second,
-                       nslots, ma, la, acc_a, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
+        end_pair_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second, nslots,
+                       ma, la, acc_a, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
         u += 1
 
 

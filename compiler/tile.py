@@ -76,7 +76,7 @@ class TileConfig:
     attn_stream: bool = False  # one attn_stream task per equal share of those keys, each one
                                # pipelined loop across its units (see tile_attention); with
                                # attn_pairs, units of attn_group kv heads (Tiler.stream_heads)
-    stream_pieces: bool = False  # streams over pairs of kv heads: a pipelined loop per unit's
+    stream_pieces: bool = False  # streams over pairs (groups) of kv heads: a loop per unit's
                                # piece, its row, heads, queries and length set before it,
                                # instead of one loop over the stream's steps that works out
                                # each step's unit (its integer work: 1032 instructions a step

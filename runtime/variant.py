@@ -303,9 +303,9 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     mean nothing), KV prefetch a task ahead only where attention is not streamed, pairs (or
     groups) of kv heads per task or streamed unit only where they apply (``Tiler.attn_pairs``,
     ``Tiler.stream_heads``), the group size only with them, keys as the attention dots' M only
-    where whole pairs or groups are tasks, a loop per piece only in streams over pairs, pairs
-    over key ranges only where
-    units have several, spilled units only where some are cut, fused combines only for pieces
+    where whole pairs or groups are tasks, a loop per piece only in streams over pairs or
+    groups, pairs over key ranges only where units have several, spilled units only where some
+    are cut, fused combines only for pieces
     (plain, pairs over key ranges, or streams of kv head groups) where some unit has several,
     slices of the long projections only where that leaves some projections unsliced, their own
     slices only where they change some (``slicing``), K slices that reduce themselves only
@@ -336,7 +336,7 @@ def _effective(ops, v: Variant, again) -> Variant:
         return again(replace(v, attn_group=TileConfig.attn_group))
     if v.attn_keys_m and not (tiler.attn_pairs() and tiler.whole_units()):
         return again(replace(v, attn_keys_m=False))
-    if v.stream_pieces and not (v.attn_stream and tiler.stream_heads() == 2):
+    if v.stream_pieces and not (v.attn_stream and tiler.stream_heads() > 1):
         return again(replace(v, stream_pieces=False))
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return again(replace(v, attn_pair_ranges=False))

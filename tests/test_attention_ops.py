@@ -321,7 +321,7 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                                             out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr,
                                             1, ticket, first, count_a, count_b, D ** -0.5, B, HQ,
                                             HKV, S, D, G, BS, STEP, G, D, 2, ROWS, NH, FUSED,
-                                            4)
+                                            4, PIECES)
     if not FUSED:
         tl.debug_barrier()
         for j in range(nmerge):
@@ -338,7 +338,8 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     (2, 4, 48, True, True, 80, False), (2, 4, 48, True, True, 80, True),
     (4, 4, 48, False, True, 80, True), (2, 2, 16, "pieces", False, S, False),
     (2, 4, 80, "pieces", False, S, False), (2, 4, 48, "pieces", True, 80, True),
-    (2, 4, 208, "pieces", False, S, False), (2, 4, 208, True, False, S, False)])
+    (2, 4, 208, "pieces", False, S, False), (2, 4, 208, True, False, S, False),
+    (4, 4, 48, "group pieces", False, S, False), (4, 4, 48, "group pieces", True, 80, True)])
 def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reverse):
     """Streams over units of ``nh`` kv heads of a row, laid end to end and cut every ``cut``
     keys (units in pieces, streams holding pieces of two units, whole units too), rows of
@@ -348,7 +349,7 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
     every 48: of two and of three pieces, a stream's two cut units unlike; streams in
     ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``; as
     "pieces", a loop per unit's piece; cut every 208 keys, a stream over three whole units and
-    a piece of a fourth) or as a batch of two score tiles."""
+    a piece of a fourth) or as a batch of two score tiles (groups also a loop per piece)."""
     from megakernel.compiler.tile_attention import (first_slots, merge_args, rows_spanned,
                                                     stream_plan, unit_slots)
 
@@ -374,8 +375,8 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
                                    torch.tensor(merge, dtype=torch.int32),
                                    torch.zeros(len(slots) + 1, dtype=torch.int32))]
     group_streams_kernel[(1,)](*args, len(edges) - 1, n, len(merge), 1, B, hq, hkv, s, D, G, BS,
-                               16, nh, bool(chains), fused, reverse,
-                               rows_spanned(streams, s, hkv // nh), chains == "pieces")
+                               16, nh, chains in (True, "pieces"), fused, reverse,
+                               rows_spanned(streams, s, hkv // nh), "pieces" in str(chains))
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)
     if fused:                   # every cut unit's ticket taken by each of its pieces
