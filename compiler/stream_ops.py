@@ -55,54 +55,99 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     heads (``merge_stream_cuts``; ticket, first and count_a: the first cut piece's unit, its
     first slot and its pieces; the second's are ticket + 1, slot0 + 1, count_b). ROWS:
     ``attention_ops.stream_step``'s."""
-    DT: tl.constexpr = q_ptr.dtype.element_ty
     NCH: tl.constexpr = S // CHUNK
     UNITS: tl.constexpr = HKV // NH                                    # units of a row
-    hs = tl.arange(0, NH)
-    gs = tl.arange(0, BLOCK_G)
-    ds = tl.arange(0, BLOCK_D)
-    ss = tl.arange(0, CHUNK)
-    qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D) & (hs[:, None, None] < NH)
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    IN_BLOCK: tl.constexpr = BS % CHUNK == 0                      # steps start at CHUNK multiples
     if PIECES:
-        u = c0 // NCH
-        while u * NCH < c1:
-            row, kv0, lo, hi_c, hi, whole, second = unit_piece(u, c0, c1, pos_ptr, NCH, UNITS,
-                                                               NH)
-            offs = ((row * HQ + (kv0 + hs[:, None]) * G + gs[None, :])[:, :, None] * D +
-                    ds[None, None, :])                                     # [NH, BG, BD]
-            q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-            m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
-            for c in tl.range(lo, hi_c, num_stages=STAGES):
-                start = (c - u * NCH) * CHUNK
-                k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV,
-                                     S, D, BS, CHUNK, BLOCK_D, IN_BLOCK)
-                m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
-            end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second,
-                            nslots, m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
-            u += 1
+        group_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer,
+                     slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D,
+                     STAGES, NH)
     else:
-        m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
-        rows = stream_rows(c0, pos_ptr, B, NCH, UNITS)
-        for c in tl.range(c0, c1, num_stages=STAGES):
-            row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, rows, NCH,
-                                                                   UNITS, NH, CHUNK, ROWS)
-            offs = ((row * HQ + (kv0 + hs[:, None]) * G + gs[None, :])[:, :, None] * D +
-                    ds[None, None, :])                                     # [NH, BG, BD]
-            q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-            k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV, S,
-                                 D, BS, CHUNK, BLOCK_D, IN_BLOCK)
-            m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
-            if ends:            # where this unit's piece ends (the epilogue once a piece)
-                end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second,
-                                nslots, m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
-                m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
+        group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                           layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
+                           BLOCK_D, STAGES, ROWS, NH)
     if FUSED:                   # after the loop: an atomic in it would stop its pipelining
         merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
                           ticket, first, count_a, count_b, NCH, UNITS, HQ, D, G, BLOCK_G,
                           BLOCK_SPLIT, BLOCK_D, NH)
+
+
+@triton.jit
+def group_frame(G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                CHUNK: tl.constexpr, NH: tl.constexpr):
+    """The aranges of a group's heads [NH], query rows, dims and a step's keys, and the query
+    tiles' mask [NH, BLOCK_G, BLOCK_D]."""
+    hs = tl.arange(0, NH)
+    gs = tl.arange(0, BLOCK_G)
+    ds = tl.arange(0, BLOCK_D)
+    qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D) & (hs[:, None, None] < NH)
+    return hs, gs, ds, tl.arange(0, CHUNK), qmask
+
+
+@triton.jit
+def group_offsets(row, kv0, hs, gs, ds, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    """Offsets [NH, BLOCK_G, BLOCK_D] of row ``row``'s query heads of kv heads kv0 + hs in
+    [B, HQ * D]."""
+    return ((row * HQ + (kv0 + hs[:, None]) * G + gs[None, :])[:, :, None] * D +
+            ds[None, None, :])
+
+
+@triton.jit
+def group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                       layer, slot0, nslots, scale, B: tl.constexpr, HQ: tl.constexpr,
+                       HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                       BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                       BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
+                       NH: tl.constexpr):
+    """``attn_group_stream_op``'s steps [c0, c1) in one pipelined loop, each step's unit
+    worked out from its index (``stream_step``), each piece ended where its unit's steps end."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    UNITS: tl.constexpr = HKV // NH
+    hs, gs, ds, ss, qmask = group_frame(G, D, BLOCK_G, BLOCK_D, CHUNK, NH)
+    m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
+    rows = stream_rows(c0, pos_ptr, B, NCH, UNITS)
+    for c in tl.range(c0, c1, num_stages=STAGES):
+        row, kv0, start, hi, ends, whole, second = stream_step(c, c0, c1, pos_ptr, rows, NCH,
+                                                               UNITS, NH, CHUNK, ROWS)
+        offs = group_offsets(row, kv0, hs, gs, ds, HQ, G, D)               # [NH, BG, BD]
+        q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+        k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV, S, D,
+                             BS, CHUNK, BLOCK_D, BS % CHUNK == 0)  # steps start at CHUNK multiples
+        m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
+        if ends:                # where this unit's piece ends (the epilogue once a piece)
+            end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second, nslots,
+                            m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
+            m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
+
+
+@triton.jit
+def group_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer,
+                 slot0, nslots, scale, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                 STAGES: tl.constexpr, NH: tl.constexpr):
+    """``attn_group_stream_op``'s steps [c0, c1) as one pipelined loop per unit they touch
+    (``unit_piece``): the unit's row, heads, queries and length set before its loop."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    hs, gs, ds, ss, qmask = group_frame(G, D, BLOCK_G, BLOCK_D, CHUNK, NH)
+    u = c0 // NCH
+    while u * NCH < c1:
+        row, kv0, lo, hi_c, hi, whole, second = unit_piece(u, c0, c1, pos_ptr, NCH, HKV // NH,
+                                                           NH)
+        offs = group_offsets(row, kv0, hs, gs, ds, HQ, G, D)               # [NH, BG, BD]
+        q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+        m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
+        for c in tl.range(lo, hi_c, num_stages=STAGES):
+            start = (c - u * NCH) * CHUNK
+            k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV, S,
+                                 D, BS, CHUNK, BLOCK_D, BS % CHUNK == 0)
+            m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
+        end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second, nslots, m,
+                        l, acc, NH, G, D, BLOCK_G, BLOCK_D)
+        u += 1
 
 
 @triton.jit
