@@ -386,6 +386,13 @@ def stream_rows(c0, pos_ptr, B: tl.constexpr, NCH: tl.constexpr, UNITS: tl.const
 
 
 @triton.jit
+def second_cut(u, c0, NCH: tl.constexpr):
+    """1 where unit u's piece is the second cut piece of a stream from step c0 (NCH steps a
+    unit: the stream began inside another unit), else 0; its slot is then slot0 + 1."""
+    return ((u != c0 // NCH) & (c0 % NCH != 0)).to(tl.int32)
+
+
+@triton.jit
 def stream_step(c, c0, c1, pos_ptr, rows, NCH: tl.constexpr, UNITS: tl.constexpr,
                 NH: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr):
     """Step c of a stream over steps [c0, c1) of units of NH kv heads laid end to end (NCH
@@ -403,7 +410,7 @@ def stream_step(c, c0, c1, pos_ptr, rows, NCH: tl.constexpr, UNITS: tl.constexpr
     else:
         hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     unit_end = c % NCH == NCH - 1
-    second = ((u != c0 // NCH) & (c0 % NCH != 0)).to(tl.int32)
+    second = second_cut(u, c0, NCH)
     return (row, (u % UNITS) * NH, (c % NCH) * CHUNK, hi, unit_end | (c == c1 - 1),
             unit_end & (u * NCH >= c0), second)
 

@@ -15,8 +15,8 @@ import triton.language as tl
 
 from .attention_keys_m import empty_states
 from .attention_ops import (attn_combine_op, empty_state, group_step, last_ticket,
-                            load_kv_heads, pair_step, step_frame, store_partial, stream_rows,
-                            stream_step)
+                            load_kv_heads, pair_step, second_cut, step_frame, store_partial,
+                            stream_rows, stream_step)
 
 
 @triton.jit
@@ -172,7 +172,7 @@ def unit_piece(u, c0, c1, pos_ptr, NCH: tl.constexpr, UNITS: tl.constexpr, NH: t
     lo = tl.maximum(c0, u * NCH)
     hi_c = tl.minimum(c1, u * NCH + NCH)
     return (row, u % UNITS * NH, lo, hi_c, tl.load(pos_ptr + row).to(tl.int32) + 1,
-            hi_c - lo == NCH, ((u != c0 // NCH) & (c0 % NCH != 0)).to(tl.int32))
+            hi_c - lo == NCH, second_cut(u, c0, NCH))
 
 
 @triton.jit
