@@ -116,7 +116,7 @@ def megakernel_step(model: CausalLM, cache, kernels: str | None, name: str = "me
 def bench_batch(model: CausalLM, backends: list[str], batch: int, context: int,
                 warmup: int, iters: int, kernels: str | None = None) -> dict[str, tuple]:
     """backend -> (ms per token, variant label of the megakernel or None)."""
-    from megakernel.runtime.variant import variant_of
+    from megakernel.runtime.effective import variant_of
 
     tokens, positions, cache = decode_state(model, batch, context)
     p = next(model.parameters())

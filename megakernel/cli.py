@@ -147,7 +147,7 @@ def cmd_trace(args) -> int:
         for _ in range(args.steps):
             step(tokens, positions, cache)
     traces = trace_step(step)
-    from megakernel.runtime.variant import variant_of
+    from megakernel.runtime.effective import variant_of
 
     print(f"kernel: {variant_of(step.compiled).label}"
           f"{'' if args.variant else ' (autotuned, or the default variant)'}")

@@ -174,12 +174,12 @@ class Driver:
 
 def cuda_compiled(compiled, model, device):
     """The tables of ``compiled``'s variant in the form the CUDA backend builds
-    (``variant.cuda_form``) for the GPU ``device``, compiled or reused from the artifact
+    (``effective.cuda_form``) for the GPU ``device``, compiled or reused from the artifact
     cache."""
     from megakernel.compiler.artifact import compile_cached
     from megakernel.compiler.pipeline import CompileOptions
 
-    from .variant import cuda_form, variant_of
+    from .effective import cuda_form, variant_of
 
     dims, sms = compiled.ops.dims, torch.cuda.get_device_properties(device).multi_processor_count
     v = cuda_form(variant_of(compiled), sms, dims.batch, dims.max_seq_len)

@@ -23,7 +23,8 @@ from megakernel.compiler.tile import TileConfig
 
 from .ledger import Ledger
 from .search import SPACE, block_fits, predict
-from .variant import Variant, effective, stream_kv_split
+from .effective import effective
+from .variant import Variant, stream_kv_split
 
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
 # (``refinement``; a knob's companions take its new value too): projection tasks in near-equal

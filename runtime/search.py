@@ -29,7 +29,8 @@ from megakernel.compiler.cost import Target, op_waves_us
 from megakernel.compiler.pipeline import CompileOptions
 from megakernel.compiler.tile import TILERS, TileConfig, Tiler
 
-from .variant import Variant, effective, stream_kv_split
+from .effective import effective
+from .variant import Variant, stream_kv_split
 
 SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),

@@ -81,7 +81,8 @@ def test_builds_for_sm90a_without_spills(batch, lanes, tile, kv_ring, kv_l2, tmp
 def test_any_variant_in_cuda_form_is_built(label):
     """The bench's megakernel-cuda row: a tuned variant the CUDA backend refuses, put in the
     form it builds (``cuda_form``), builds (at most one worker an SM, combines fused)."""
-    from megakernel.runtime.variant import cuda_form, parse_variant
+    from megakernel.runtime.effective import cuda_form
+    from megakernel.runtime.variant import parse_variant
 
     model = load_model("tiny-llama", progress=False, dtype="bfloat16").model
     given = parse_variant(label)

@@ -47,7 +47,7 @@ def test_cuda_backend_is_as_accurate_as_bf16_eager(batch, tile, knobs):
 @pytest.mark.parametrize("batch", [1, 3, 17, 64])
 def test_megakernel_cuda_backend_is_as_accurate_as_bf16_eager(batch):
     """The ``megakernel-cuda`` backend (no compile options): the tuned or default kernel's
-    variant in the form the CUDA backend builds (``variant.cuda_form``); from 5 rows on its
+    variant in the form the CUDA backend builds (``effective.cuda_form``); from 5 rows on its
     projections on tensor cores, from 8 on o and down in K slices."""
     assert_as_accurate_as_eager(teacher_forced("llama-3.2-1b", batch, kernel="cuda"))
 

@@ -94,7 +94,8 @@ def test_projection_inputs_start_on_whole_rows():
 
 @pytest.mark.parametrize("batch,split,balance", [(3, 1, False), (17, 4, True)])
 def test_cuda_form_keeps_k_slices_and_balance_with_tensor_cores(batch, split, balance):
-    from megakernel.runtime.variant import cuda_form, parse_variant
+    from megakernel.runtime.effective import cuda_form
+    from megakernel.runtime.variant import parse_variant
 
     form = cuda_form(parse_variant("64x256x4x16xs3xkv16xsk4xab"), 16, batch)
     assert form.split_k == split
@@ -110,7 +111,8 @@ def test_cuda_form_takes_whole_cache_blocks_for_tensor_core_attention(batch, con
                                                                      block):
     """From MMA_FROM rows on: 128-token blocks where they divide the context and a task's
     keys; never smaller blocks than asked."""
-    from megakernel.runtime.variant import cuda_form, parse_variant
+    from megakernel.runtime.effective import cuda_form
+    from megakernel.runtime.variant import parse_variant
 
     assert cuda_form(parse_variant(label), 16, batch, context).kv_block == block
 

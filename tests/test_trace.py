@@ -204,7 +204,7 @@ def test_a_compiled_kernel_names_its_variant_and_that_label_builds_it_again():
     """``variant_of``: the options as the compiler resolved them, as a label; compiled again
     from that label, the same kernel and the same queues."""
     from megakernel.compiler.pipeline import compile_model
-    from megakernel.runtime.variant import variant_of
+    from megakernel.runtime.effective import variant_of
 
     model = load_model("tiny-llama", progress=False).model
     build = lambda label: compile_model(model, CompileOptions(
