@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from megakernel.bench.sweep import rel_err
-from megakernel.compiler import attention_ops
+from megakernel.compiler import attention_group_ops, attention_ops
 from megakernel.compiler.rope_ops import cache_slots
 from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig
@@ -73,7 +73,7 @@ def attn_groups(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, units, B: tl.constex
     of NH) through ``attn_group_op`` (KEYS_M: the keys as its dots' M)."""
     group = tl.program_id(0)
     while group < units // NH:
-        attention_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr,
+        attention_group_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr,
                                     (NH * group) // HKV, (NH * group) % HKV, 0, D ** -0.5, B, HQ,
                                     HKV, S, D, G, BS, CHUNK, BLOCK_G, D, STAGES,
                                     BS % CHUNK == 0, NH, KEYS_M)

@@ -348,7 +348,7 @@ REGISTRY: dict[str, OpSpec] = {s.kind: s for s in [
                    "ml:f32 out:act row:int kv_head:int slot:int lo:int span:int layer:int "
                    "counters_ptr:kernel epoch:kernel ticket:ticket first:int count:int"),
            _attn_pair_part),
-    OpSpec("attn_group", "attention_ops.attn_group_op",
+    OpSpec("attn_group", "attention_group_ops.attn_group_op",
            _fields("q:act cache_ptr:kernel positions_ptr:kernel block_table_ptr:kernel out:act "
                    "row:int kv_head:int layer:int"), _attn_group,
            "kv_prefetch.attn_group_prefetch"),

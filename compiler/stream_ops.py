@@ -13,10 +13,10 @@ stay consecutive for its combine.
 import triton
 import triton.language as tl
 
+from .attention_group_ops import group_step, load_kv_heads
 from .attention_keys_m import empty_states
-from .attention_ops import (attn_combine_op, empty_state, group_step, last_ticket,
-                            load_kv_heads, pair_step, second_cut, step_frame, store_partial,
-                            stream_rows, stream_step)
+from .attention_ops import (attn_combine_op, empty_state, last_ticket, pair_step, second_cut,
+                            step_frame, store_partial, stream_rows, stream_step)
 
 
 @triton.jit

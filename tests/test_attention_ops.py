@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.compiler import attention_ops, stream_ops
+from megakernel.compiler import attention_group_ops, attention_ops, stream_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 B, HQ, HKV, S, D, BS = 2, 4, 2, 64, 16, 16
@@ -146,7 +146,7 @@ def group_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ
                  NH: tl.constexpr, KEYS_M: tl.constexpr):
     for row in range(B):
         for h in range(0, HKV, NH):
-            attention_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, h, 1,
+            attention_group_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, h, 1,
                                         D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK, 4, D, 2,
                                         IN_BLOCK, NH, KEYS_M)
 
