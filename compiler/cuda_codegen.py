@@ -318,6 +318,37 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
     ``x_stages``; thread 0 asks for chunks that many less two ahead); ``chunk_log``: traces
     also log that many of each worker's tensor-core chunks (the waits of warps 0 and NCW - 1)
     and ring pages (the producer's waits; ``runtime.trace.chunk_log``)."""
+    _check_knobs(flight, acquire, probe, mma_chunks, kv_ahead, attn_runs, mma_page_kib, x_depth,
+                 chunk_log)
+    tensor = batch >= MMA_FROM if mma is None else mma
+    attn_mma = tensor if attn_mma is None else attn_mma
+    xs = x_depth or x_stages(batch)
+    geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0, xs)
+    check_supported(enc, lanes, geo)
+    flight = FLIGHT if flight is None else flight
+    map_ks = sorted({cx["K"] for _, kind, cx, _ in enc.variants
+                     if geo.mma and kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)}) or [0]
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True)
+    variants = dispatch_entries(enc, lanes, kv_ring or attn_mma, geo, kv_l2)
+    source = env.get_template("megakernel.cu.jinja").render(
+        kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
+        num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
+        page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
+        mma_chunks=mma_chunks, kv_ahead=kv_ahead,
+        attn_runs=attn_runs, attn_mma=attn_mma, chunk_log=chunk_log,
+        acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
+        acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=xs,
+        xbytes=geo.xbytes, map_ks=map_ks,
+        h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
+    return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch),
+                      tuple(map_ks) if geo.mma else (), batch)
+
+
+def _check_knobs(flight, acquire, probe, mma_chunks, kv_ahead, attn_runs, mma_page_kib, x_depth,
+                 chunk_log) -> None:
+    """``generate_cuda``'s knobs in range, else a ValueError naming the knob."""
     if flight is not None and flight < 1:
         raise ValueError(f"flight={flight}: at least one copy must be in flight")
     if acquire not in ACQUIRE:
@@ -332,36 +363,19 @@ def generate_cuda(enc: Encoded, model: str, batch: int, num_tasks: int,
         raise ValueError(f"attn_runs={attn_runs}: 1 to 4")
     if not 1 <= mma_page_kib <= 128:
         raise ValueError(f"mma_page_kib={mma_page_kib}: 1 to 128")
-    tensor = batch >= MMA_FROM if mma is None else mma
-    attn_mma = tensor if attn_mma is None else attn_mma
     if not (x_depth == 0 or 3 <= x_depth <= 32):
         raise ValueError(f"x_depth={x_depth}: 0 (x_stages) or 3 to 32")
     if chunk_log < 0:
         raise ValueError(f"chunk_log={chunk_log}: entries, 0 or more")
-    xs = x_depth or x_stages(batch)
-    geo = geometry(enc, batch, mma_page_kib * 1024 if tensor else 0, xs)
-    check_supported(enc, lanes, geo)
-    flight = FLIGHT if flight is None else flight
-    map_ks = sorted({cx["K"] for _, kind, cx, _ in enc.variants
-                     if geo.mma and kind in CUDA_OPS and CUDA_OPS[kind].rows(cx)}) or [0]
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_template_dir()),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True,
-                             lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def dispatch_entries(enc: Encoded, lanes, kv_pages: bool, geo, kv_l2: bool) -> list[dict]:
+    """The template's dispatch: an opcode's kind, op struct with its template arguments
+    (``knobs_of``; ``kv_pages``: attention's keys through the ring) and call arguments."""
     variants = []
     for op, kind, cx, units in enc.variants:
         spec = CUDA_OPS[kind]
-        full = cx | knobs_of(cx, lanes, kv_ring or attn_mma, geo, kv_l2)
+        full = cx | knobs_of(cx, lanes, kv_pages, geo, kv_l2)
         struct = f"{spec.struct}<{', '.join(_literal(full[p]) for p in spec.params)}>"
         variants.append(dict(opcode=op, kind=kind, op=struct, args=call_args(kind, cx, units)))
-    source = env.get_template("megakernel.cu.jinja").render(
-        kernel_name=KERNEL_NAME, model=model, batch=batch, num_tasks=num_tasks,
-        num_workers=len(enc.queues), variants=variants, ncw=NCW, npage=geo.npage,
-        page=geo.page, num_words=NUM_WORDS, acc=geo.acc, tmp=geo.tmp, flight=flight, probe=probe,
-        mma_chunks=mma_chunks, kv_ahead=kv_ahead,
-        attn_runs=attn_runs, attn_mma=attn_mma, chunk_log=chunk_log,
-        acquire=acquire, acquire_polls=int(acquire in ("polls", "both")),
-        acquire_ticket=int(acquire in ("ticket", "both")), mma=geo.mma, xs=xs,
-        xbytes=geo.xbytes, map_ks=map_ks,
-        h={name: f"w[{i}]" for i, name in enumerate(HEADER)})
-    return CudaSource(source, KERNEL_NAME, len(enc.queues), 32 * (NCW + 1), geo.smem(batch),
-                      tuple(map_ks) if geo.mma else (), batch)
+    return variants

@@ -267,10 +267,21 @@ def tile_attention_stream(t: Tiler, op) -> None:
               4 * nh * group * (f1 - f0) * hd)
     if fused:
         t.tickets += len(slots)
-        return
+    else:
+        add_stream_combines(t, op, slots, (acc, ml), heads, nh, most)
+
+
+def add_stream_combines(t: Tiler, op, slots: dict, partials: tuple, heads, nh: int,
+                        most: int) -> None:
+    """An attn_combine (nh > 1: attn_group_combine) per cut unit u of ``slots`` {u: its slots}:
+    it merges those slots of ``partials`` (acc [n * nh, G, D], ml [n * nh, G, 2], head h's in
+    slot + h * n) into the unit's output ``heads(u)``; ``most``: the most slots a unit has."""
+    d, (acc, ml) = t.graph.dims, partials
+    group, hd, n, per_row = d.heads // d.kv_heads, d.head_dim, acc.shape[0] // nh, \
+        d.kv_heads // nh
     for u, used in slots.items():
         boxes = [((used[0] + h * n, used[-1] + 1 + h * n), (0, group)) for h in range(nh)]
-        args = dict(acc=acc.name, ml=ml.name, out=out.name, row=u // per_row,
+        args = dict(acc=acc.name, ml=ml.name, out=heads(u).buffer, row=u // per_row,
                     kv_head=u % per_row * nh, first=used[0], count=len(used), nsplit=most)
         t.add(op, "attn_combine" if nh == 1 else "attn_group_combine",
               args | (dict(nslots=n, heads=nh) if nh > 1 else {}),

@@ -48,11 +48,9 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
 
     reader = norm_reader(t, op.outputs[0])
     p, d = op.params, t.graph.dims
-    x, w, out = t.b(p["x"]), t.b(p["weight"]), t.b(op.outputs[0])
-    n, k = w.shape
+    out, n = t.b(op.outputs[0]), t.b(p["weight"]).shape[0]
     part = Buffer(f"{op.name}.part", "f32", (slices, d.batch, n))
     t.buffers[part.name] = part
-    ks = k // slices
     bn = p2(min(t.width(n) * slices, n))
     summed = sums_reader(t, out.name)                    # the reader's norm from sums of squares
     by_rows = not column_reduced(t, op)                  # reduce_norm tasks reduce
@@ -66,21 +64,8 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
         red_reads += extra_reads
         red_writes = [cols(out, lo, hi), *writes]
         red_bytes = d.batch * (hi - lo) * (4 * slices + 4 + 2 * bool(summed))
-        for s in range(slices):
-            k0 = s * ks
-            nbytes = ((hi - lo) * ks + d.batch * ks) * d.itemsize + d.batch * (hi - lo) * 4
-            a = dict(x=x.name, weight=w.name, n0=lo, n1=hi, k0=k0, s=s, ks=ks, n=n, k=k, bn=bn,
-                     bk=t.depth(ks, bn))
-            own = ([Region(x.name, ((0, d.batch), (k0, k0 + ks))),
-                    Region(w.name, ((lo, hi), (k0, k0 + ks)))],
-                   [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))])
-            if fused:
-                t.add(op, "linear_part_reduce", red_args | a | dict(ticket=t.tickets),
-                      own[0] + red_reads, own[1] + red_writes, nbytes + red_bytes // slices,
-                      2 * d.batch * (hi - lo) * ks)
-            else:
-                t.add(op, "linear_part", a | dict(out=part.name), *own, nbytes,
-                      2 * d.batch * (hi - lo) * ks)
+        reduce = (red_args, red_reads, red_writes, red_bytes) if fused else None
+        add_linear_slices(t, op, part, lo, hi, bn, reduce)
         if fused:
             t.tickets += 1
         elif not by_rows:
@@ -89,6 +74,34 @@ def tile_linear_split(t: Tiler, op, slices: int) -> None:
                   red_writes, red_bytes, 0)
     if by_rows:
         tile_reduce_norm(t, op, part, reader)
+
+
+def add_linear_slices(t: Tiler, op, part: Buffer, lo: int, hi: int, bn: int,
+                      reduce: tuple | None) -> None:
+    """The K slices of column group [lo, hi) of linear ``op``: a linear_part task each into its
+    slot of ``part`` [S, B, N]; or, with ``reduce`` (the group's reduce: its arguments, reads
+    besides the partials, writes and bytes), linear_part_reduce tasks that each declare the
+    reduce's reads and writes and take the group's ticket (``t.tickets``)."""
+    p, d = op.params, t.graph.dims
+    x, w = t.b(p["x"]), t.b(p["weight"])
+    (n, k), slices = w.shape, part.shape[0]
+    ks = k // slices
+    for s in range(slices):
+        k0 = s * ks
+        nbytes = ((hi - lo) * ks + d.batch * ks) * d.itemsize + d.batch * (hi - lo) * 4
+        a = dict(x=x.name, weight=w.name, n0=lo, n1=hi, k0=k0, s=s, ks=ks, n=n, k=k, bn=bn,
+                 bk=t.depth(ks, bn))
+        reads = [Region(x.name, ((0, d.batch), (k0, k0 + ks))),
+                 Region(w.name, ((lo, hi), (k0, k0 + ks)))]
+        writes = [Region(part.name, ((s, s + 1), (0, d.batch), (lo, hi)))]
+        if reduce is not None:
+            args, red_reads, red_writes, red_bytes = reduce
+            t.add(op, "linear_part_reduce", args | a | dict(ticket=t.tickets),
+                  reads + red_reads, writes + red_writes, nbytes + red_bytes // slices,
+                  2 * d.batch * (hi - lo) * ks)
+        else:
+            t.add(op, "linear_part", a | dict(out=part.name), reads, writes, nbytes,
+                  2 * d.batch * (hi - lo) * ks)
 
 
 def tile_linear(t: Tiler, op) -> None:
