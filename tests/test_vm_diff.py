@@ -258,71 +258,116 @@ def check_kernel_against_vm(name, tiles, noinline: bool = False) -> list[str]:
     ("tiny-qwen3", 32, 1, 2, "sums"), ("tiny-llama", 7, 1, 2, "long sums"),
     ("tiny-llama", 7, 1, 1, "fused"), ("tiny-qwen3", 32, 1, 1, "fused")])
 def test_vm_on_many_workers_matches_eager(name, workers, parts, slices, balance):
+    """The VM on many workers against eager, for each tiling form ``balance`` names (True:
+    balanced attention ranges), each form's tasks checked to be the ones it makes."""
     model = load(name)
-    stream, cross, groups = balance == "stream", balance == "cross", balance == "groups"
-    fused = balance == "fused"
-    parts, spill = balance == "pair parts", balance == "spill"
-    sums, long = balance in ("sums", "long sums"), balance == "long sums"
-    pairs = balance == "pairs" or groups or parts
+    form = "balance" if balance is True else balance or "plain"
     opts = CompileOptions(B, S, target="h200", num_workers=workers,
-                          tile=TileConfig(qkv_parts=parts, split_head_norm=parts > 1,
-                                          split_k=slices, attn_balance=balance is True,
-                                          kv_split=64 if spill or pairs and not parts else 16,
-                                          attn_stream=stream,
-                                          kv_step=256, qkv_cross=cross, attn_pairs=pairs,
-                                          attn_group=4 if groups else 2,
-                                          attn_pair_ranges=parts, attn_spill=spill,
-                                          norm_first=True if sums else None, norm_sums=sums,
-                                          split_long=long, fuse_combine=fused))
+                          tile=form_tile(form, parts, slices))
     compiled = compile_model(model, opts, name)
-    if fused:       # every unit merged by its last piece: no combine task
-        kinds = [t.kind for t in compiled.tasks.tasks]
-        assert "attn_combine" not in kinds and compiled.sync.num_tickets > 0
-    if cross:       # pieces across heads in one wave (not where heads have a head norm)
-        qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
-        per_layer = len(qkv) // compiled.ops.dims.layers
-        half = compiled.ops.dims.head_dim // 2
-        crossing = [a for a in qkv if a.get("cross") and a["d0"] + a["part"] > half]
-        least = opts.tile.min_qkv_dims                  # pairs: a tensor-core dot's 16 rows
-        assert all(a["part"] >= least for a in qkv)
-        if name == "tiny-llama":    # 8 pairs a head: pieces of 8 cross none (13, 64 workers)
-            assert per_layer <= workers or all(a["part"] == least for a in qkv)
-            assert bool(crossing) == (workers == 5)
-        else:
-            assert not crossing
-    if stream:      # shares of whole 16-key steps, units cut between them, each merged once
-        kinds = [t.kind for t in compiled.tasks.tasks]
-        assert kinds.count("attn_stream") > compiled.ops.dims.layers
-        assert 0 < kinds.count("attn_combine") and "attn_partial" not in kinds
-    if pairs and not parts:     # a task per row and pair (group of 4) of kv heads, no partials
-        kinds = [t.kind for t in compiled.tasks.tasks]
-        d, n = compiled.ops.dims, opts.tile.attn_group
-        kind = "attn_group" if groups else "attn_pair"
-        assert kinds.count(kind) == d.layers * B * d.kv_heads // n
-        assert "attn_partial" not in kinds and "attn_combine" not in kinds
-    if parts:       # a task per row, pair of kv heads and key range; a combine per unit
-        kinds = [t.kind for t in compiled.tasks.tasks]
-        d = compiled.ops.dims
-        assert kinds.count("attn_pair_part") == d.layers * B * d.kv_heads // 2 * (S // 16)
-        assert kinds.count("attn_combine") == d.layers * B * d.kv_heads
-        assert "attn_partial" not in kinds
-    if spill:       # 6 units on 5 workers: 5 whole, the last in 16-key pieces, one combine
-        first = next(t.op for t in compiled.tasks.tasks if t.kind == "attn_partial")
-        tasks = [t for t in compiled.tasks.tasks if t.op == first]
-        spans = sorted((t.args["span"], t.args["kv_split"], t.args["direct"]) for t in tasks
-                       if t.kind == "attn_partial")
-        assert spans == [(16, 16, False)] * 4 + [(S, S, True)] * 5
-        assert [t.kind for t in tasks].count("attn_combine") == 1
-    if sums:        # no norm phase: the embedding, the K slices' reduces and the projections
-        tasks = compiled.tasks.tasks     # in whole columns write row sums, every norm reads them
-        readers = {t.op: t.args["groups"] for t in tasks
-                   if t.args.get("sums") and t.kind not in ("linear_reduce", "embed")}
-        normed = {t.op for t in tasks if t.kind in ("rms_norm", "reduce_norm")}
-        assert len(readers) == 2 * compiled.ops.dims.layers + 1 and not normed
-        assert min(readers.values()) > 1
-    if balance is True:     # each row's keys cut once, at places that leave unequal ranges
-        pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
-        assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
-                   for p in pieces)
-        assert len({hi - lo for p in pieces for lo, hi in p}) > 1
+    FORM_CHECKS.get(form, lambda *a: None)(compiled, opts, name, workers)
     assert_vm_matches_eager(compiled, model)
+
+
+def form_tile(form: str, parts: int, slices: int) -> TileConfig:
+    """The tile knobs of a tiling form, with ``parts`` q/k/v pieces a head and ``slices`` K
+    slices."""
+    pairs = form in ("pairs", "groups", "pair parts")
+    sums = form in ("sums", "long sums")
+    whole = form == "spill" or pairs and form != "pair parts"
+    return TileConfig(qkv_parts=parts, split_head_norm=parts > 1, split_k=slices,
+                      attn_balance=form == "balance", kv_split=64 if whole else 16,
+                      attn_stream=form == "stream", kv_step=256, qkv_cross=form == "cross",
+                      attn_pairs=pairs, attn_group=4 if form == "groups" else 2,
+                      attn_pair_ranges=form == "pair parts", attn_spill=form == "spill",
+                      norm_first=True if sums else None, norm_sums=sums,
+                      split_long=form == "long sums", fuse_combine=form == "fused")
+
+
+def kinds_of(compiled) -> list[str]:
+    return [t.kind for t in compiled.tasks.tasks]
+
+
+def check_fused(compiled, opts, name, workers):
+    """Every unit merged by its last piece: no combine task."""
+    assert "attn_combine" not in kinds_of(compiled) and compiled.sync.num_tickets > 0
+
+
+def check_cross(compiled, opts, name, workers):
+    """Pieces across heads in one wave (not where heads have a head norm)."""
+    qkv = [t.args for t in compiled.tasks.tasks if t.kind == "qkv_rope"]
+    per_layer = len(qkv) // compiled.ops.dims.layers
+    half = compiled.ops.dims.head_dim // 2
+    crossing = [a for a in qkv if a.get("cross") and a["d0"] + a["part"] > half]
+    least = opts.tile.min_qkv_dims                  # pairs: a tensor-core dot's 16 rows
+    assert all(a["part"] >= least for a in qkv)
+    if name == "tiny-llama":    # 8 pairs a head: pieces of 8 cross none (13, 64 workers)
+        assert per_layer <= workers or all(a["part"] == least for a in qkv)
+        assert bool(crossing) == (workers == 5)
+    else:
+        assert not crossing
+
+
+def check_stream(compiled, opts, name, workers):
+    """Shares of whole 16-key steps, units cut between them, each merged once."""
+    kinds = kinds_of(compiled)
+    assert kinds.count("attn_stream") > compiled.ops.dims.layers
+    assert 0 < kinds.count("attn_combine") and "attn_partial" not in kinds
+
+
+def check_pairs(compiled, opts, name, workers):
+    """A task per row and pair (group of 4) of kv heads, no partials."""
+    kinds, d, n = kinds_of(compiled), compiled.ops.dims, opts.tile.attn_group
+    kind = "attn_group" if n > 2 else "attn_pair"
+    assert kinds.count(kind) == d.layers * B * d.kv_heads // n
+    assert "attn_partial" not in kinds and "attn_combine" not in kinds
+
+
+def check_pair_parts(compiled, opts, name, workers):
+    """A task per row, pair of kv heads and key range; a combine per unit."""
+    kinds, d = kinds_of(compiled), compiled.ops.dims
+    assert kinds.count("attn_pair_part") == d.layers * B * d.kv_heads // 2 * (S // 16)
+    assert kinds.count("attn_combine") == d.layers * B * d.kv_heads
+    assert "attn_partial" not in kinds
+
+
+def check_spill(compiled, opts, name, workers):
+    """6 units on 5 workers: 5 whole, the last in 16-key pieces, one combine."""
+    first = next(t.op for t in compiled.tasks.tasks if t.kind == "attn_partial")
+    tasks = [t for t in compiled.tasks.tasks if t.op == first]
+    spans = sorted((t.args["span"], t.args["kv_split"], t.args["direct"]) for t in tasks
+                   if t.kind == "attn_partial")
+    assert spans == [(16, 16, False)] * 4 + [(S, S, True)] * 5
+    assert [t.kind for t in tasks].count("attn_combine") == 1
+
+
+def check_sums(compiled, opts, name, workers):
+    """No norm phase: the embedding, the K slices' reduces and the projections in whole
+    columns write row sums, every norm reads them."""
+    tasks = compiled.tasks.tasks
+    readers = {t.op: t.args["groups"] for t in tasks
+               if t.args.get("sums") and t.kind not in ("linear_reduce", "embed")}
+    normed = {t.op for t in tasks if t.kind in ("rms_norm", "reduce_norm")}
+    assert len(readers) == 2 * compiled.ops.dims.layers + 1 and not normed
+    assert min(readers.values()) > 1
+
+
+def check_balance(compiled, opts, name, workers):
+    """Each row's keys cut once, at places that leave unequal ranges."""
+    pieces = Tiler(compiled.ops, opts.tile, workers).kv_pieces()
+    assert all(p[0][0] == 0 and p[-1][1] == S and all(a[1] == b[0] for a, b in zip(p, p[1:]))
+               for p in pieces)
+    assert len({hi - lo for p in pieces for lo, hi in p}) > 1
+
+
+def check_parts(compiled, opts, name, workers):
+    """q/k/v in as many pieces a head as asked (heads with a head norm split too)."""
+    d = compiled.ops.dims
+    assert kinds_of(compiled).count("qkv_rope") == \
+        d.layers * (d.heads + 2 * d.kv_heads) * opts.tile.qkv_parts
+
+
+FORM_CHECKS = {"fused": check_fused, "cross": check_cross, "stream": check_stream,
+               "pairs": check_pairs, "groups": check_pairs, "pair parts": check_pair_parts,
+               "spill": check_spill, "sums": check_sums, "long sums": check_sums,
+               "balance": check_balance, "plain": check_parts}
