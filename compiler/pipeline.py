@@ -96,6 +96,9 @@ class CompileOptions:
                              "of two (or 0)")
         if not 0 <= self.prefetch_start <= 100:
             raise ValueError(f"prefetch_start={self.prefetch_start} is not a percentage (0-100)")
+        if self.batch_size < 1 or self.max_seq_len < 1:
+            raise ValueError(f"batch_size={self.batch_size} and max_seq_len={self.max_seq_len}: "
+                             "both must be at least 1")
         if self.max_seq_len % self.tile.kv_block:
             raise ValueError(f"max_seq_len={self.max_seq_len} must be a multiple of the cache "
                              f"block ({self.tile.kv_block})")

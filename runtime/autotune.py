@@ -131,6 +131,9 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
 
     if iters < 1:
         raise ValueError(f"iters={iters}: each variant needs at least one timed step")
+    if max_seq_len < 1 or not batch_sizes or min(batch_sizes) < 1:
+        raise ValueError(f"batch sizes {batch_sizes} and max_seq_len={max_seq_len}: each at "
+                         "least 1")
     device = next(model.parameters()).device
     target = TARGETS[kernel_target(device.type)]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

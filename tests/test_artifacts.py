@@ -50,6 +50,16 @@ def test_compile_cli_writes_artifacts(tmp_path, capsys):
     assert "makespans" in capsys.readouterr().out
 
 
+def test_compile_options_refuse_empty_batches_and_contexts():
+    from megakernel.compiler.pipeline import CompileOptions
+
+    for batch, context in ((0, 64), (1, 0), (1, -16)):
+        with pytest.raises(ValueError, match="both must be at least 1"):
+            CompileOptions(batch, context)
+    with pytest.raises(ValueError, match="multiple of the cache block"):
+        CompileOptions(1, 40)
+
+
 def test_batch_size_ranges():
     assert parse_batch_sizes("1,4,8-10") == [1, 4, 8, 9, 10]
     assert parse_batch_sizes("3, 1-4,17") == [3, 1, 2, 4, 17]          # each size once

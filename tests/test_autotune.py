@@ -100,10 +100,13 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     assert step.compiled.options == CompileOptions(2, 64, target="cpu")   # the default, compiled
 
 
-def test_autotune_refuses_zero_timed_steps(tmp_path):
+def test_autotune_refuses_zero_timed_steps_rows_or_context(tmp_path):
     model = load_model("tiny-llama", progress=False).model
     with pytest.raises(ValueError, match="iters=0"):
         tuning.autotune(model, "tiny-llama", [1], 64, tmp_path, iters=0, progress=False)
+    for sizes, context in (([1], 0), ([0, 1], 64), ([], 64)):
+        with pytest.raises(ValueError, match="each at least 1"):
+            tuning.autotune(model, "tiny-llama", sizes, context, tmp_path, progress=False)
     assert not (tmp_path / "autotune.json").exists()
 
 
