@@ -18,7 +18,7 @@ import torch
 from megakernel.models import CausalLM, load_model
 from megakernel.runtime import allocate_kv_cache, cache_bytes, get_backend
 
-from .results import merge_results, plot_results
+from .results import check_plot_path, merge_results, plot_results
 
 
 class Timer:
@@ -160,6 +160,8 @@ def run_decode_bench(args) -> dict:
     backends = [b for b in args.backends.split(",") if b]
     for name in backends:
         get_backend(name)  # fail before any timing on an unknown name
+    if args.plot:
+        check_plot_path(Path(args.plot))
     report = environment(device) | {"copy_TBps": round(copy_bandwidth_TBps(device), 4)}
     rows = []
     for batch, group in timing_order(batch_sizes, backends):

@@ -26,6 +26,18 @@ def merge_results(path: Path, report: dict) -> dict:
     return merged
 
 
+def check_plot_path(path: Path) -> None:
+    """A ValueError unless matplotlib writes ``path``'s format (before anything is timed)."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    matplotlib.use("Agg")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise ValueError(f"plot {path}: format {path.suffix or '(none)'} is not one matplotlib "
+                         f"writes ({', '.join(sorted(formats))})")
+
+
 def plot_results(report: dict, path: Path) -> None:
     import matplotlib
 

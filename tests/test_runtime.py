@@ -169,6 +169,9 @@ def test_bench_decode_writes_json_and_plot(tmp_path, capsys):
     assert png.stat().st_size > 1000
     assert main(args[:5] + ["3", *args[6:], "--json", str(out)]) == 0  # merges, keeps old rows
     assert len(json.loads(out.read_text())["results"]) == 3
+    # a plot format matplotlib does not write: refused before anything is timed
+    assert main(args + ["--json", str(tmp_path / "no.json"), "--plot", str(tmp_path / "r.txt")]) == 1
+    assert "format .txt" in capsys.readouterr().err and not (tmp_path / "no.json").exists()
 
 
 def test_bench_decode_times_eager_after_every_other_backend():
