@@ -67,8 +67,9 @@ def effective(ops, v: Variant, memo: dict | None = None) -> Variant:
     (plain, pairs over key ranges, or streams of kv head groups) where some unit has several,
     slices of the long projections only where that leaves some projections unsliced, their own
     slices only where they change some (``slicing``), K slices that reduce themselves only
-    where some are reduced by columns (``tile_proj.column_reduced``). Equal results build equal
-    kernels. ``memo`` (variant -> result) carries results across calls on the same ``ops``."""
+    where some are reduced by columns (``tile_proj.column_reduced``), and without the weights'
+    L2 prefetch none of its settings (``WEIGHT_PREFETCH``). Equal results build equal kernels.
+    ``memo`` (variant -> result) carries results across calls on the same ``ops``."""
     memo = {} if memo is None else memo
     if v not in memo:
         memo[v] = _effective(ops, v, lambda u: effective(ops, u, memo))
@@ -82,6 +83,8 @@ def _effective(ops, v: Variant, again) -> Variant:
             (stream_split, TileConfig.attn_tasks_per_worker, False):
         return again(replace(v, kv_split=stream_split, attn_balance=False,
                              attn_tasks_per_worker=TileConfig.attn_tasks_per_worker))
+    if not v.prefetch and any(getattr(v, f) != getattr(Variant, f) for f in WEIGHT_PREFETCH):
+        return again(replace(v, **{f: getattr(Variant, f) for f in WEIGHT_PREFETCH}))
     tiler = Tiler(ops, v.tile, v.workers)
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     changed = _attention_layout(ops, v, tiler) or _qkv_form(v, head_norm)
@@ -94,6 +97,12 @@ def _effective(ops, v: Variant, again) -> Variant:
     return replace(out, fuse_reduce=out.fuse_reduce and any(
         column_reduced(Tiler(ops, out.tile, v.workers), op) for op in ops.ops
         if op.kind == "linear"))
+
+
+# what only the weights' L2 prefetch reads (kept at their defaults without it: the kernel's
+# PREFETCH switch ignores them, and a label cannot say them without turning it on)
+WEIGHT_PREFETCH = ("prefetch_kb", "prefetch_ahead", "prefetch_next", "prefetch_wait",
+                   "prefetch_start", "prefetch_slices", "prefetch_fill", "prefetch_columns")
 
 
 def _attention_layout(ops, v: Variant, tiler: Tiler) -> Variant | None:

@@ -2,16 +2,25 @@
 op graph (tiny-llama and tiny-qwen3 at 3 rows, context 64), so that variants alike build once."""
 from dataclasses import replace
 
+from functools import cache
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from megakernel.compiler.capture import capture
 from megakernel.compiler.lower import lower
 from megakernel.compiler.tile import TileConfig
 from megakernel.models import load_model
 from megakernel.runtime.effective import effective
-from megakernel.runtime.variant import Variant, parse_variant
+from megakernel.runtime.variant import SWITCHES, Variant, parse_variant
 
 V = Variant(32, 64, 4, 132, kv_split=16, qkv_parts=4)
+
+
+@cache
+def graph(name: str, batch: int):
+    return lower(capture(load_model(name, progress=False).model, batch, 64), 4)
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +177,24 @@ def test_qkv_across_heads_and_attention_rows(ops, llama):
         kept = effective(ops, replace(v, attn_rows=rows)).attn_rows
         pads = [max(r, 1 << (group - 1).bit_length()) for r in (rows, TileConfig.attn_rows)]
         assert kept == (rows if pads[0] != pads[1] else TileConfig.attn_rows)
+
+
+PREFETCH = ["pn0", "pw0", "pf0", "pf128", "pa2", "pt50", "ps0", "fw", "pc", "pk"]
+FLAGS = sorted(set(SWITCHES) - set(PREFETCH)) + [
+    "s2", "sm200", "sw2", "kv32", "kv64", "q1", "q2", "qs2", "ag4", "sk1", "sk2", "ls2", "kb32",
+    "at0", "ar8", "kn32", "bo100", "rg128", "tm16", "ru0", "fo1", "fr32", "as4"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["tiny-llama", "tiny-qwen3"]), st.sampled_from([1, 3, 8]),
+       st.lists(st.sampled_from(FLAGS), max_size=6), st.sampled_from([[], ["np"]]),
+       st.lists(st.sampled_from(PREFETCH), max_size=3))
+def test_a_variant_as_built_is_built_as_itself_and_its_label_says_it(name, batch, flags, off,
+                                                                     prefetch):
+    """``effective`` is idempotent, and its result's label parses back to it (the ledger keys
+    variants by label), whatever flags are asked together (the weights' prefetch settings
+    with or without the prefetch)."""
+    ops = graph(name, batch)
+    built = effective(ops, parse_variant("x".join(["32x64x4x132", *flags, *prefetch, *off])))
+    assert effective(ops, built) == built
+    assert parse_variant(built.label) == built
