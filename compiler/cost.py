@@ -34,19 +34,22 @@ class Target:
         return self.sms * self.workers_per_sm
 
 
-# Fitted to traced llama-3.2-1b steps with folded projections (2026-11-30, one program per SM,
-# one wave per op): a task takes ~2 us plus its bytes, projections at ~43 GB/s per SM (batch 1:
-# o 64 KB 3.3 us, down 256 KB 8.2, qkv 128 KB 5.5; gate_up and lm_head at the chip's HBM rate).
-# Attention (traced tasks, from first load to signal, with one block-table entry per step):
-# ~2.15 us plus its bytes at ~30 GB/s for one kv head (16 rows: one head's 256 KB 10.9 us; batch
-# 1: 128-key streams 3.4 us), a pair of kv heads in one loop 2 ** 0.1 times as fast (17 rows:
-# 512 KB in 18.4 us). With these the autotune ledger of 2026-12-01 (12 batch sizes, the fastest
-# of each schedule class) ranks at a mean Spearman of 0.58 against measured (mean error of the
-# rated step 2-6% a batch size), 0.40 with the figures of earlier traces (17 GB/s, 2 ** 0.88;
-# errors up to 15%).
-H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=4.0e6, flops_per_us=7.0e8,
-              sync_us=1.0, task_overhead_us=2.0, smem_bytes=228 * 1024, sm_bytes_per_us=4.3e4,
-              attn_bytes_per_us=3.0e4, attn_task_us=2.15, attn_chain_gain=0.1)
+# Fitted (2026-12-04) to the autotune ledgers of llama-3.2-1b on the H200 (12 batch sizes each):
+# figures that rank the schedule classes timed by their fastest variant and estimate their step
+# (``bench.model_rank``): a task takes ~1 us plus its bytes (x from L2 included) at up to 80 GB/s
+# per SM, ops no faster than HBM at 3.82 TB/s nor the tensor cores at 235 TFLOP/s; an attention
+# task ~2.8 us plus its bytes at 26.7 GB/s for one kv head, n kv heads side by side n ** 0.26
+# times as fast; 0.7 us a cross-worker dependency. Mean Spearman of rated against measured
+# classes over the batch sizes, ledgers of the forty-seventh / forty-ninth / fifty-second
+# sessions (the first and last fitted, the second held out): 0.490 / 0.357 / 0.484 with the
+# figures fitted to traces before (2 us + 43 GB/s, attention 2.15 us + 30 GB/s and 2 ** 0.1,
+# 1 us, 4 TB/s, 700 TFLOP/s) -> 0.608 / 0.539 / 0.631; the fastest class rated 2.9 / 3.2 / 2.5
+# -> 2.3 / 2.3 / 2.2th on average; a 2026-12-01 ledger (older kernels) 0.499 -> 0.638. The mean
+# error of the rated step against the fastest of a class 6.3 / 7.4 / 7.1% -> 5.1 / 6.0 / 5.5%.
+# Schedules do not change (instruction tables and queues of 13 winners and candidates equal).
+H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=3.82e6, flops_per_us=2.35e8,
+              sync_us=0.7, task_overhead_us=1.0, smem_bytes=228 * 1024, sm_bytes_per_us=8.0e4,
+              attn_bytes_per_us=2.67e4, attn_task_us=2.8, attn_chain_gain=0.26)
 # The Triton interpreter runs programs one after another: one worker, a topological queue.
 CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0,
