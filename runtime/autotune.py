@@ -92,7 +92,8 @@ def rules_hash() -> str:
     again."""
     h = hashlib.sha256()
     for path in (Path(__file__).with_name(f"{name}.py") for name in ("search", "autotune",
-                                                                     "refine", "variant")):
+                                                                     "refine", "variant",
+                                                                     "effective")):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
