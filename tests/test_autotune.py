@@ -11,9 +11,8 @@ from megakernel.runtime import allocate_kv_cache, autotune as tuning, refine
 from megakernel.runtime.effective import variant_of
 from megakernel.runtime.megakernel import KernelLibrary, megakernel_backend
 from megakernel.runtime.variant import parse_variant
+from test_search import SPACE       # the small search space the search's tests use too
 
-SPACE = {"block_n": (16, 32), "block_k": (32,), "stages": (1, 2), "num_warps": (4,),
-         "workers_per_sm": (1,), "kv_split": (16, 32), "qkv_parts": (1, 2)}
 
 
 def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, monkeypatch):

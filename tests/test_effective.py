@@ -1,7 +1,6 @@
 """``runtime.effective``: a variant normalised to the kernel the compiler builds from it for one
 op graph (tiny-llama and tiny-qwen3 at 3 rows, context 64), so that variants alike build once."""
 from dataclasses import replace
-
 from functools import cache
 
 import pytest
@@ -20,27 +19,26 @@ V = Variant(32, 64, 4, 132, kv_split=16, qkv_parts=4)
 
 @cache
 def graph(name: str, batch: int):
+    """The op graph of a tiny model at ``batch`` rows, context 64 (lowered once)."""
     return lower(capture(load_model(name, progress=False).model, batch, 64), 4)
 
 
 @pytest.fixture(scope="module")
 def ops():
     """tiny-qwen3 (head norms, 2 kv heads) at 3 rows."""
-    return lower(capture(load_model("tiny-qwen3", progress=False).model, 3, 64), 4)
+    return graph("tiny-qwen3", 3)
 
 
 @pytest.fixture(scope="module")
 def llama():
-    return lower(capture(load_model("tiny-llama", progress=False).model, 3, 64), 4)
+    return graph("tiny-llama", 3)
 
 
 def test_qkv_pieces_and_keys_per_task_as_the_tiler_builds_them(ops):
     v = V
     for name, hn, parts in [("tiny-llama", False, 4), ("tiny-qwen3", False, 1),  # head norms
                             ("tiny-qwen3", True, 4)]:
-        model = load_model(name, progress=False).model
-        graph = lower(capture(model, 3, 64), 4)
-        built = effective(graph, replace(v, split_head_norm=hn))
+        built = effective(graph(name, 3), replace(v, split_head_norm=hn))
         assert built.qkv_parts == parts and built.split_head_norm == (hn or name == "tiny-llama")
         assert built.kv_split >= 16 and 64 % built.kv_split == 0
     assert effective(ops, replace(v, workers=1)).kv_split == 64   # one worker: one split
