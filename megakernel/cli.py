@@ -10,6 +10,10 @@ import torch
 
 from megakernel.interpreter import kernel_target
 
+# steps ``autotune`` times a variant by default: under the interpreter each takes about a second
+# (tiny-llama), and 20 made a CPU tune of two batch sizes take about 17 minutes
+TIMED_STEPS = {"cuda": 20, "cpu": 3}
+
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -222,8 +226,12 @@ def cmd_autotune(args) -> int:
 
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
     folder = Path(args.output or cache_dir() / "autotune" / loaded.name)
+    if device == "cpu":
+        print("autotuning under the Triton interpreter: its timings rank variants by CPU time, "
+              "not by how fast they run on a GPU", file=sys.stderr)
+    iters = args.iters if args.iters is not None else TIMED_STEPS[device]
     winners = autotune(loaded.model, loaded.name, parse_batch_sizes(args.batch_sizes),
-                       args.max_seq_len, folder, classes=args.classes, iters=args.iters,
+                       args.max_seq_len, folder, classes=args.classes, iters=iters,
                        processes=args.jobs, max_rel_err=args.max_rel_err,
                        refine=() if args.no_refine else REFINE, finalists=args.finalists)
     table = Table(title=f"{loaded.name} on {device}, context {args.max_seq_len}: {folder}")
@@ -276,7 +284,9 @@ def _add_autotune(sub) -> None:
     tune.add_argument("--max-seq-len", type=int, default=1024, help="also the timed context")
     tune.add_argument("--classes", type=int, default=2,
                       help="best schedules (by the cost model) whose kernel knobs are all timed")
-    tune.add_argument("--iters", type=int, default=20, help="timed steps per variant")
+    tune.add_argument("--iters", type=int, default=None,
+                      help="timed steps per variant (default 20 on a GPU, 3 on the CPU, where "
+                           "each is a run of the Triton interpreter)")
     tune.add_argument("--no-refine", action="store_true",
                       help="do not time each batch size's fastest again with balanced "
                            "projection spans, the other cache block, deeper pipelines and "

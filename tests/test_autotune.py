@@ -109,6 +109,19 @@ def test_autotune_refuses_zero_timed_steps_rows_or_context(tmp_path):
     assert not (tmp_path / "autotune.json").exists()
 
 
+def test_autotune_command_times_fewer_steps_under_the_interpreter(tmp_path, monkeypatch, capsys):
+    """On the CPU each timed step is an interpreter run: the command's default is TIMED_STEPS's
+    (and says its timings rank CPU time); --iters, 0 included, is passed on as given."""
+    from megakernel import cli
+
+    asked = []
+    monkeypatch.setattr(tuning, "autotune", lambda *a, **kw: asked.append(kw["iters"]) or [])
+    for extra in ([], ["--iters", "7"], ["--iters", "0"]):
+        cli.main(["autotune", "tiny-llama", "--device", "cpu", "-o", str(tmp_path)] + extra)
+    assert asked == [cli.TIMED_STEPS["cpu"], 7, 0] and cli.TIMED_STEPS["cpu"] < 20
+    assert "Triton interpreter" in capsys.readouterr().err
+
+
 def variant_of_label(label: str, **knobs) -> str:
     return replace(parse_variant(label), **knobs).label
 
