@@ -285,7 +285,10 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
             if u.label not in labels]
 
 
-# the gaining flips of a refinement, besides its fastest, combined with it (``compound``):
+# the gaining flips of a refinement, besides its fastest, combined with it (``compound``; a
+# gain whose changes the fastest holds already, such as calls at the other warp count, is passed
+# over: in a cold autotune at 24 rows it took the slot of `ns`, whose compound with calls was
+# then the fastest, 1.197 ms, too late for the second look to try `fs` on it):
 # llama-3.2-1b on the H200, each batch size's winner with one more of its refinement's gains
 # (ms): 48 rows `sw2` 1.518 -> with `sm200` too 1.485, 64 1.588 -> 1.562; in a cold autotune
 # the compounds won at 8 rows (0.958), 17 (1.145 against the best single flip's 1.162), 48
@@ -312,7 +315,9 @@ def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list,
     if start.label not in ms:
         return []
     gains = sorted((ms[u.label], u.label, u) for u, _ in tried
-                   if u.label in ms and ms[u.label] < ms[start.label])[:COMPOUND + 1]
+                   if u.label in ms and ms[u.label] < ms[start.label])
+    gains = gains[:1] + [g for g in gains[1:] if replace(gains[0][2], **changes(g[2], start))
+                         != gains[0][2]][:COMPOUND]      # none the fastest holds already
     runner = runner_up(start, rows, tried, ms) if gains else None
     if len(gains) < 2 and runner is None:
         return []

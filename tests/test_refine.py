@@ -149,6 +149,14 @@ def test_compound_combines_the_refinements_gains_with_its_fastest(tmp_path, monk
     monkeypatch.setattr(refine, "op_graph", lambda *a: pytest.fail("rated again"))
     assert run(times, {"code": "a"}) == made
     monkeypatch.undo()
+    # a gain the fastest holds already (calls at the other warp count) leaves its slot to the next
+    fastest, own_warps = calls, replace(v, noinline=True)
+    again = [(u, 1.0) for u in (fastest, own_warps, deep, steps)]
+    made = refine.compound(ledger, {"code": "e"}, 2, v,
+                           timed({**times, fastest: 0.7, own_warps: 0.75}), again, model, 64,
+                           H200)
+    assert [u for u, _ in made] == [replace(fastest, stage_kib=200),
+                                    replace(fastest, step_weights=2)]
     # calls are not combined with warpgroup MMAs (weight rows as the dot's M here)
     t = lambda u: replace(u, swap_ab=True)
     rows = timed({t(v): 1.0, t(fast): 0.8, t(calls): 0.85})
