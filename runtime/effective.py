@@ -85,6 +85,8 @@ def _effective(ops, v: Variant, again) -> Variant:
                              attn_tasks_per_worker=TileConfig.attn_tasks_per_worker))
     if not v.prefetch and any(getattr(v, f) != getattr(Variant, f) for f in WEIGHT_PREFETCH):
         return again(replace(v, **{f: getattr(Variant, f) for f in WEIGHT_PREFETCH}))
+    if v.prefetch_start and not v.prefetch_wait:    # a start only delays prefetches between polls
+        return again(replace(v, prefetch_start=0))
     tiler = Tiler(ops, v.tile, v.workers)
     head_norm = any(op.kind == "qkv_rope" and op.params.get("q_norm") for op in ops.ops)
     changed = _attention_layout(ops, v, tiler) or _qkv_form(v, head_norm)

@@ -4,7 +4,7 @@ from dataclasses import replace
 from functools import cache
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from megakernel.compiler.capture import capture
@@ -184,6 +184,7 @@ FLAGS = sorted(set(SWITCHES) - set(PREFETCH)) + [
 
 
 @settings(max_examples=150, deadline=None)
+@example("tiny-llama", 1, [], [], ["pt50", "pw0"])     # a start without prefetches between polls
 @given(st.sampled_from(["tiny-llama", "tiny-qwen3"]), st.sampled_from([1, 3, 8]),
        st.lists(st.sampled_from(FLAGS), max_size=6), st.sampled_from([[], ["np"]]),
        st.lists(st.sampled_from(PREFETCH), max_size=3))
