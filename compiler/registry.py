@@ -270,7 +270,7 @@ def _stream_merges(t: Task) -> dict:
 
 
 def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    return _attn_stream(t, d, c) | _stream_merges(t) | dict(PIECES=c.stream_pieces)
+    return _attn_stream(t, d, c) | _stream_merges(t)
 
 
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:

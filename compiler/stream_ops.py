@@ -15,8 +15,8 @@ import triton.language as tl
 
 from .attention_group_ops import group_step, load_kv_heads
 from .attention_keys_m import empty_states
-from .attention_ops import (attn_combine_op, empty_state, last_ticket, pair_step, second_cut,
-                            step_frame, store_partial, stream_rows, stream_step)
+from .attention_ops import (attn_combine_op, empty_state, last_ticket, pair_step, step_frame,
+                            store_partial, stream_rows, stream_step)
 
 
 @triton.jit
@@ -44,10 +44,10 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
                          NH: tl.constexpr, FUSED: tl.constexpr = False,
-                         BLOCK_SPLIT: tl.constexpr = 1, PIECES: tl.constexpr = False):
+                         BLOCK_SPLIT: tl.constexpr = 1):
     """Keys [f0, f1) of the units of NH kv heads laid end to end (f0, f1 and S multiples of
     CHUNK) in one pipelined loop of CHUNK-key steps, whatever unit each step belongs to
-    (PIECES, ``TileConfig.stream_pieces``: a loop per unit's piece). Where a unit's piece ends:
+    (``group_stream_steps``). Where a unit's piece ends:
     the whole unit -> its heads' normalised outputs in out [B, HQ * D]; a part of one (only the
     first and the last piece can be) -> each head's acc and (max, sum) in slots slot0 (or
     slot0 + 1 for the last where the first was a part too) + h * nslots. FUSED: after the loop,
@@ -59,14 +59,9 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     UNITS: tl.constexpr = HKV // NH                                    # units of a row
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    if PIECES:
-        group_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer,
-                     slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D,
-                     STAGES, NH)
-    else:
-        group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
-                           layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
-                           BLOCK_D, STAGES, ROWS, NH)
+    group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                       layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
+                       BLOCK_D, STAGES, ROWS, NH)
     if FUSED:                   # after the loop: an atomic in it would stop its pipelining
         merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
                           ticket, first, count_a, count_b, NCH, UNITS, HQ, D, G, BLOCK_G,
@@ -122,32 +117,6 @@ def group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_p
             m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
 
 
-@triton.jit
-def group_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer,
-                 slot0, nslots, scale, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                 STAGES: tl.constexpr, NH: tl.constexpr):
-    """``attn_group_stream_op``'s steps [c0, c1) as one pipelined loop per unit they touch
-    (``unit_piece``): the unit's row, heads, queries and length set before its loop."""
-    DT: tl.constexpr = q_ptr.dtype.element_ty
-    NCH: tl.constexpr = S // CHUNK
-    hs, gs, ds, ss, qmask = group_frame(G, D, BLOCK_G, BLOCK_D, CHUNK, NH)
-    u = c0 // NCH
-    while u * NCH < c1:
-        row, kv0, lo, hi_c, hi, whole, second = unit_piece(u, c0, c1, pos_ptr, NCH, HKV // NH,
-                                                           NH)
-        offs = group_offsets(row, kv0, hs, gs, ds, HQ, G, D)               # [NH, BG, BD]
-        q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-        m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
-        for c in tl.range(lo, hi_c, num_stages=STAGES):
-            start = (c - u * NCH) * CHUNK
-            k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + hs, B, HKV, S,
-                                 D, BS, CHUNK, BLOCK_D, BS % CHUNK == 0)
-            m, l, acc = group_step(q, k, v, start + ss < hi, m, l, acc, scale, DT)
-        end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second, nslots, m,
-                        l, acc, NH, G, D, BLOCK_G, BLOCK_D)
-        u += 1
 
 
 @triton.jit
@@ -163,16 +132,6 @@ def end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot, nslots, 
         store_group_partial(acc_ptr, ml_ptr, slot, nslots, m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
 
 
-@triton.jit
-def unit_piece(u, c0, c1, pos_ptr, NCH: tl.constexpr, UNITS: tl.constexpr, NH: tl.constexpr):
-    """Unit u's piece of a stream over steps [c0, c1) (NCH steps a unit, UNITS units a row):
-    its row, first kv head, steps [lo, hi_c), the row's length, whether the piece is the whole
-    unit, and whether it is the stream's second cut piece (``stream_step``'s)."""
-    row = u // UNITS
-    lo = tl.maximum(c0, u * NCH)
-    hi_c = tl.minimum(c1, u * NCH + NCH)
-    return (row, u % UNITS * NH, lo, hi_c, tl.load(pos_ptr + row).to(tl.int32) + 1,
-            hi_c - lo == NCH, second_cut(u, c0, NCH))
 
 
 @triton.jit
@@ -182,25 +141,16 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                         HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
-                        FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1,
-                        PIECES: tl.constexpr = False):
+                        FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1):
     """``attn_group_stream_op`` over units of a row's pairs of kv heads, the two heads as two
     independent chains of loads and dots (``attention_ops.pair_steps``'s form: one's
-    arithmetic overlaps the other's loads) instead of a batch of score tiles. PIECES
-    (``TileConfig.stream_pieces``): a loop of its own for each unit's piece, whose row, heads
-    and length stay put through it (``pair_pieces``), instead of one loop over all the
-    stream's steps that works out each step's unit."""
+    arithmetic overlaps the other's loads) instead of a batch of score tiles."""
     NCH: tl.constexpr = S // CHUNK
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    if PIECES:
-        pair_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer,
-                    slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D,
-                    STAGES)
-    else:
-        pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
-                          layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
-                          BLOCK_D, STAGES, ROWS)
+    pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                      layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
+                      BLOCK_D, STAGES, ROWS)
     if FUSED:                   # after the loop: an atomic in it would stop its pipelining
         merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
                           ticket, first, count_a, count_b, NCH, HKV // 2, HQ, D, G, BLOCK_G,
@@ -237,33 +187,6 @@ def pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
             mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
 
 
-@triton.jit
-def pair_pieces(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1, layer, slot0,
-                nslots, scale, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                STAGES: tl.constexpr):
-    """``attn_pair_stream_op``'s steps [c0, c1) as one pipelined loop per unit they touch: the
-    unit's row, heads, queries and length set before its loop, the piece ended after it."""
-    DT: tl.constexpr = q_ptr.dtype.element_ty
-    NCH: tl.constexpr = S // CHUNK
-    gs, ds, ss, qmask = step_frame(G, D, BLOCK_G, BLOCK_D, CHUNK)
-    u = c0 // NCH
-    while u * NCH < c1:
-        row, kv0, lo, hi_c, hi, whole, second = unit_piece(u, c0, c1, pos_ptr, NCH, HKV // 2, 2)
-        offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
-        qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-        qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
-        ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
-        mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
-        for c in tl.range(lo, hi_c, num_stages=STAGES):
-            ma, la, acc_a, mb, lb, acc_b = pair_step(
-                qa, qb, cache_ptr, bt_ptr, row, kv0, layer, (c - u * NCH) * CHUNK, hi, ss, ma,
-                la, acc_a, mb, lb, acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D,
-                BS % CHUNK == 0, DT)
-        end_pair_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second, nslots,
-                       ma, la, acc_a, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
-        u += 1
 
 
 @triton.jit

@@ -42,12 +42,6 @@ class TileConfig:
     attn_stream: bool = False  # one attn_stream task per equal share of those keys, each one
                                # pipelined loop across its units (see tile_attention); with
                                # attn_pairs, units of attn_group kv heads (Tiler.stream_heads)
-    stream_pieces: bool = False  # streams over pairs (groups) of kv heads: a loop per unit's
-                               # piece, its row, heads, queries and length set before it,
-                               # instead of one loop over the stream's steps that works out
-                               # each step's unit (its integer work: 1032 instructions a step
-                               # against a whole pair's 848 in the sm_90 SASS at 24 rows; per
-                               # piece 872)
     attn_pairs: bool = False   # where each unit's keys are one task's: a task per row and pair
                                # of kv heads, both heads' steps in one loop (Tiler.attn_pairs)
     attn_group: int = 2        # kv heads per such task (2: attn_pair; more: attn_group, their

@@ -42,7 +42,7 @@ def cuda_form(v: Variant, sms: int, batch: int = 1, context: int = 0) -> Variant
         slices["kv_block"] = CUDA_KV_BLOCK
     return replace(v, workers=min(v.workers, sms), norm_first=True, norm_sums=True,
                    reduce_norm=False, qkv_cross=False, qkv_slices=1, staged_kib=0,
-                   attn_stream=False, stream_pieces=False, attn_pairs=False,
+                   attn_stream=False, attn_pairs=False,
                    attn_pair_ranges=False,
                    attn_group=TileConfig.attn_group, fuse_combine=True, fuse_reduce=False,
                    kv_split=keys, **slices)
@@ -121,8 +121,6 @@ def _attention_layout(ops, v: Variant, tiler: Tiler) -> Variant | None:
         return replace(v, attn_group=TileConfig.attn_group)
     if v.attn_keys_m and not (tiler.attn_pairs() and tiler.whole_units()):
         return replace(v, attn_keys_m=False)
-    if v.stream_pieces and not (v.attn_stream and tiler.stream_heads() > 1):
-        return replace(v, stream_pieces=False)
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return replace(v, attn_pair_ranges=False)
     if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):

@@ -84,9 +84,10 @@ from .variant import Variant, stream_kv_split
 # timed (ms: 24 rows 1.181 -> 1.243, 32 1.234 -> 1.265, 48 1.452 -> 1.530, 64 1.570 -> 1.673;
 # traced at 64 rows, a slice's task 9.9 us against a whole piece's 7.7 and the phase 14.2
 # against 8.5) and left the refinement; its flip stays in ``FLIPS`` for a ``refine`` argument.
-# Streams over pairs or groups as a loop per unit's piece (``piece_streams``: 863 instructions a
-# step in the sm_90 SASS of the 24-row winner against its whole pairs' 843 and one loop's 1059)
-# are not timed on a GPU yet: their flip waits in ``FLIPS`` too.
+# Streams over pairs as a loop per unit's piece (863 instructions a step in the sm_90 SASS of the
+# 24-row winner against its whole pairs' 843 and one loop's 1059) lost as the streams did (ms:
+# 24 rows 1.181 -> 1.320, 32 1.233 -> 1.245; the bodies alone 27.3 us against the streams'
+# 24.8) and were removed.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
           "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
@@ -141,21 +142,6 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
     return replace(v, fuse_reduce=True)
 
 
-def piece_streams(v: Variant, seq: int) -> Variant:
-    """Whole pairs (or groups) of kv heads as streams over such units, each unit's piece a loop
-    of its own and merged by its last piece (``stream_pieces``, ``fuse_combine``: every worker
-    an equal share of the keys, where whole units fill 96 of 132 workers at 24 and 48 rows);
-    such streams back to whole units (their keys a task: the context ``seq``); ``v`` itself
-    without pairs."""
-    if not v.attn_pairs:
-        return v
-    if v.attn_stream:
-        return replace(v, attn_stream=False, stream_pieces=False, fuse_combine=False,
-                       kv_split=seq)
-    return replace(v, attn_stream=True, stream_pieces=True, fuse_combine=True,
-                   attn_pair_ranges=False, kv_split=stream_kv_split(v.kv_block))
-
-
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams
 # at once, the dots' form how the warps share a step
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead",
@@ -167,8 +153,7 @@ FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_nor
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),
          "prefetch_kv_ahead": deeper("prefetch_kv_ahead", KV_AHEAD_KEYS, 0),
-         "qkv_slices": deeper("qkv_slices", 2, TileConfig.qkv_slices),
-         "stream_pieces": piece_streams}
+         "qkv_slices": deeper("qkv_slices", 2, TileConfig.qkv_slices)}
 # flips that change how the registers are shared out: timed at each warp count of ``SPACE`` (on
 # GPUs; the interpreter ignores warps). With calls, llama-3.2-1b's 4-warp variants won at 1-5, 13
 # and 16 rows (5 rows: 0.941 ms against 0.972 for the best without, of 8 warps), and at 8, 17, 24

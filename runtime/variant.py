@@ -110,7 +110,6 @@ class Variant:
     attn_spill: bool = TileConfig.attn_spill
     attn_rows: int = TileConfig.attn_rows
     attn_keys_m: bool = TileConfig.attn_keys_m
-    stream_pieces: bool = TileConfig.stream_pieces
     qkv_cross: bool = TileConfig.qkv_cross
     qkv_slices: int = TileConfig.qkv_slices
     max_registers: int = CompileOptions.max_registers
@@ -157,7 +156,6 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "fw": {"prefetch_fill": True}, "pc": {"prefetch_columns": True},
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
-            "pp": {"stream_pieces": True},
             "ap": {"attn_pairs": True}, "km": {"attn_keys_m": True},
             "apr": {"attn_pairs": True, "attn_pair_ranges": True},
             "fc": {"fuse_combine": True}, "fs": {"fuse_reduce": True},
@@ -249,7 +247,7 @@ def _layout_flags(v: Variant) -> list:
     flags = ["bal"] * v.balance
     flags += [] if v.norm_first is None else ["nf" if v.norm_first else "nf0"]
     flags += ["rn"] * v.reduce_norm + ["ns"] * v.norm_sums + ["fs"] * v.fuse_reduce
-    flags += ["ab"] * v.attn_balance + ["af"] * v.attn_stream + ["pp"] * v.stream_pieces
+    flags += ["ab"] * v.attn_balance + ["af"] * v.attn_stream
     flags += ["ap"] * v.attn_pairs + ["fc"] * v.fuse_combine
     flags += [f"ag{v.attn_group}"] * (v.attn_group != TileConfig.attn_group)
     flags += ["apr"] * v.attn_pair_ranges + ["sp"] * v.attn_spill

@@ -300,7 +300,7 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                          D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, STEP: tl.constexpr,
                          NH: tl.constexpr, CHAINS: tl.constexpr, FUSED: tl.constexpr,
-                         REVERSE: tl.constexpr, ROWS: tl.constexpr, PIECES: tl.constexpr):
+                         REVERSE: tl.constexpr, ROWS: tl.constexpr):
     """The streams (REVERSE: the last first; FUSED: stream i's ticket words at merge_ptr + 4 i,
     each cut unit merged by its last piece, tickets at epoch 1), then (not FUSED) the combine
     of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j)."""
@@ -314,14 +314,13 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
             stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                            out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr, 1,
                                            ticket, first, count_a, count_b, D ** -0.5, B, HQ,
-                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4,
-                                           PIECES)
+                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4)
         else:
             stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                             out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr,
                                             1, ticket, first, count_a, count_b, D ** -0.5, B, HQ,
                                             HKV, S, D, G, BS, STEP, G, D, 2, ROWS, NH, FUSED,
-                                            4, PIECES)
+                                            4)
     if not FUSED:
         tl.debug_barrier()
         for j in range(nmerge):
@@ -336,10 +335,7 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     (2, 4, 80, True, False, S, False), (2, 2, 48, False, False, S, False),
     (4, 4, 48, False, False, S, False), (2, 2, 16, True, True, S, False),
     (2, 4, 48, True, True, 80, False), (2, 4, 48, True, True, 80, True),
-    (4, 4, 48, False, True, 80, True), (2, 2, 16, "pieces", False, S, False),
-    (2, 4, 80, "pieces", False, S, False), (2, 4, 48, "pieces", True, 80, True),
-    (2, 4, 208, "pieces", False, S, False), (2, 4, 208, True, False, S, False),
-    (4, 4, 48, "group pieces", False, S, False), (4, 4, 48, "group pieces", True, 80, True)])
+    (4, 4, 48, False, True, 80, True), (2, 4, 208, True, False, S, False)])
 def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reverse):
     """Streams over units of ``nh`` kv heads of a row, laid end to end and cut every ``cut``
     keys (units in pieces, streams holding pieces of two units, whole units too), rows of
@@ -347,9 +343,9 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
     cut piece in slot p + h * (pieces), a cut unit's heads merged by its group combine, or
     (``fused``) by the last of its pieces to take its ticket (units of ``s`` = 80 keys cut
     every 48: of two and of three pieces, a stream's two cut units unlike; streams in
-    ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``; as
-    "pieces", a loop per unit's piece; cut every 208 keys, a stream over three whole units and
-    a piece of a fourth) or as a batch of two score tiles (groups also a loop per piece)."""
+    ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``; cut
+    every 208 keys, a stream over three whole units and a piece of a fourth) or as a batch of
+    two score tiles."""
     from megakernel.compiler.tile_attention import (first_slots, merge_args, rows_spanned,
                                                     stream_plan, unit_slots)
 
@@ -375,8 +371,8 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
                                    torch.tensor(merge, dtype=torch.int32),
                                    torch.zeros(len(slots) + 1, dtype=torch.int32))]
     group_streams_kernel[(1,)](*args, len(edges) - 1, n, len(merge), 1, B, hq, hkv, s, D, G, BS,
-                               16, nh, chains in (True, "pieces"), fused, reverse,
-                               rows_spanned(streams, s, hkv // nh), "pieces" in str(chains))
+                               16, nh, chains, fused, reverse,
+                               rows_spanned(streams, s, hkv // nh))
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, BS, lengths),
                                atol=1e-5, rtol=1e-5)
     if fused:                   # every cut unit's ticket taken by each of its pieces

@@ -80,11 +80,6 @@ def test_attention_layouts_only_where_they_apply(ops):
     assert effective(ops, replace(v, attn_pairs=True)) == effective(ops, v)
     grouped = effective(ops, replace(v, attn_pairs=True, attn_stream=True))
     assert grouped.attn_pairs and grouped.attn_stream and parse_variant(grouped.label) == grouped
-    # a loop per unit's piece: only in streams over pairs
-    pieces = effective(ops, replace(grouped, stream_pieces=True))
-    assert pieces == replace(grouped, stream_pieces=True) and parse_variant(pieces.label) == pieces
-    assert effective(ops, replace(v, attn_stream=True, stream_pieces=True)) == streamed
-    assert effective(ops, replace(paired, stream_pieces=True)) == paired
     # groups of 4 kv heads: not with 2 kv heads (tiny-qwen3), and the size means nothing alone
     assert effective(ops, replace(v, attn_pairs=True, attn_group=4, kv_split=64)) == \
         effective(ops, replace(v, kv_split=64))

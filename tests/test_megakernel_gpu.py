@@ -224,10 +224,6 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 24, TileConfig(
                                 attn_stream=True, attn_pairs=True, fuse_combine=True,
                                 kv_split=128, kv_block=128), id="llama-3.2-1b-24-af-ap-fc-kb128"),
-                            pytest.param("llama-3.2-1b", 24, TileConfig(
-                                attn_stream=True, attn_pairs=True, stream_pieces=True,
-                                fuse_combine=True, kv_split=128, kv_block=128),
-                                id="llama-3.2-1b-24-af-ap-pp-fc-kb128"),
                             pytest.param("llama-3.2-1b", 48, TileConfig(
                                 attn_stream=True, attn_pairs=True, attn_group=4, kv_split=128,
                                 kv_block=128, norm_first=True, norm_sums=True, fuse_reduce=True,

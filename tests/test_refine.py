@@ -45,13 +45,6 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     assert effective(ops, replace(first, qkv_slices=2, qkv_parts=1)) == \
         effective(ops, replace(first, qkv_slices=2, qkv_parts=2))
     assert parse_variant(replace(first, qkv_slices=3).label).qkv_slices == 3
-    # whole pairs as streams over them, a loop per piece, merged by their last piece, and back
-    # (their keys a task: the context); nothing without pairs
-    streams = refine.flip(pairs, "stream_pieces", 64)
-    assert streams == replace(pairs, attn_stream=True, stream_pieces=True, fuse_combine=True)
-    assert refine.flip(streams, "stream_pieces", 64) == pairs
-    assert refine.flip(v, "stream_pieces", 64) == v
-    assert effective(ops, streams).stream_pieces and effective(ops, streams).attn_stream
     # as built, a stream keeps its keys a task, no spills and no KV prefetch a task ahead
     spilled = replace(v, attn_pairs=True, attn_spill=True, prefetch_kv_ahead=128, kv_split=64)
     built = effective(ops, replace(spilled, attn_stream=True, fuse_combine=True))

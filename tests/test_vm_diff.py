@@ -82,13 +82,9 @@ def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
 
 @pytest.mark.parametrize("name,tiles", [
     ("tiny-llama", TileConfig(attn_stream=True, attn_pairs=True, kv_step=256)),
-    ("tiny-llama", TileConfig(attn_stream=True, attn_pairs=True, kv_step=256,
-                              stream_pieces=True)),
     ("tiny-qwen3", TileConfig(attn_stream=True, attn_pairs=True, kv_step=512, kv_block=32)),
     ("tiny-llama-kv4", TileConfig(attn_stream=True, attn_pairs=True, attn_group=4,
-                                  kv_step=512)),
-    ("tiny-llama-kv4", TileConfig(attn_stream=True, attn_pairs=True, attn_group=4,
-                                  kv_step=512, stream_pieces=True))])
+                                  kv_step=512))])
 def test_kernel_equals_vm_with_grouped_streams(name, tiles):
     """Streams over units of a row's pairs (or groups of 4) of kv heads, the heads' steps as
     batched dots (the interpreter's one worker takes each layer's keys in one stream: units cut
