@@ -117,8 +117,6 @@ def group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_p
             m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
 
 
-
-
 @triton.jit
 def end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot, nslots, m, l, acc,
                     NH: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -130,8 +128,6 @@ def end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot, nslots, 
         tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=qmask)
     else:
         store_group_partial(acc_ptr, ml_ptr, slot, nslots, m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
-
-
 
 
 @triton.jit
@@ -185,8 +181,6 @@ def pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
                            ma, la, acc_a, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
             ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
             mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
-
-
 
 
 @triton.jit
