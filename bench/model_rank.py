@@ -54,10 +54,11 @@ def class_times(ops, labels: dict, target) -> list[tuple[float, float]]:
     alike, memo, classes = search.alike_ops(ops), {}, {}
     for label, ms in labels.items():
         v = effective(ops, parse_variant(label))
-        rated, best = classes.get(search.schedule_class(v), (None, float("inf")))
+        cls = search.schedule_class(v)
+        rated, best = classes.get(cls, (None, float("inf")))
         if rated is None:
             rated = search.predict(ops, v, target, alike, memo)
-        classes[search.schedule_class(v)] = (rated, min(best, ms * 1e3))
+        classes[cls] = (rated, min(best, ms * 1e3))
     return list(classes.values())
 
 

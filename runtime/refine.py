@@ -291,7 +291,7 @@ def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list,
              model, max_seq_len: int, target: Target) -> list[tuple[Variant, float]]:
     """Where more than one of the refinement's flips (``tried``, of ``start``) beat ``start``,
     the fastest of them with each of the next ``COMPOUND`` fastest's changes (the fields that
-    flip set on ``start``) set on it too; where any gained and a first-round variant of
+    flip set on ``start``) set on it too, passing over those it holds already; where any gained and a first-round variant of
     another class came within ``TIE`` of ``start`` (``runner_up``), that one with all those
     gains' changes (the faster's where two set one field). As they will be built, where not
     timed yet (nor a call beside warpgroup MMAs): [(variant, predicted us)], kept in the
@@ -301,15 +301,15 @@ def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list,
         return []
     gains = sorted((ms[u.label], u.label, u) for u, _ in tried
                    if u.label in ms and ms[u.label] < ms[start.label])
-    gains = gains[:1] + [g for g in gains[1:] if replace(gains[0][2], **changes(g[2], start))
-                         != gains[0][2]][:COMPOUND]      # none the fastest holds already
+    on_fastest = lambda u: replace(gains[0][2], **changes(u, start))
+    gains = gains[:1] + [g for g in gains[1:] if on_fastest(g[2]) != gains[0][2]][:COMPOUND]
     runner = runner_up(start, rows, tried, ms) if gains else None
     if len(gains) < 2 and runner is None:
         return []
     key = ledger.key(batch=batch, compound=[u.label for *_, u in gains],
                      runner=runner and runner.label, **base)
     if ledger.plan(key) is None:
-        made = [replace(gains[0][2], **changes(u, start)) for *_, u in gains[1:]]
+        made = [on_fastest(u) for *_, u in gains[1:]]
         if runner is not None:
             made.append(replace(runner, **{k: v for *_, u in reversed(gains)
                                            for k, v in changes(u, start).items()}))
