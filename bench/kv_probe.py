@@ -1,0 +1,171 @@
+"""How fast the chip streams the KV cache in the attention tasks' pattern, with next to no
+arithmetic and with the megakernel's attention bodies: separates the memory system's rate for
+that pattern from the bodies' own.
+
+    python -m megakernel.bench.kv_probe --batch-sizes 24,48,64 [--bodies 2:4:128:4:4,...]
+
+Programs walk tasks of (row, NH consecutive kv heads) over the cache [L, 2, B, Hkv, S, D]
+(bf16), every layer's tasks in one launch (the layers one after another in each program, no
+waits between them), so that a launch's start and end weigh little: a one-layer launch at 24
+rows (50 MB) takes about 24 us even as flat contiguous spans, twice what its bytes do.
+``kv_tasks`` sums each step's keys and values (CHUNK keys of each head, loaded as the attention
+loops load them; ``rot`` starts task t's loop at step (t * 3) mod steps); ``flat_spans``: the
+same bytes cut into equal contiguous spans, one a program; ``body_tasks``: the attention bodies
+(``attn_pair_op``, ``attn_group_op``) for each --bodies entry (heads a task : key groups W :
+keys a step : stages : warps). Prints TB/s of the cache.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+from megakernel.compiler import attention_group_ops, attention_ops
+
+
+@triton.jit
+def kv_tasks(cache_ptr, out_ptr, ntasks, layers, B: tl.constexpr, HKV: tl.constexpr,
+             S: tl.constexpr, D: tl.constexpr, NH: tl.constexpr, CHUNK: tl.constexpr,
+             STAGES: tl.constexpr, ROT: tl.constexpr, ROUNDS: tl.constexpr):
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    NCHUNK: tl.constexpr = S // CHUNK
+    offs = tl.arange(0, CHUNK)[:, None] * D + tl.arange(0, D)[None, :]         # [CHUNK, D]
+    acc = tl.zeros([CHUNK, D], tl.float32)
+    for i in range(0, layers * ROUNDS):
+        layer, t = i // ROUNDS, pid + (i % ROUNDS) * nprog
+        if t < ntasks:
+            row, g = t // (HKV // NH), (t % (HKV // NH)) * NH
+            plane = ((tl.cast(layer, tl.int64) * 2) * B + row) * HKV + g       # K plane
+            for c in tl.range(0, NCHUNK, num_stages=STAGES):
+                cc = (c + t * 3) % NCHUNK if ROT else c
+                for h in tl.static_range(NH):
+                    base = ((plane + h) * S + cc * CHUNK) * D
+                    k = tl.load(cache_ptr + base + offs)
+                    v = tl.load(cache_ptr + base + B * HKV * S * D + offs)
+                    acc += k.to(tl.float32) + v.to(tl.float32)
+    tl.store(out_ptr + pid * CHUNK * D + offs, acc)
+
+
+@triton.jit
+def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl.constexpr,
+               HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+               G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+               STAGES: tl.constexpr, NH: tl.constexpr, W: tl.constexpr, ROUNDS: tl.constexpr):
+    """``kv_tasks`` with the megakernel's attention bodies (NH 2: ``attn_pair_op``, W key
+    groups; NH 4: ``attn_group_op``, keys as M where W > 1) in place of the sums."""
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    for i in range(0, layers * ROUNDS):
+        layer, t = i // ROUNDS, pid + (i % ROUNDS) * nprog
+        if t < ntasks:
+            row, g = t // (HKV // NH), (t % (HKV // NH)) * NH
+            if NH == 2:
+                attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, g,
+                                           layer, D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK,
+                                           BLOCK_G, D, STAGES, True, W)
+            else:
+                attention_group_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr,
+                                                  row, g, layer, D ** -0.5, B, HQ, HKV, S, D,
+                                                  G, BS, CHUNK, BLOCK_G, D, STAGES, True, NH,
+                                                  W > 1)
+
+
+@triton.jit
+def flat_spans(src_ptr, out_ptr, span, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    base = tl.cast(pid, tl.int64) * span
+    for i in tl.range(0, span // BLOCK, num_stages=STAGES):
+        acc += tl.load(src_ptr + base + i * BLOCK + offs).to(tl.float32)
+    tl.store(out_ptr + pid * BLOCK + offs, acc)
+
+
+def time_ms(fn, iters: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms: int,
+                bodies: list[tuple[int, ...]], streams: bool) -> None:
+    cache = torch.randn(layers, 2, b, hkv, s, d, dtype=torch.bfloat16, device="cuda")
+    nbytes = cache.numel() * 2
+    out = torch.empty(max(sms, b * hkv) * 128 * d, dtype=torch.float32, device="cuda")
+    if streams:
+        time_streams(cache, out, stages, sms)
+    time_bodies(cache, bodies, sms)
+
+
+def time_streams(cache: torch.Tensor, out: torch.Tensor, stages: int, sms: int) -> None:
+    layers, _, b, hkv, s, d = cache.shape
+    nbytes = cache.numel() * 2
+    for nh in (1, 2, 4):
+        ntasks = b * hkv // nh
+        for progs in sorted({min(ntasks, sms), sms}):
+            for rot in (0, 1):
+                st = min(stages, 1 + 192 // (32 * nh))     # at most 192 KB of copies in flight
+                ms = time_ms(lambda: kv_tasks[(progs,)](cache, out, ntasks, layers, b, hkv, s, d,
+                                                        nh, 128, st, rot, -(-ntasks // progs),
+                                                        num_warps=4))
+                print(f"B={b} heads/task {nh} tasks {ntasks} programs {progs} rot {rot}: "
+                      f"{ms * 1e3:7.1f} us  {nbytes / ms / 1e9:5.2f} TB/s", flush=True)
+    flat = cache.reshape(-1)
+    for progs in (96, 128, sms):
+        span = flat.numel() // progs // 4096 * 4096
+        ms = time_ms(lambda: flat_spans[(progs,)](flat, out, span, 4096, stages, num_warps=4))
+        print(f"B={b} flat spans, programs {progs}: {ms * 1e3:7.1f} us  "
+              f"{span * progs * 2 / ms / 1e9:5.2f} TB/s", flush=True)
+
+
+def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int) -> None:
+    """Each body (heads a task, key groups W, keys a step, stages, warps) over every layer."""
+    layers, _, b, hkv, s, d = cache.shape
+    nbytes = cache.numel() * 2
+    hq, g = 32, 4
+    q = torch.randn(b, hq * d, device="cuda", dtype=torch.bfloat16)
+    pos = torch.full((b,), s - 1, device="cuda", dtype=torch.int32)
+    table = torch.arange(b * s // 128, device="cuda", dtype=torch.int32).view(b, s // 128)
+    att = torch.empty_like(q)
+    for nh, w, chunk, st, warps in bodies:
+        ntasks = b * hkv // nh
+        progs = min(ntasks, sms)
+        name = f"B={b} body heads/task {nh} W {w} keys {chunk} stages {st} warps {warps}"
+        run = lambda: body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv,
+                                           s, d, g, 128, chunk, 4, st, nh, w,
+                                           -(-ntasks // progs), num_warps=warps)
+        try:
+            ms = time_ms(run)
+        except Exception as err:
+            print(f"{name}: {type(err).__name__}")
+            continue
+        print(f"{name} tasks {ntasks} programs {progs}: {ms * 1e3:7.1f} us  "
+              f"{nbytes / ms / 1e9:5.2f} TB/s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", default="24,48,64")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--bodies", default="2:1:128:6:4,2:4:128:4:4,4:1:128:4:4",
+                   help="heads a task:key groups:keys a step:stages:warps, comma-separated")
+    p.add_argument("--no-streams", action="store_true", help="time the bodies only")
+    a = p.parse_args(argv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bodies = [tuple(int(x) for x in spec.split(":")) for spec in a.bodies.split(",") if spec]
+    for b in (int(x) for x in a.batch_sizes.split(",")):
+        probe_batch(b, a.layers, 8, 1024, 64, a.stages, sms, bodies, not a.no_streams)
+
+
+if __name__ == "__main__":
+    main()
