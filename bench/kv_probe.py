@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.compiler import attention_group_ops, attention_ops
+from megakernel.compiler import attention_group_ops, attention_ops, kernel_loop
 
 
 @triton.jit
@@ -52,14 +52,24 @@ def kv_tasks(cache_ptr, out_ptr, ntasks, layers, B: tl.constexpr, HKV: tl.conste
 def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl.constexpr,
                HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
-               STAGES: tl.constexpr, NH: tl.constexpr, W: tl.constexpr, ROUNDS: tl.constexpr):
+               STAGES: tl.constexpr, NH: tl.constexpr, W: tl.constexpr, ROUNDS: tl.constexpr,
+               SPREAD: tl.constexpr = False, stamp_ptr=None, STAMPS: tl.constexpr = 0):
     """``kv_tasks`` with the megakernel's attention bodies (NH 2: ``attn_pair_op``, W key
-    groups; NH 4: ``attn_group_op``, keys as M where W > 1) in place of the sums."""
+    groups; NH 4: ``attn_group_op``, keys as M where W > 1) in place of the sums. SPREAD (one
+    round, fewer tasks than programs): task t on program t * programs // tasks, the busy
+    programs spread over the grid instead of its first ones. STAMPS (2 on the GPU, 1 under the
+    interpreter): each task's start, end and SM into stamp_ptr [layers, tasks, 3]."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     for i in range(0, layers * ROUNDS):
         layer, t = i // ROUNDS, pid + (i % ROUNDS) * nprog
+        if SPREAD:
+            t = (pid * ntasks + nprog - 1) // nprog
+            t = tl.where((t * nprog) // ntasks == pid, t, ntasks)
         if t < ntasks:
             row, g = t // (HKV // NH), (t % (HKV // NH)) * NH
+            if STAMPS:
+                stamp = stamp_ptr + (layer * ntasks + t) * 3
+                tl.store(stamp, kernel_loop.clock(stamp_ptr + layers * ntasks * 3, STAMPS))
             if NH == 2:
                 attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, g,
                                            layer, D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK,
@@ -69,6 +79,19 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
                                                   row, g, layer, D ** -0.5, B, HQ, HKV, S, D,
                                                   G, BS, CHUNK, BLOCK_G, D, STAGES, True, NH,
                                                   W > 1)
+            if STAMPS:
+                tl.store(stamp + 1, kernel_loop.clock(stamp_ptr + layers * ntasks * 3, STAMPS))
+                tl.store(stamp + 2, sm_id(STAMPS))
+
+
+@triton.jit
+def sm_id(STAMPS: tl.constexpr):
+    """The SM this program runs on (0 under the interpreter)."""
+    if STAMPS == 2:
+        return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                         is_pure=True, pack=1).to(tl.int64)
+    else:
+        return tl.zeros([], tl.int64)
 
 
 @triton.jit
@@ -97,13 +120,13 @@ def time_ms(fn, iters: int = 30) -> float:
 
 
 def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms: int,
-                bodies: list[tuple[int, ...]], streams: bool) -> None:
+                bodies: list[tuple[int, ...]], streams: bool, stamps: bool = False) -> None:
     cache = torch.randn(layers, 2, b, hkv, s, d, dtype=torch.bfloat16, device="cuda")
     nbytes = cache.numel() * 2
     out = torch.empty(max(sms, b * hkv) * 128 * d, dtype=torch.float32, device="cuda")
     if streams:
         time_streams(cache, out, stages, sms)
-    time_bodies(cache, bodies, sms)
+    time_bodies(cache, bodies, sms, stamps)
 
 
 def time_streams(cache: torch.Tensor, out: torch.Tensor, stages: int, sms: int) -> None:
@@ -127,8 +150,28 @@ def time_streams(cache: torch.Tensor, out: torch.Tensor, stages: int, sms: int) 
               f"{span * progs * 2 / ms / 1e9:5.2f} TB/s", flush=True)
 
 
-def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int) -> None:
-    """Each body (heads a task, key groups W, keys a step, stages, warps) over every layer."""
+def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int) -> list[str]:
+    """Lines on ``body_tasks``'s stamps [layers, tasks, 3] (the first and last layer left out):
+    a layer's span and its tasks' times, and the tasks' mean time by row and by SM (in groups
+    of 16 SMs by %smid)."""
+    st = stamps[1:-1].double()
+    dur = (st[..., 1] - st[..., 0]) / 1e3                                 # [L - 2, T] us
+    span = (st[..., 1].max(1).values - st[..., 0].min(1).values) / 1e3
+    rows = torch.arange(dur.shape[1]) // (hkv // heads_per_task)
+    by_row = [dur[:, rows == r].mean().item() for r in range(int(rows.max()) + 1)]
+    sm = st[..., 2].long()
+    by_sm = [dur[sm // 16 == k].mean().item() for k in range(int(sm.max()) // 16 + 1)]
+    q = torch.quantile(dur.flatten(), torch.tensor([0.1, 0.5, 0.9], dtype=dur.dtype))
+    return [f"  layer span {span.mean():.1f} us; task mean {dur.mean():.1f}, p10 {q[0]:.1f}, "
+            f"median {q[1]:.1f}, p90 {q[2]:.1f}, max {dur.max():.1f}",
+            "  by row: " + " ".join(f"{x:.1f}" for x in by_row),
+            "  by SM // 16: " + " ".join(f"{x:.1f}" for x in by_sm)]
+
+
+def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
+                stamps: bool = False) -> None:
+    """Each body (heads a task, key groups W, keys a step, stages, warps) over every layer;
+    ``stamps``: then once more with each task's start, end and SM stamped (``stamp_summary``)."""
     layers, _, b, hkv, s, d = cache.shape
     nbytes = cache.numel() * 2
     hq, g = 32, 4
@@ -138,18 +181,25 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int) ->
     att = torch.empty_like(q)
     for nh, w, chunk, st, warps in bodies:
         ntasks = b * hkv // nh
-        progs = min(ntasks, sms)
-        name = f"B={b} body heads/task {nh} W {w} keys {chunk} stages {st} warps {warps}"
-        run = lambda: body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv,
-                                           s, d, g, 128, chunk, 4, st, nh, w,
-                                           -(-ntasks // progs), num_warps=warps)
-        try:
-            ms = time_ms(run)
-        except Exception as err:
-            print(f"{name}: {type(err).__name__}")
-            continue
-        print(f"{name} tasks {ntasks} programs {progs}: {ms * 1e3:7.1f} us  "
-              f"{nbytes / ms / 1e9:5.2f} TB/s", flush=True)
+        for progs, spread in [(min(ntasks, sms), False)] + [(sms, True)] * (ntasks < sms):
+            name = (f"B={b} body heads/task {nh} W {w} keys {chunk} stages {st} warps {warps}"
+                    f" tasks {ntasks} programs {progs}{' spread' * spread}")
+            run = lambda: body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq,
+                                               hkv, s, d, g, 128, chunk, 4, st, nh, w,
+                                               -(-ntasks // progs), spread, num_warps=warps)
+            try:
+                ms = time_ms(run)
+            except Exception as err:
+                print(f"{name}: {type(err).__name__}")
+                continue
+            print(f"{name}: {ms * 1e3:7.1f} us  {nbytes / ms / 1e9:5.2f} TB/s", flush=True)
+            if stamps:
+                marks = torch.zeros(layers * ntasks * 3 + 1, dtype=torch.int64, device="cuda")
+                body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s, d,
+                                     g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
+                                     marks, 2, num_warps=warps)
+                summary = stamp_summary(marks[:-1].view(layers, ntasks, 3).cpu(), nh, hkv)
+                print("\n".join(summary), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,11 +210,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bodies", default="2:1:128:6:4,2:4:128:4:4,4:1:128:4:4",
                    help="heads a task:key groups:keys a step:stages:warps, comma-separated")
     p.add_argument("--no-streams", action="store_true", help="time the bodies only")
+    p.add_argument("--stamps", action="store_true",
+                   help="also each body task's time by row and by SM (stamp_summary)")
     a = p.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bodies = [tuple(int(x) for x in spec.split(":")) for spec in a.bodies.split(",") if spec]
     for b in (int(x) for x in a.batch_sizes.split(",")):
-        probe_batch(b, a.layers, 8, 1024, 64, a.stages, sms, bodies, not a.no_streams)
+        probe_batch(b, a.layers, 8, 1024, 64, a.stages, sms, bodies, not a.no_streams,
+                    a.stamps)
 
 
 if __name__ == "__main__":
