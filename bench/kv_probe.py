@@ -2,7 +2,7 @@
 arithmetic and with the megakernel's attention bodies: separates the memory system's rate for
 that pattern from the bodies' own.
 
-    python -m megakernel.bench.kv_probe --batch-sizes 24,48,64 [--bodies 2:4:128:4:4,...]
+    python -m megakernel.bench.kv_probe --batch-sizes 24,48,64 [--bodies 2:4:128:4:4] [--stamps]
 
 Programs walk tasks of (row, NH consecutive kv heads) over the cache [L, 2, B, Hkv, S, D]
 (bf16), every layer's tasks in one launch (the layers one after another in each program, no
@@ -12,7 +12,10 @@ rows (50 MB) takes about 24 us even as flat contiguous spans, twice what its byt
 loops load them; ``rot`` starts task t's loop at step (t * 3) mod steps); ``flat_spans``: the
 same bytes cut into equal contiguous spans, one a program; ``body_tasks``: the attention bodies
 (``attn_pair_op``, ``attn_group_op``) for each --bodies entry (heads a task : key groups W :
-keys a step : stages : warps). Prints TB/s of the cache.
+keys a step : stages : warps); where a body has fewer tasks than the chip has SMs, also on a
+program an SM with the busy ones spread over the grid, and with the idle ones polling a
+counter the tasks signal (as megakernel workers waiting on attention's outputs do). Prints
+TB/s of the cache (and with --stamps each task's time by row and by SM).
 """
 from __future__ import annotations
 
@@ -53,12 +56,16 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
                HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                STAGES: tl.constexpr, NH: tl.constexpr, W: tl.constexpr, ROUNDS: tl.constexpr,
-               SPREAD: tl.constexpr = False, stamp_ptr=None, STAMPS: tl.constexpr = 0):
+               SPREAD: tl.constexpr = False, stamp_ptr=None, STAMPS: tl.constexpr = 0,
+               done_ptr=None, SPIN: tl.constexpr = 0):
     """``kv_tasks`` with the megakernel's attention bodies (NH 2: ``attn_pair_op``, W key
     groups; NH 4: ``attn_group_op``, keys as M where W > 1) in place of the sums. SPREAD (one
     round, fewer tasks than programs): task t on program t * programs // tasks, the busy
     programs spread over the grid instead of its first ones. STAMPS (2 on the GPU, 1 under the
-    interpreter): each task's start, end and SM into stamp_ptr [layers, tasks, 3]."""
+    interpreter): each task's start, end and SM into stamp_ptr [layers, tasks, 3]. SPIN (one
+    round): each task signals done_ptr[layer] (release) and the programs without a task poll it
+    (acquire, as the megakernel's waits do; SPIN > 1: sleeping SPIN ns between polls) until
+    the layer's tasks are done, as workers waiting on attention's outputs do."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     for i in range(0, layers * ROUNDS):
         layer, t = i // ROUNDS, pid + (i % ROUNDS) * nprog
@@ -82,6 +89,14 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
             if STAMPS:
                 tl.store(stamp + 1, kernel_loop.clock(stamp_ptr + layers * ntasks * 3, STAMPS))
                 tl.store(stamp + 2, sm_id(STAMPS))
+            if SPIN:
+                kernel_loop.signal_counter(done_ptr, layer)
+        elif SPIN:
+            while kernel_loop.poll(done_ptr + layer, 0) < ntasks:
+                if SPIN > 1:
+                    tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
+                                              [layer * 0 + SPIN], dtype=tl.int32,
+                                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -181,12 +196,20 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
     att = torch.empty_like(q)
     for nh, w, chunk, st, warps in bodies:
         ntasks = b * hkv // nh
-        for progs, spread in [(min(ntasks, sms), False)] + [(sms, True)] * (ntasks < sms):
+        done = torch.zeros(layers, dtype=torch.int32, device="cuda")
+        forms = [(min(ntasks, sms), False, 0)] + [(sms, True, 0), (sms, False, 1),
+                                                   (sms, False, 200)] * (ntasks < sms)
+        for progs, spread, spin in forms:
             name = (f"B={b} body heads/task {nh} W {w} keys {chunk} stages {st} warps {warps}"
-                    f" tasks {ntasks} programs {progs}{' spread' * spread}")
-            run = lambda: body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq,
-                                               hkv, s, d, g, 128, chunk, 4, st, nh, w,
-                                               -(-ntasks // progs), spread, num_warps=warps)
+                    f" tasks {ntasks} programs {progs}{' spread' * spread}"
+                    f"{f' idle polling (sleep {spin if spin > 1 else 0} ns)' * bool(spin)}")
+
+            def run():
+                if spin:
+                    done.zero_()
+                body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s,
+                                     d, g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
+                                     None, 0, done, spin, num_warps=warps)
             try:
                 ms = time_ms(run)
             except Exception as err:
@@ -195,9 +218,10 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
             print(f"{name}: {ms * 1e3:7.1f} us  {nbytes / ms / 1e9:5.2f} TB/s", flush=True)
             if stamps:
                 marks = torch.zeros(layers * ntasks * 3 + 1, dtype=torch.int64, device="cuda")
+                done.zero_()
                 body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s, d,
                                      g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
-                                     marks, 2, num_warps=warps)
+                                     marks, 2, done, spin, num_warps=warps)
                 summary = stamp_summary(marks[:-1].view(layers, ntasks, 3).cpu(), nh, hkv)
                 print("\n".join(summary), flush=True)
 
