@@ -57,7 +57,7 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                STAGES: tl.constexpr, NH: tl.constexpr, W: tl.constexpr, ROUNDS: tl.constexpr,
                SPREAD: tl.constexpr = False, stamp_ptr=None, STAMPS: tl.constexpr = 0,
-               done_ptr=None, SPIN: tl.constexpr = 0):
+               done_ptr=None, SPIN: tl.constexpr = 0, ACROSS: tl.constexpr = False):
     """``kv_tasks`` with the megakernel's attention bodies (NH 2: ``attn_pair_op``, W key
     groups; NH 4: ``attn_group_op``, keys as M where W > 1) in place of the sums. SPREAD (one
     round, fewer tasks than programs): task t on program t * programs // tasks, the busy
@@ -65,7 +65,9 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
     interpreter): each task's start, end and SM into stamp_ptr [layers, tasks, 3]. SPIN (one
     round): each task signals done_ptr[layer] (release) and the programs without a task poll it
     (acquire, as the megakernel's waits do; SPIN > 1: sleeping SPIN ns between polls) until
-    the layer's tasks are done, as workers waiting on attention's outputs do."""
+    the layer's tasks are done, as workers waiting on attention's outputs do. ACROSS: task t is
+    row t % B's (t // B)-th group of heads (tasks side by side read different rows), else row
+    t // (HKV // NH)'s (t % (HKV // NH))-th, as the tiler orders them."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     for i in range(0, layers * ROUNDS):
         layer, t = i // ROUNDS, pid + (i % ROUNDS) * nprog
@@ -73,7 +75,10 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
             t = (pid * ntasks + nprog - 1) // nprog
             t = tl.where((t * nprog) // ntasks == pid, t, ntasks)
         if t < ntasks:
-            row, g = t // (HKV // NH), (t % (HKV // NH)) * NH
+            if ACROSS:
+                row, g = t % B, (t // B) * NH
+            else:
+                row, g = t // (HKV // NH), (t % (HKV // NH)) * NH
             if STAMPS:
                 stamp = stamp_ptr + (layer * ntasks + t) * 3
                 tl.store(stamp, kernel_loop.clock(stamp_ptr + layers * ntasks * 3, STAMPS))
@@ -165,14 +170,17 @@ def time_streams(cache: torch.Tensor, out: torch.Tensor, stages: int, sms: int) 
               f"{span * progs * 2 / ms / 1e9:5.2f} TB/s", flush=True)
 
 
-def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int) -> list[str]:
+def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int,
+                  across: int = 0) -> list[str]:
     """Lines on ``body_tasks``'s stamps [layers, tasks, 3] (the first and last layer left out):
     a layer's span and its tasks' times, and the tasks' mean time by row and by SM (in groups
-    of 16 SMs by %smid)."""
+    of 16 SMs by %smid); ``across``: the batch's rows where tasks go across them
+    (``body_tasks``' ACROSS)."""
     st = stamps[1:-1].double()
     dur = (st[..., 1] - st[..., 0]) / 1e3                                 # [L - 2, T] us
     span = (st[..., 1].max(1).values - st[..., 0].min(1).values) / 1e3
-    rows = torch.arange(dur.shape[1]) // (hkv // heads_per_task)
+    t = torch.arange(dur.shape[1])
+    rows = t % across if across else t // (hkv // heads_per_task)
     by_row = [dur[:, rows == r].mean().item() for r in range(int(rows.max()) + 1)]
     sm = st[..., 2].long()
     by_sm = [dur[sm // 16 == k].mean().item() for k in range(int(sm.max()) // 16 + 1)]
@@ -197,19 +205,21 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
     for nh, w, chunk, st, warps in bodies:
         ntasks = b * hkv // nh
         done = torch.zeros(layers, dtype=torch.int32, device="cuda")
-        forms = [(min(ntasks, sms), False, 0)] + [(sms, True, 0), (sms, False, 1),
-                                                   (sms, False, 200)] * (ntasks < sms)
-        for progs, spread, spin in forms:
+        forms = [(min(ntasks, sms), False, 0, False), (min(ntasks, sms), False, 0, True)] + [
+            (sms, True, 0, False), (sms, False, 1, False), (sms, False, 200, False)] * (
+            ntasks < sms)
+        for progs, spread, spin, across in forms:
             name = (f"B={b} body heads/task {nh} W {w} keys {chunk} stages {st} warps {warps}"
                     f" tasks {ntasks} programs {progs}{' spread' * spread}"
-                    f"{f' idle polling (sleep {spin if spin > 1 else 0} ns)' * bool(spin)}")
+                    f"{f' idle polling (sleep {spin if spin > 1 else 0} ns)' * bool(spin)}"
+                    f"{' rows across' * across}")
 
             def run():
                 if spin:
                     done.zero_()
                 body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s,
                                      d, g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
-                                     None, 0, done, spin, num_warps=warps)
+                                     None, 0, done, spin, across, num_warps=warps)
             try:
                 ms = time_ms(run)
             except Exception as err:
@@ -221,8 +231,9 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
                 done.zero_()
                 body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s, d,
                                      g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
-                                     marks, 2, done, spin, num_warps=warps)
-                summary = stamp_summary(marks[:-1].view(layers, ntasks, 3).cpu(), nh, hkv)
+                                     marks, 2, done, spin, across, num_warps=warps)
+                summary = stamp_summary(marks[:-1].view(layers, ntasks, 3).cpu(), nh, hkv,
+                                        b if across else 0)
                 print("\n".join(summary), flush=True)
 
 

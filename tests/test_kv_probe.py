@@ -1,0 +1,50 @@
+"""``bench/kv_probe.py`` on small shapes: the streamed sums equal the cache's, and the attention
+bodies walked over every layer (tasks in the tiler's order or across rows, idle programs
+polling the tasks' counters, tasks stamped) give the last layer's attention as SDPA does."""
+import pytest
+import torch
+
+from megakernel.bench import kv_probe
+from megakernel.bench.attention import sdpa
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+L, B, HQ, HKV, S, D = 2, 2, 8, 4, 32, 16
+
+
+def inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.randn(L, 2, B, HKV, S, D, generator=gen)
+    q = torch.randn(B, HQ * D, generator=gen)
+    pos = torch.full((B,), S - 1, dtype=torch.int32)
+    table = torch.arange(B * S // 16, dtype=torch.int32).view(B, S // 16)
+    return [t.to(DEVICE) for t in (cache, q, pos, table)]
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_sums_cover_the_cache(heads):
+    cache, *_ = inputs(1)
+    out = torch.zeros(3 * 16 * D, device=DEVICE)
+    ntasks = B * HKV // heads
+    kv_probe.kv_tasks[(3,)](cache, out, ntasks, L, B, HKV, S, D, heads, 16, 2, 1,
+                            -(-ntasks // 3))
+    torch.testing.assert_close(out.sum().cpu(), cache.sum().cpu(), atol=1e-3, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,groups,across,spin", [(2, 1, False, 0), (2, 2, True, 1),
+                                                      (4, 2, False, 1)])
+def test_bodies_match_sdpa(heads, groups, across, spin):
+    cache, q, pos, table = inputs(2)
+    out = torch.full_like(q, float("nan"))
+    ntasks = B * HKV // heads
+    stamps = torch.zeros(L * ntasks * 3 + 1, dtype=torch.int64, device=DEVICE)
+    done = torch.zeros(L, dtype=torch.int32, device=DEVICE)
+    programs = ntasks + 2                                  # two idle programs
+    kv_probe.body_tasks[(programs,)](q, cache, pos, table, out, ntasks, L, B, HQ, HKV, S, D,
+                                     HQ // HKV, 16, 16 * groups, 4, 2, heads, groups, 1, False,
+                                     stamps, 1 if DEVICE == "cpu" else 2, done, spin, across)
+    torch.testing.assert_close(out.cpu(), sdpa(q, cache[L - 1:], HKV).cpu(), atol=1e-5,
+                               rtol=1e-5)
+    marks = stamps[:-1].view(L, ntasks, 3).cpu()
+    assert (marks[..., 1] > marks[..., 0]).all()           # every task stamped, end after start
+    if spin:
+        assert done.tolist() == [ntasks] * L
