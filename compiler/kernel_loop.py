@@ -198,6 +198,13 @@ def prefetch_line(ptr):
 
 
 @triton.jit
+def sm_id():
+    """The SM this program runs on (``%smid``; GPU only): where a trace puts each worker."""
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                     is_pure=True, pack=1).to(tl.int64)
+
+
+@triton.jit
 def clock(tick_ptr, CLOCK: tl.constexpr):
     """A trace stamp: %globaltimer in ns on the GPU (CLOCK 2), or the next value of a global
     tick counter (CLOCK 1), which orders events where no timer exists (the interpreter)."""

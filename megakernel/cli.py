@@ -159,8 +159,10 @@ def cmd_trace(args) -> int:
         import dataclasses
         import json
 
-        rows = [dict(dataclasses.asdict(t), op=step.compiled.tasks.tasks[t.task].op) for t in traces]
-        Path(args.json).write_text(json.dumps(rows))
+        tasks = step.compiled.tasks.tasks
+        rows = [dict(dataclasses.asdict(t), op=tasks[t.task].op, args=tasks[t.task].args)
+                for t in traces]
+        Path(args.json).write_text(json.dumps(rows, default=str))
     per_us, unit = (1e3, "ns") if step.trace_mode == 2 else (1.0, "ticks (interpreter order)")
     measured = "us" if step.trace_mode == 2 else "ticks"
     print_trace_tables(traces, step.compiled, per_us, measured)
@@ -174,7 +176,8 @@ def cmd_trace(args) -> int:
 
 def print_trace_tables(traces, compiled, per_us: float, measured: str) -> None:
     """The trace's tables: per op kind, per phase of a layer, and the critical path by phase."""
-    from megakernel.runtime.trace import critical_path, kind_table, path_table, phase_table
+    from megakernel.runtime.trace import (critical_path, kind_table, path_table, phase_table,
+                                          spread_table)
 
     print(f"{'kind':<14}{'tasks':>7}{'predicted us':>14}{'measured ' + measured:>16}"
           f"{'waited ' + measured:>14}")
@@ -196,6 +199,9 @@ def print_trace_tables(traces, compiled, per_us: float, measured: str) -> None:
                                          for k in ("tasks", "op_us", "hop_us", "dispatch_us")}}]:
         print(f"{r['phase']:<30}{r['tasks']:>7}{r['op_us']:>12.1f}{r['hop_us']:>12.1f}"
               f"{r['dispatch_us']:>12.1f}")
+    for name, means in spread_table(traces, compiled, per_us).items():
+        print(f"\nattention tasks, mean {measured} {name}: "
+              + " ".join(f"{k}:{v:.1f}" for k, v in means.items()))
 
 
 def parse_batch_sizes(text: str) -> list[int]:

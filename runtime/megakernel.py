@@ -200,10 +200,15 @@ class MegakernelStep:
         self.logits = self.act[off: off + dims.batch * dims.vocab].view(dims.batch, 1, dims.vocab)
         self.epoch = 0
         # trace mode: 2 = %globaltimer (GPU), 1 = ticks (interpreter); stamps[0] is the tick
-        # counter, then (wait, start, end) per instruction
+        # counter (on the GPU: the instructions' count), then (wait, start, end) per
+        # instruction, then (GPU) each worker's SM
         self.trace_mode = 0 if not trace else (2 if device.type == "cuda" else 1)
-        self.stamps = torch.zeros(1 + 3 * max(len(enc.instructions), 1) if trace else 2,
+        n = max(len(enc.instructions), 1)
+        self.stamps = torch.zeros(1 + 3 * n + len(compiled.schedule.queues) if trace else 2,
                                   dtype=torch.int64, device=device)
+        if self.trace_mode == 2:
+            self.stamps[0] = n
+        self.sm_stamps = self.trace_mode == 2
         self.expected_cache = tuple(compiled.ops.buffers["kv_cache"].shape)
         # instruction index -> (task id, worker): instructions are grouped by worker queue
         self.owners = [(t, w) for w, q in enumerate(compiled.schedule.queues) for t in q]

@@ -3,7 +3,8 @@ when it ended (``%globaltimer`` ns on the GPU, a global tick order under the int
 
 ``trace_step(step)`` reads the stamps of the last launch of a ``MegakernelStep`` built with
 ``trace=True``; ``kind_table`` sets measured times per op kind beside the cost model's prediction;
-``phase_table`` gives each phase of a layer (an op's tasks of one kind, e.g. the o projection's
+``spread_table`` averages the attention tasks' times by batch row and by SM; ``phase_table``
+gives each phase of a layer (an op's tasks of one kind, e.g. the o projection's
 linear tasks) its span from first start to last end, averaged over the layers, and the counters
 its tasks poll;
 ``critical_path`` walks back from the task that ends last to what held each task up, and
@@ -26,17 +27,38 @@ class TaskTrace:
     wait: int      # stamps relative to the first stamp of the launch
     start: int
     end: int
+    sm: int = -1   # the worker's SM (GPU traces of the Triton kernel), else -1
 
 
 def trace_step(step) -> list[TaskTrace]:
     if not step.trace_mode:
         raise ValueError("this step was built without trace=True")
     step.synchronize()
-    stamps = step.stamps[1:].view(-1, 3).tolist()
+    n = len(step.owners)
+    stamps = step.stamps[1:1 + 3 * n].view(-1, 3).tolist()
+    sms = step.stamps[1 + 3 * n:].tolist() if getattr(step, "sm_stamps", False) else []
     tasks = step.compiled.tasks.tasks
     out = [(t, w, *s) for (t, w), s in zip(step.owners, stamps)]
     t0 = min(s[2] for s in out)
-    return [TaskTrace(t, tasks[t].kind, w, a - t0, b - t0, c - t0) for t, w, a, b, c in out]
+    return [TaskTrace(t, tasks[t].kind, w, a - t0, b - t0, c - t0, sms[w] if sms else -1)
+            for t, w, a, b, c in out]
+
+
+def spread_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> dict:
+    """The attention tasks' op times (start to end; combines left out), averaged by the batch
+    row a task attends for and (GPU traces) by its SM in groups of 16: where a phase's slowest
+    tasks sit. -> {"by row": {row: us}, "by SM // 16": {group: us}} (empty groupings left out)."""
+    tasks = compiled.tasks.tasks
+    groups: dict[str, dict] = {"by row": defaultdict(list), "by SM // 16": defaultdict(list)}
+    for t in traces:
+        args = tasks[t.task].args
+        if t.kind.startswith("attn") and t.kind != "attn_combine" and "row" in args:
+            us = (t.end - t.start) / unit_per_us
+            groups["by row"][args["row"]].append(us)
+            if t.sm >= 0:
+                groups["by SM // 16"][t.sm // 16].append(us)
+    return {name: {k: sum(v) / len(v) for k, v in sorted(g.items())}
+            for name, g in groups.items() if g}
 
 
 def kind_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[dict]:

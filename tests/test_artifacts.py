@@ -96,7 +96,9 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
     out = compile_for_hopper(kernel)
     ptx = out.asm["ptx"]
     assert "globaltimer" not in ptx and "call.uni" not in ptx     # op bodies inlined
-    assert "globaltimer" in compile_for_hopper(kernel, trace=2).asm["ptx"]
+    assert "%smid" not in ptx
+    traced = compile_for_hopper(kernel, trace=2).asm["ptx"]
+    assert "globaltimer" in traced and "%smid" in traced           # stamps, and each SM
     if name == "tiny-llama" and not stream:
         assert "nanosleep" in compile_for_hopper(kernel, switches={"BACKOFF": 128}).asm["ptx"]
         assert "ld.acquire.gpu" in compile_for_hopper(kernel, switches={"POLL": 1}).asm["ptx"]

@@ -13,7 +13,7 @@ from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
 from megakernel.runtime.trace import (LOG_WORDS, TaskTrace, chunk_lines, chunk_table,
                                       critical_path, kind_table, path_table, phase_table,
-                                      trace_step, wait_entries)
+                                      spread_table, trace_step, wait_entries)
 from megakernel.runtime.variant import parse_variant
 
 
@@ -38,6 +38,9 @@ def test_trace_stamps_every_task_in_order():
     assert [(r["phase"], r["ops"]) for r in phases if r["ops"] == layers][-2:] == \
         [("gate_up", layers), ("down_proj linear", layers)]
     assert all(r["span_us"] >= r["task_us"] > 0 for r in phases)
+    spread = spread_table(traces, step.compiled, 1.0)    # no SM under the interpreter
+    assert list(spread) == ["by row"] and list(spread["by row"]) == [0, 1]
+    assert all(t.sm == -1 for t in traces)
     # one worker under the interpreter: the critical path is its whole queue
     chain = critical_path(traces, step.compiled)
     assert [link.trace.task for link in chain] == list(step.compiled.schedule.queues[0])
