@@ -9,7 +9,8 @@ table, the rows' positions; output the normalised attention [B, HQ * D].
 import triton
 import triton.language as tl
 
-from .attention_keys_m import empty_states, online_keys_m, step_block, step_blocks
+from .attention_keys_m import (empty_states, online_keys_m, step_block, step_blocks,
+                               step_rotation)
 from .ops import _dot
 from .rope_ops import block_slot, cache_slots
 
@@ -52,12 +53,13 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
                   S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                   STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr,
-                  KEYS_M: tl.constexpr = False):
+                  KEYS_M: tl.constexpr = False, ROTATE: tl.constexpr = False):
     """``attention_ops.attn_pair_op`` for NH kv heads kv_head .. kv_head + NH - 1 of row
     ``row``: their steps as one batch of NH [BLOCK_G, CHUNK] score tiles (batched dots) in one
     pipelined loop -> their normalised outputs in out [B, HQ * D]. KEYS_M: the tiles
     transposed, the keys as the dots' M (``online_keys_m``, a head a group; queries and acc
-    [NH, BLOCK_D, BLOCK_G])."""
+    [NH, BLOCK_D, BLOCK_G]). ROTATE: the keys from the task's own step on, wrapping around
+    (``attention_keys_m.step_rotation``)."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     hs = tl.arange(0, NH)
@@ -76,7 +78,9 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     NCHUNK: tl.constexpr = (S + CHUNK - 1) // CHUNK
     HOISTED: tl.constexpr = KEYS_M and IN_BLOCK              # the steps' entries asked for first
     blocks = step_blocks(row, 0, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None
-    for c in tl.range(0, NCHUNK, num_stages=STAGES):
+    rot = step_rotation(row, kv_head, HKV, NH, NCHUNK) if ROTATE else 0
+    for i in tl.range(0, NCHUNK, num_stages=STAGES):
+        c = (i + rot) % NCHUNK if ROTATE else i
         k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
                              S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M,
                              step_block(blocks, c) if HOISTED else None)

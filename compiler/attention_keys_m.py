@@ -34,6 +34,14 @@ def step_block(blocks, c):
 
 
 @triton.jit
+def step_rotation(row, kv_head, HKV: tl.constexpr, NH: tl.constexpr, NCHUNK: tl.constexpr):
+    """The step a whole task of NH kv heads from kv_head on starts its key loop at
+    (``TileConfig.attn_rotate``): the task's index among the op's, in the tiler's order, modulo
+    the steps, so that tasks side by side do not read the same offsets of their heads at once."""
+    return ((row * HKV + kv_head) // NH) % NCHUNK
+
+
+@triton.jit
 def empty_states(NH: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                  T: tl.constexpr = False):
     """The running max and sum [NH, BLOCK_G] and unnormalised acc [NH, BLOCK_G, BLOCK_D] (T:
@@ -105,9 +113,10 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
                      B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                      BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                      BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                     NCHUNK: tl.constexpr, W: tl.constexpr):
+                     NCHUNK: tl.constexpr, W: tl.constexpr, ROTATE: tl.constexpr):
     """``pair_steps`` with the keys as the dots' M, each step's keys in W groups
-    (``online_keys_m``)."""
+    (``online_keys_m``); ROTATE: from the task's own step on, wrapping around
+    (``step_rotation``)."""
     DT: tl.constexpr = qa.dtype
     CW: tl.constexpr = CHUNK // W
     ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
@@ -116,7 +125,9 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
     ma, la, acc_a = empty_states(W, BLOCK_G, BLOCK_D, True)
     mb, lb, acc_b = empty_states(W, BLOCK_G, BLOCK_D, True)
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if IN_BLOCK else None
-    for c in tl.range(0, NCHUNK, num_stages=STAGES):
+    rot = step_rotation(row, kv_head, HKV, 2, NCHUNK) if ROTATE else 0
+    for i in tl.range(0, NCHUNK, num_stages=STAGES):
+        c = (i + rot) % NCHUNK if ROTATE else i
         start = lo + c * CHUNK
         valid = start + ss < hi
         block = step_block(blocks, c) if IN_BLOCK else None

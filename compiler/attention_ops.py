@@ -12,7 +12,7 @@ ranges of one (row, kv head) in consecutive slots.
 import triton
 import triton.language as tl
 
-from .attention_keys_m import pair_steps_keys_m
+from .attention_keys_m import pair_steps_keys_m, step_rotation
 from .ops import _dot
 from .rope_ops import cache_slots
 
@@ -135,23 +135,26 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
                B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-               NCHUNK: tl.constexpr, W: tl.constexpr = 1):
+               NCHUNK: tl.constexpr, W: tl.constexpr, ROTATE: tl.constexpr):
     """Keys [lo, hi) of kv heads kv_head and kv_head + 1 of row ``row`` in NCHUNK CHUNK-key
     steps, the two heads side by side in one pipelined loop (two independent chains of loads and
     dots: one's arithmetic overlaps the other's loads), queries at q_ptr + offs (head a) and
-    + G * D (head b) -> (max, sum, unnormalised acc) of each head."""
+    + G * D (head b) -> (max, sum, unnormalised acc) of each head. ROTATE: the loop starts at
+    the task's own step and wraps around (``attention_keys_m.step_rotation``)."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
     qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
     if W > 1:
         ma, la, acc_a, mb, lb, acc_b = pair_steps_keys_m(
             qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B, HKV, S, D, BS,
-            CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NCHUNK, W)
+            CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NCHUNK, W, ROTATE)
     else:
         ss = tl.arange(0, CHUNK)
         ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
         mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
-        for c in tl.range(0, NCHUNK, num_stages=STAGES):
+        rot = step_rotation(row, kv_head, HKV, 2, NCHUNK) if ROTATE else 0
+        for i in tl.range(0, NCHUNK, num_stages=STAGES):
+            c = (i + rot) % NCHUNK if ROTATE else i
             ma, la, acc_a, mb, lb, acc_b = pair_step(
                 qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo + c * CHUNK, hi, ss, ma, la,
                 acc_a, mb, lb, acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, DT)
@@ -180,11 +183,14 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
                  scale: tl.constexpr, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
                  CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, W: tl.constexpr = 1):
+                 STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, W: tl.constexpr = 1,
+                 ROTATE: tl.constexpr = False):
     """Row ``row``'s query heads of kv heads kv_head and kv_head + 1 over all its keys
     (``pair_steps``) -> both normalised outputs in out [B, HQ * D]. IN_BLOCK: BS a multiple of
-    CHUNK (one block-table entry per step and head); W: a step's keys in W groups."""
+    CHUNK (one block-table entry per step and head); W: a step's keys in W groups; ROTATE: the
+    keys from the task's own step on (``attention_keys_m.step_rotation``)."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCHUNK: tl.constexpr = (S + CHUNK - 1) // CHUNK
     hi = tl.load(pos_ptr + row).to(tl.int32) + 1
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
@@ -193,7 +199,7 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
     offs = heads[:, None] * D + ds[None, :]                               # [BLOCK_G, BLOCK_D]
     ma, la, acc_a, mb, lb, acc_b = pair_steps(
         q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, 0, hi, offs, qmask, scale, B, HKV, S, D,
-        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (S + CHUNK - 1) // CHUNK, W)
+        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NCHUNK, W, ROTATE)
     tl.store(out_ptr + offs, (acc_a / tl.where(la == 0.0, 1.0, la)[:, None]).to(DT), mask=qmask)
     tl.store(out_ptr + offs + G * D, (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT),
              mask=qmask)
@@ -234,7 +240,8 @@ def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
     offs = (row * HQ + kv_head * G + gs)[:, None] * D + ds[None, :]
     ma, la, acc_a, mb, lb, acc_b = pair_steps(
         q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmask, scale, B, HKV, S, D,
-        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (KV_SPLIT + CHUNK - 1) // CHUNK)
+        G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (KV_SPLIT + CHUNK - 1) // CHUNK, 1,
+        False)
     store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G, BLOCK_D)
     store_partial(acc_ptr, ml_ptr, slot + count, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
     if FUSED:

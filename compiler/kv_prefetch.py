@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from . import kernel_loop
+from .attention_keys_m import step_rotation
 from .rope_ops import cache_slots
 
 
@@ -68,11 +69,12 @@ def attn_pair_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head,
                        HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                        BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                        BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                       W: tl.constexpr = 1, AHEAD: tl.constexpr = 0):
+                       W: tl.constexpr = 1, ROTATE: tl.constexpr = False,
+                       AHEAD: tl.constexpr = 0):
     """``attn_pair_op``'s keys of kv heads kv_head and kv_head + 1 (the first AHEAD of each)."""
     attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
                         HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, 2,
-                        AHEAD=AHEAD)
+                        ROTATE=ROTATE, AHEAD=AHEAD)
 
 
 @triton.jit
@@ -81,11 +83,13 @@ def attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head
                         HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                        NH: tl.constexpr, KEYS_M: tl.constexpr = False, AHEAD: tl.constexpr = 0):
+                        NH: tl.constexpr, KEYS_M: tl.constexpr = False,
+                        ROTATE: tl.constexpr = False, AHEAD: tl.constexpr = 0):
     """``attn_group_op``'s keys of kv heads kv_head .. kv_head + NH - 1 (the first AHEAD of
-    each)."""
+    each its loop reads; ROTATE: from the task's own step on)."""
     KEYS: tl.constexpr = AHEAD if AHEAD else S
     PF_KEYS: tl.constexpr = KEYS if KEYS < 1024 else 1024
+    lo = step_rotation(row, kv_head, HKV, NH, (S + CHUNK - 1) // CHUNK) * CHUNK if ROTATE else 0
     for h in tl.static_range(NH):
-        prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head + h, 0, KEYS, layer, B, HKV, S,
-                      D, BS, PF_KEYS)
+        prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head + h, lo, lo + KEYS, layer, B, HKV,
+                      S, D, BS, PF_KEYS)

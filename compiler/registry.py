@@ -241,7 +241,7 @@ def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
         raise ValueError(f"attn_keys_m: a pair's steps of {chunk} keys leave fewer than 16 keys "
                          f"(a dot's least) to each of {groups} groups")
     in_block = c.kv_block % chunk == 0
-    return body | dict(IN_BLOCK=in_block, W=groups,
+    return body | dict(IN_BLOCK=in_block, W=groups, ROTATE=c.attn_rotate,
                        STAGES=keys_m_stages(d, c, chunk, 2, body["STAGES"], in_block))
 
 
@@ -257,6 +257,7 @@ def _attn_group(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = max(16, kv_chunk(t, d, c) * 2 // c.attn_group)    # as many keys x heads as a pair
     body, in_block = _attn_body(d, c, chunk), c.kv_block % chunk == 0
     return body | dict(IN_BLOCK=in_block, NH=c.attn_group, KEYS_M=c.attn_keys_m,
+                       ROTATE=c.attn_rotate,
                        STAGES=keys_m_stages(d, c, chunk, c.attn_group, body["STAGES"], in_block))
 
 

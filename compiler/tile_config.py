@@ -67,6 +67,10 @@ class TileConfig:
                                # work), each warp's keys reduced within the warp (a pair's step
                                # in registry.KEY_GROUPS groups with running states of their
                                # own, a group's heads one a warp)
+    attn_rotate: bool = False  # whole pairs and groups of kv heads: each task's key loop from
+                               # its own step on (its index in the op mod the steps), wrapping
+                               # around, so that tasks side by side do not read the same
+                               # offsets of their heads at once
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)

@@ -121,6 +121,8 @@ def _attention_layout(ops, v: Variant, tiler: Tiler) -> Variant | None:
         return replace(v, attn_group=TileConfig.attn_group)
     if v.attn_keys_m and not (tiler.attn_pairs() and tiler.whole_units()):
         return replace(v, attn_keys_m=False)
+    if v.attn_rotate and not (tiler.attn_pairs() and tiler.whole_units()):
+        return replace(v, attn_rotate=False)
     if v.attn_pair_ranges and (not v.attn_pairs or tiler.whole_units()):
         return replace(v, attn_pair_ranges=False)
     if v.attn_spill and (v.attn_stream or cuts_alike("attn_spill")):

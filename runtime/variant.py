@@ -36,7 +36,8 @@ weight, the next op projecting that and scaling each row of the product by its R
 tasks cut from all rows' keys laid end to end, about one cut per worker, ``af`` attention as one
 stream of keys per worker (an equal share of all units' keys), ``ap`` attention tasks over a row's
 pair of kv heads where each unit's keys are one task's (``agN``: groups of N kv heads; ``apr``:
-pairs also over key ranges, merged by combines), ``sp`` the units left over a whole number of rounds
+pairs also over key ranges, merged by combines; ``kr``: each whole pair's or group's key loop
+from its own step on, wrapping around), ``sp`` the units left over a whole number of rounds
 of the workers cut into cache blocks spread over them, ``arN`` a kv head's query heads padded to at
 least N rows in the attention dots (default 4), ``pk`` attention tasks asking L2 for earlier steps'
 keys and values before their waits, ``knN`` the task before each attention task in its worker's
@@ -110,6 +111,7 @@ class Variant:
     attn_spill: bool = TileConfig.attn_spill
     attn_rows: int = TileConfig.attn_rows
     attn_keys_m: bool = TileConfig.attn_keys_m
+    attn_rotate: bool = TileConfig.attn_rotate
     qkv_cross: bool = TileConfig.qkv_cross
     qkv_slices: int = TileConfig.qkv_slices
     max_registers: int = CompileOptions.max_registers
@@ -157,6 +159,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pl": {"poll_load": True}, "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "km": {"attn_keys_m": True},
+            "kr": {"attn_rotate": True},
             "apr": {"attn_pairs": True, "attn_pair_ranges": True},
             "fc": {"fuse_combine": True}, "fs": {"fuse_reduce": True},
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
@@ -252,7 +255,7 @@ def _layout_flags(v: Variant) -> list:
     flags += [f"ag{v.attn_group}"] * (v.attn_group != TileConfig.attn_group)
     flags += ["apr"] * v.attn_pair_ranges + ["sp"] * v.attn_spill
     flags += [f"ar{v.attn_rows}"] * (v.attn_rows != TileConfig.attn_rows)
-    flags += ["km"] * v.attn_keys_m
+    flags += ["km"] * v.attn_keys_m + ["kr"] * v.attn_rotate
     flags += [f"sk{v.split_k}"] * (v.split_k != TileConfig.split_k)
     flags += ["kl"] * v.split_long + [f"ls{v.long_slices}"] * bool(v.long_slices)
     return flags

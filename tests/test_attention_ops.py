@@ -91,12 +91,12 @@ def test_attention_probe_matches_sdpa():
 def pair_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ: tl.constexpr,
                 HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                 BS: tl.constexpr, CHUNK: tl.constexpr, IN_BLOCK: tl.constexpr,
-                W: tl.constexpr):
+                W: tl.constexpr, ROTATE: tl.constexpr = False):
     for row in range(B):
         for h in range(0, HKV, 2):
             attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, h, 1,
                                        D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK, G, D, 2,
-                                       IN_BLOCK, W)
+                                       IN_BLOCK, W, ROTATE)
 
 
 def paged_inputs(seed: int, bs: int, layers: int, lengths: list[int], hq=HQ, hkv=HKV, s=S):
@@ -123,18 +123,21 @@ def paged_sdpa(q, layer_cache, table, bs: int, lengths: list[int]) -> torch.Tens
                       for r in range(B)])
 
 
-@pytest.mark.parametrize("bs,chunk,in_block,w", [(16, 32, False, 1), (16, 16, True, 1),
-                                                (32, 16, True, 1), (16, 32, False, 2),
-                                                (32, 32, True, 2)])
-def test_pair_op_matches_attention(bs, chunk, in_block, w):
+@pytest.mark.parametrize("bs,chunk,in_block,w,rotate", [
+    (16, 32, False, 1, False), (16, 16, True, 1, False), (32, 16, True, 1, False),
+    (16, 32, False, 2, False), (32, 32, True, 2, False), (16, 16, True, 1, True),
+    (16, 16, False, 1, True), (32, 32, True, 2, True)])
+def test_pair_op_matches_attention(bs, chunk, in_block, w, rotate):
     """``attn_pair_op``: each row's two kv heads over its keys in one loop (each step's keys in
-    ``w`` groups with running states of their own), rows of unequal length, the second layer of
-    a cache read through a shuffled block table, against SDPA."""
-    lengths = [S - 21, S]
-    q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths)
+    ``w`` groups with running states of their own; ``rotate``: from the task's own step on,
+    wrapping around, the short row's first steps past its length), rows of unequal length,
+    the second layer of a cache read through a shuffled block table, against SDPA."""
+    # rotated: 4 kv heads, so that tasks 1-3 (row 0's second pair, row 1's) start at steps 1-3
+    lengths, hq, hkv = ([S, 13], 4 * G, 4) if rotate else ([S - 21, S], HQ, HKV)
+    q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths, hq, hkv)
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
-    pair_kernel[(1,)](*args, B, HQ, HKV, S, D, G, bs, chunk, in_block, w)
+    pair_kernel[(1,)](*args, B, hq, hkv, S, D, G, bs, chunk, in_block, w, rotate)
     torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
                                atol=1e-5, rtol=1e-5)
 
@@ -143,27 +146,29 @@ def test_pair_op_matches_attention(bs, chunk, in_block, w):
 def group_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, B: tl.constexpr, HQ: tl.constexpr,
                  HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                  BS: tl.constexpr, CHUNK: tl.constexpr, IN_BLOCK: tl.constexpr,
-                 NH: tl.constexpr, KEYS_M: tl.constexpr):
+                 NH: tl.constexpr, KEYS_M: tl.constexpr, ROTATE: tl.constexpr = False):
     for row in range(B):
         for h in range(0, HKV, NH):
             attention_group_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, h, 1,
                                         D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK, 4, D, 2,
-                                        IN_BLOCK, NH, KEYS_M)
+                                        IN_BLOCK, NH, KEYS_M, ROTATE)
 
 
-@pytest.mark.parametrize("nh,hkv,bs,chunk,in_block,keys_m", [
-    (4, 4, 16, 32, False, False), (4, 8, 16, 16, True, False), (2, 4, 32, 16, True, False),
-    (4, 4, 16, 32, False, True), (4, 8, 16, 16, True, True)])
-def test_group_op_matches_attention(nh, hkv, bs, chunk, in_block, keys_m):
+@pytest.mark.parametrize("nh,hkv,bs,chunk,in_block,keys_m,rotate", [
+    (4, 4, 16, 32, False, False, False), (4, 8, 16, 16, True, False, False),
+    (2, 4, 32, 16, True, False, False), (4, 4, 16, 32, False, True, False),
+    (4, 8, 16, 16, True, True, False), (4, 8, 16, 16, True, True, True),
+    (2, 4, 32, 16, True, False, True)])
+def test_group_op_matches_attention(nh, hkv, bs, chunk, in_block, keys_m, rotate):
     """``attn_group_op``: each row's kv heads in groups of ``nh`` (G = 3 query heads each,
-    padded to 4 rows) as batched dots in one loop (or with the keys as their M), rows of
-    unequal length, the second layer of a cache read through a shuffled block table, against
-    SDPA."""
-    lengths, hq = [S - 21, S], 3 * hkv
+    padded to 4 rows) as batched dots in one loop (or with the keys as their M; ``rotate``:
+    from the task's own step on, wrapping around), rows of unequal length, the second layer of
+    a cache read through a shuffled block table, against SDPA."""
+    lengths, hq = [S, 13] if rotate else [S - 21, S], 3 * hkv
     q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths, hq, hkv)
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
-    group_kernel[(1,)](*args, B, hq, hkv, S, D, 3, bs, chunk, in_block, nh, keys_m)
+    group_kernel[(1,)](*args, B, hq, hkv, S, D, 3, bs, chunk, in_block, nh, keys_m, rotate)
     torch.testing.assert_close(args[4].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
                                atol=1e-5, rtol=1e-5)
 

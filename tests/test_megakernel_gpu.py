@@ -144,6 +144,13 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
                                 attn_keys_m=True, reduce_norm=True),
                                 id="llama-3.2-1b-64-rn-ap-ag4-km-kb128"),
+                            pytest.param("llama-3.2-1b", 24, TileConfig(
+                                attn_pairs=True, kv_split=1024, kv_block=128, attn_keys_m=True,
+                                attn_rotate=True), id="llama-3.2-1b-24-ap-km-kr-kb128"),
+                            pytest.param("llama-3.2-1b", 64, TileConfig(
+                                attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
+                                attn_keys_m=True, attn_rotate=True, reduce_norm=True),
+                                id="llama-3.2-1b-64-rn-ap-ag4-km-kr-kb128"),
                             pytest.param("llama-3.2-1b", 16, TileConfig(
                                 attn_pairs=True, attn_pair_ranges=True, kv_split=512,
                                 kv_block=128), id="llama-3.2-1b-16-apr-kb128"),

@@ -60,6 +60,8 @@ def inputs(model):
                                    TileConfig(attn_pairs=True, kv_split=64),
                                    TileConfig(attn_pairs=True, kv_split=64, kv_block=64,
                                               attn_keys_m=True),
+                                   TileConfig(attn_pairs=True, kv_split=64, kv_step=256,
+                                              attn_rotate=True),
                                    TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=16,
                                               kv_step=256, attn_tasks_per_worker=0),
                                    TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=32,
@@ -72,10 +74,12 @@ def test_kernel_equals_vm_buffer_by_buffer(name, tiles):
                                    TileConfig(attn_pairs=True, attn_group=4, kv_split=64,
                                               kv_block=32, kv_step=512),
                                    TileConfig(attn_pairs=True, attn_group=4, kv_split=64,
-                                              attn_keys_m=True)])
+                                              attn_keys_m=True),
+                                   TileConfig(attn_pairs=True, attn_group=4, kv_split=64,
+                                              kv_block=32, kv_step=512, attn_rotate=True)])
 def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
     """Attention tasks over groups of 4 kv heads (a batched dot per step; the keys as its M
-    too)."""
+    too; each group's loop from its own step on)."""
     kinds = check_kernel_against_vm("tiny-llama-kv4", tiles)
     assert kinds.count("attn_group") == 3 * B and "attn_pair" not in kinds
 
