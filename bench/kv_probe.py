@@ -57,7 +57,8 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                STAGES: tl.constexpr, NH: tl.constexpr, W: tl.constexpr, ROUNDS: tl.constexpr,
                SPREAD: tl.constexpr = False, stamp_ptr=None, STAMPS: tl.constexpr = 0,
-               done_ptr=None, SPIN: tl.constexpr = 0, ACROSS: tl.constexpr = False):
+               done_ptr=None, SPIN: tl.constexpr = 0, ACROSS: tl.constexpr = False,
+               ROTATE: tl.constexpr = False):
     """``kv_tasks`` with the megakernel's attention bodies (NH 2: ``attn_pair_op``, W key
     groups; NH 4: ``attn_group_op``, keys as M where W > 1) in place of the sums. SPREAD (one
     round, fewer tasks than programs): task t on program t * programs // tasks, the busy
@@ -67,7 +68,8 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
     (acquire, as the megakernel's waits do; SPIN > 1: sleeping SPIN ns between polls) until
     the layer's tasks are done, as workers waiting on attention's outputs do. ACROSS: task t is
     row t % B's (t // B)-th group of heads (tasks side by side read different rows), else row
-    t // (HKV // NH)'s (t % (HKV // NH))-th, as the tiler orders them."""
+    t // (HKV // NH)'s (t % (HKV // NH))-th, as the tiler orders them. ROTATE: each task's
+    key loop from its own step on (``TileConfig.attn_rotate``)."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     for i in range(0, layers * ROUNDS):
         layer, t = i // ROUNDS, pid + (i % ROUNDS) * nprog
@@ -85,12 +87,12 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
             if NH == 2:
                 attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, g,
                                            layer, D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK,
-                                           BLOCK_G, D, STAGES, True, W)
+                                           BLOCK_G, D, STAGES, True, W, ROTATE)
             else:
                 attention_group_ops.attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr,
                                                   row, g, layer, D ** -0.5, B, HQ, HKV, S, D,
                                                   G, BS, CHUNK, BLOCK_G, D, STAGES, True, NH,
-                                                  W > 1)
+                                                  W > 1, ROTATE)
             if STAMPS:
                 tl.store(stamp + 1, kernel_loop.clock(stamp_ptr + layers * ntasks * 3, STAMPS))
                 tl.store(stamp + 2, sm_id(STAMPS))
@@ -205,21 +207,23 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
     for nh, w, chunk, st, warps in bodies:
         ntasks = b * hkv // nh
         done = torch.zeros(layers, dtype=torch.int32, device="cuda")
-        forms = [(min(ntasks, sms), False, 0, False), (min(ntasks, sms), False, 0, True)] + [
-            (sms, True, 0, False), (sms, False, 1, False), (sms, False, 200, False)] * (
-            ntasks < sms)
-        for progs, spread, spin, across in forms:
+        one = min(ntasks, sms)
+        forms = [(one, False, 0, False, False), (one, False, 0, True, False),
+                 (one, False, 0, False, True)] + [
+            (sms, True, 0, False, False), (sms, False, 1, False, False),
+            (sms, False, 200, False, False)] * (ntasks < sms)
+        for progs, spread, spin, across, rotate in forms:
             name = (f"B={b} body heads/task {nh} W {w} keys {chunk} stages {st} warps {warps}"
                     f" tasks {ntasks} programs {progs}{' spread' * spread}"
                     f"{f' idle polling (sleep {spin if spin > 1 else 0} ns)' * bool(spin)}"
-                    f"{' rows across' * across}")
+                    f"{' rows across' * across}{' rotated' * rotate}")
 
             def run():
                 if spin:
                     done.zero_()
                 body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s,
                                      d, g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
-                                     None, 0, done, spin, across, num_warps=warps)
+                                     None, 0, done, spin, across, rotate, num_warps=warps)
             try:
                 ms = time_ms(run)
             except Exception as err:
@@ -231,7 +235,7 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
                 done.zero_()
                 body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s, d,
                                      g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
-                                     marks, 2, done, spin, across, num_warps=warps)
+                                     marks, 2, done, spin, across, rotate, num_warps=warps)
                 summary = stamp_summary(marks[:-1].view(layers, ntasks, 3).cpu(), nh, hkv,
                                         b if across else 0)
                 print("\n".join(summary), flush=True)

@@ -1,6 +1,6 @@
 """``bench/kv_probe.py`` on small shapes: the streamed sums equal the cache's, and the attention
 bodies walked over every layer (tasks in the tiler's order or across rows, idle programs
-polling the tasks' counters, tasks stamped) give the last layer's attention as SDPA does."""
+polling the tasks' counters, loops rotated, tasks stamped) give the last layer's attention as SDPA does."""
 import pytest
 import torch
 
@@ -30,9 +30,10 @@ def test_sums_cover_the_cache(heads):
     torch.testing.assert_close(out.sum().cpu(), cache.sum().cpu(), atol=1e-3, rtol=1e-5)
 
 
-@pytest.mark.parametrize("heads,groups,across,spin", [(2, 1, False, 0), (2, 2, True, 1),
-                                                      (4, 2, False, 1)])
-def test_bodies_match_sdpa(heads, groups, across, spin):
+@pytest.mark.parametrize("heads,groups,across,spin,rotate", [
+    (2, 1, False, 0, False), (2, 2, True, 1, False), (4, 2, False, 1, True),
+    (2, 2, False, 0, True)])
+def test_bodies_match_sdpa(heads, groups, across, spin, rotate):
     cache, q, pos, table = inputs(2)
     out = torch.full_like(q, float("nan"))
     ntasks = B * HKV // heads
@@ -41,7 +42,8 @@ def test_bodies_match_sdpa(heads, groups, across, spin):
     programs = ntasks + 2                                  # two idle programs
     kv_probe.body_tasks[(programs,)](q, cache, pos, table, out, ntasks, L, B, HQ, HKV, S, D,
                                      HQ // HKV, 16, 16 * groups, 4, 2, heads, groups, 1, False,
-                                     stamps, 1 if DEVICE == "cpu" else 2, done, spin, across)
+                                     stamps, 1 if DEVICE == "cpu" else 2, done, spin, across,
+                                     rotate)
     torch.testing.assert_close(out.cpu(), sdpa(q, cache[L - 1:], HKV).cpu(), atol=1e-5,
                                rtol=1e-5)
     marks = stamps[:-1].view(L, ntasks, 3).cpu()
