@@ -1,6 +1,7 @@
 """``bench/kv_probe.py`` on small shapes: the streamed sums equal the cache's, and the attention
 bodies walked over every layer (tasks in the tiler's order or across rows, idle programs
-polling the tasks' counters, loops rotated, tasks stamped) give the last layer's attention as SDPA does."""
+polling the tasks' counters, loops rotated, tasks stamped) give the last layer's attention as
+SDPA does."""
 import pytest
 import torch
 
