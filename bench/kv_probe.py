@@ -110,8 +110,7 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
 def sm_id(STAMPS: tl.constexpr):
     """The SM this program runs on (0 under the interpreter)."""
     if STAMPS == 2:
-        return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
-                                         is_pure=True, pack=1).to(tl.int64)
+        return kernel_loop.sm_id()
     else:
         return tl.zeros([], tl.int64)
 
