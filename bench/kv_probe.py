@@ -143,7 +143,6 @@ def time_ms(fn, iters: int = 30) -> float:
 def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms: int,
                 bodies: list[tuple[int, ...]], streams: bool, stamps: bool = False) -> None:
     cache = torch.randn(layers, 2, b, hkv, s, d, dtype=torch.bfloat16, device="cuda")
-    nbytes = cache.numel() * 2
     out = torch.empty(max(sms, b * hkv) * 128 * d, dtype=torch.float32, device="cuda")
     if streams:
         time_streams(cache, out, stages, sms)
@@ -217,12 +216,13 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
                     f"{f' idle polling (sleep {spin if spin > 1 else 0} ns)' * bool(spin)}"
                     f"{' rows across' * across}{' rotated' * rotate}")
 
-            def run():
+            def run(marks=None):
                 if spin:
                     done.zero_()
                 body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s,
                                      d, g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
-                                     None, 0, done, spin, across, rotate, num_warps=warps)
+                                     marks, 0 if marks is None else 2, done, spin, across,
+                                     rotate, num_warps=warps)
             try:
                 ms = time_ms(run)
             except Exception as err:
@@ -231,10 +231,7 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
             print(f"{name}: {ms * 1e3:7.1f} us  {nbytes / ms / 1e9:5.2f} TB/s", flush=True)
             if stamps:
                 marks = torch.zeros(layers * ntasks * 3 + 1, dtype=torch.int64, device="cuda")
-                done.zero_()
-                body_tasks[(progs,)](q, cache, pos, table, att, ntasks, layers, b, hq, hkv, s, d,
-                                     g, 128, chunk, 4, st, nh, w, -(-ntasks // progs), spread,
-                                     marks, 2, done, spin, across, rotate, num_warps=warps)
+                run(marks)
                 summary = stamp_summary(marks[:-1].view(layers, ntasks, 3).cpu(), nh, hkv,
                                         b if across else 0)
                 print("\n".join(summary), flush=True)

@@ -113,10 +113,9 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
                      B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                      BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                      BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                     NCHUNK: tl.constexpr, W: tl.constexpr, ROTATE: tl.constexpr):
+                     NCHUNK: tl.constexpr, W: tl.constexpr, ROTATE: tl.constexpr, rot):
     """``pair_steps`` with the keys as the dots' M, each step's keys in W groups
-    (``online_keys_m``); ROTATE: from the task's own step on, wrapping around
-    (``step_rotation``)."""
+    (``online_keys_m``); ROTATE: from step ``rot`` on, wrapping around (``step_rotation``)."""
     DT: tl.constexpr = qa.dtype
     CW: tl.constexpr = CHUNK // W
     ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
@@ -125,7 +124,6 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
     ma, la, acc_a = empty_states(W, BLOCK_G, BLOCK_D, True)
     mb, lb, acc_b = empty_states(W, BLOCK_G, BLOCK_D, True)
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if IN_BLOCK else None
-    rot = step_rotation(row, kv_head, HKV, 2, NCHUNK) if ROTATE else 0
     for i in tl.range(0, NCHUNK, num_stages=STAGES):
         c = (i + rot) % NCHUNK if ROTATE else i
         start = lo + c * CHUNK

@@ -144,15 +144,15 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
     DT: tl.constexpr = q_ptr.dtype.element_ty
     qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
     qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
+    rot = step_rotation(row, kv_head, HKV, 2, NCHUNK) if ROTATE else 0
     if W > 1:
         ma, la, acc_a, mb, lb, acc_b = pair_steps_keys_m(
             qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B, HKV, S, D, BS,
-            CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NCHUNK, W, ROTATE)
+            CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NCHUNK, W, ROTATE, rot)
     else:
         ss = tl.arange(0, CHUNK)
         ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
         mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
-        rot = step_rotation(row, kv_head, HKV, 2, NCHUNK) if ROTATE else 0
         for i in tl.range(0, NCHUNK, num_stages=STAGES):
             c = (i + rot) % NCHUNK if ROTATE else i
             ma, la, acc_a, mb, lb, acc_b = pair_step(

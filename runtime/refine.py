@@ -291,11 +291,11 @@ def compound(ledger: Ledger, base: dict, batch: int, start: Variant, rows: list,
              model, max_seq_len: int, target: Target) -> list[tuple[Variant, float]]:
     """Where more than one of the refinement's flips (``tried``, of ``start``) beat ``start``,
     the fastest of them with each of the next ``COMPOUND`` fastest's changes (the fields that
-    flip set on ``start``) set on it too, passing over those it holds already; where any gained and a first-round variant of
-    another class came within ``TIE`` of ``start`` (``runner_up``), that one with all those
-    gains' changes (the faster's where two set one field). As they will be built, where not
-    timed yet (nor a call beside warpgroup MMAs): [(variant, predicted us)], kept in the
-    ledger's plans."""
+    flip set on ``start``) set on it too, passing over those it holds already; where any gained
+    and a first-round variant of another class came within ``TIE`` of ``start``
+    (``runner_up``), that one with all those gains' changes (the faster's where two set one
+    field). As they will be built, where not timed yet (nor a call beside warpgroup MMAs):
+    [(variant, predicted us)], kept in the ledger's plans."""
     ms = {v.label: row["ms"] for v, row in rows if row["error"] is None}
     if start.label not in ms:
         return []
