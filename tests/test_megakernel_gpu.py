@@ -151,6 +151,19 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
                                 attn_keys_m=True, attn_rotate=True, reduce_norm=True),
                                 id="llama-3.2-1b-64-rn-ap-ag4-km-kr-kb128"),
+                            # the first 128 keys of the next task's units asked for ahead
+                            # (pairs from their rotated steps, groups, single-head units)
+                            pytest.param("llama-3.2-1b", 24, dict(prefetch_kv_ahead=128,
+                                tile=TileConfig(attn_pairs=True, kv_split=1024, kv_block=128,
+                                                attn_keys_m=True, attn_rotate=True)),
+                                id="llama-3.2-1b-24-ap-km-kr-kn128"),
+                            pytest.param("llama-3.2-1b", 64, dict(prefetch_kv_ahead=128,
+                                tile=TileConfig(attn_pairs=True, attn_group=4, kv_split=1024,
+                                                kv_block=128, reduce_norm=True)),
+                                id="llama-3.2-1b-64-rn-ap-ag4-kn128"),
+                            pytest.param("llama-3.2-1b", 17, dict(prefetch_kv_ahead=128,
+                                tile=TileConfig(kv_split=1024, kv_block=128)),
+                                id="llama-3.2-1b-17-kn128"),
                             pytest.param("llama-3.2-1b", 16, TileConfig(
                                 attn_pairs=True, attn_pair_ranges=True, kv_split=512,
                                 kv_block=128), id="llama-3.2-1b-16-apr-kb128"),
