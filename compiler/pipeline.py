@@ -41,6 +41,7 @@ class CompileOptions:
     prefetch_kv_ahead: int = 0           # the task before an attention task in its worker's
                                          # queue asks L2 for the first this many earlier keys of
                                          # each of its units, before its own waits (GPU; 0: no)
+    prefetch_kv_late: bool = False       # with prefetch_kv_ahead: once it has signalled instead
     prefetch_slices: bool = True         # with prefetch: also the weights of K slices (a
                                          # column slice of a matrix's rows, ``encode``; the
                                          # o and down slices of llama-3.2-1b on the H200, each
@@ -67,7 +68,8 @@ class CompileOptions:
         """The kernel's switches (0 under the interpreter but STAGE): PREFETCH bits (1 each task's
         weights before its waits, 2 the next instruction's words, 4 the weights between polls of
         its waits instead, 8 what ops with a prefetch body read of earlier steps, 16 what the
-        next task's prefetch body reads, its first KV_AHEAD keys a unit), BACKOFF ns of sleep
+        next task's prefetch body reads, its first KV_AHEAD keys a unit, 32 those after the task's
+        signal instead of before its waits), BACKOFF ns of sleep
         between polls, POLL 1 to poll with acquire loads, PF_START the ``prefetch_start``
         percentage, STAGE the staging area's bytes (``staging``; in place under the
         interpreter)."""
@@ -76,7 +78,8 @@ class CompileOptions:
                         STAGE=STAGE_IN_PLACE if self.tile.staged_kib else 0, KV_AHEAD=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
-                    | 8 * self.prefetch_kv | 16 * bool(self.prefetch_kv_ahead),
+                    | 8 * self.prefetch_kv
+                    | (32 if self.prefetch_kv_late else 16) * bool(self.prefetch_kv_ahead),
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
                     PF_START=self.prefetch_start, STAGE=self.stage_bytes,
                     KV_AHEAD=self.prefetch_kv_ahead)

@@ -130,7 +130,9 @@ def _attention_layout(ops, v: Variant, tiler: Tiler) -> Variant | None:
     if v.fuse_combine and (not stream_cuts(tiler) if v.attn_stream else tiler.whole_units()):
         return replace(v, fuse_combine=False)
     if v.prefetch_kv_ahead and v.attn_stream:           # streams have no prefetch body
-        return replace(v, prefetch_kv_ahead=0)
+        return replace(v, prefetch_kv_ahead=0, prefetch_kv_late=False)
+    if v.prefetch_kv_late and not v.prefetch_kv_ahead:
+        return replace(v, prefetch_kv_late=False)
     return None
 
 

@@ -95,6 +95,7 @@ class Variant:
     prefetch_wait: bool = CompileOptions.prefetch_wait
     prefetch_kv: bool = False
     prefetch_kv_ahead: int = CompileOptions.prefetch_kv_ahead
+    prefetch_kv_late: bool = CompileOptions.prefetch_kv_late
     prefetch_slices: bool = CompileOptions.prefetch_slices
     prefetch_fill: bool = CompileOptions.prefetch_fill
     prefetch_columns: bool = CompileOptions.prefetch_columns
@@ -142,6 +143,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv", "prefetch_kv_ahead": "prefetch_kv_ahead",
+                 "prefetch_kv_late": "prefetch_kv_late",
                  "prefetch_slices": "prefetch_slices", "prefetch_fill": "prefetch_fill",
                  "prefetch_columns": "prefetch_columns",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
@@ -182,6 +184,7 @@ NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "pf": lambda n: {"prefetch": True, "prefetch_kb": n},
            "pa": lambda n: {"prefetch": True, "prefetch_ahead": n},
            "kn": lambda n: {"prefetch_kv_ahead": n},
+           "kd": lambda n: {"prefetch_kv_ahead": n, "prefetch_kv_late": True},
            "pt": lambda n: {"prefetch": True, "prefetch_wait": True, "prefetch_start": n}}
 
 
@@ -237,7 +240,8 @@ def _prefetch_flags(v: Variant) -> list:
     flags += ["pn0"] * (v.prefetch and not v.prefetch_next)
     flags += ["pw0"] * (v.prefetch and not v.prefetch_wait)
     flags += ["pk"] * v.prefetch_kv
-    flags += [f"kn{v.prefetch_kv_ahead}"] * bool(v.prefetch_kv_ahead)
+    late = "kd" if v.prefetch_kv_late else "kn"
+    flags += [f"{late}{v.prefetch_kv_ahead}"] * bool(v.prefetch_kv_ahead)
     flags += ["ps0"] * (not v.prefetch_slices)
     flags += ["fw"] * v.prefetch_fill
     flags += ["pc"] * v.prefetch_columns

@@ -115,6 +115,9 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
         assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
         # the next task's earlier keys and values asked for while this one waits
         assert "prefetch.global.L2" in ptx_of(PREFETCH=16, KV_AHEAD=16)
+        # or once it has signalled: the prefetches after the release
+        late = ptx_of(PREFETCH=32, KV_AHEAD=16)
+        assert late.rfind("prefetch.global.L2") > late.rfind("release.add") > 0
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
     # weight rows as the dot's M (64 and more): Hopper's warpgroup MMA

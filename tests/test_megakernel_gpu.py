@@ -152,7 +152,8 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 attn_keys_m=True, attn_rotate=True, reduce_norm=True),
                                 id="llama-3.2-1b-64-rn-ap-ag4-km-kr-kb128"),
                             # the first 128 keys of the next task's units asked for ahead
-                            # (pairs from their rotated steps, groups, single-head units)
+                            # (pairs from their rotated steps, groups, single-head units), and
+                            # once the task before has signalled (kd)
                             pytest.param("llama-3.2-1b", 24, dict(prefetch_kv_ahead=128,
                                 tile=TileConfig(attn_pairs=True, kv_split=1024, kv_block=128,
                                                 attn_keys_m=True, attn_rotate=True)),
@@ -164,6 +165,10 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 17, dict(prefetch_kv_ahead=128,
                                 tile=TileConfig(kv_split=1024, kv_block=128)),
                                 id="llama-3.2-1b-17-kn128"),
+                            pytest.param("llama-3.2-1b", 24, dict(
+                                prefetch_kv_ahead=128, prefetch_kv_late=True, tile=TileConfig(
+                                    attn_pairs=True, kv_split=1024, kv_block=128)),
+                                id="llama-3.2-1b-24-ap-kd128"),
                             pytest.param("llama-3.2-1b", 16, TileConfig(
                                 attn_pairs=True, attn_pair_ranges=True, kv_split=512,
                                 kv_block=128), id="llama-3.2-1b-16-apr-kb128"),
