@@ -146,6 +146,18 @@ def test_wait_entries_read_the_logs_as_the_kernel_writes_them():
                                      "period=None")
 
 
+@pytest.mark.parametrize("flag,late", [("kn128", False), ("kd128", True)])
+def test_kv_ahead_labels_set_where_the_prefetch_is_issued(flag, late):
+    """``knN``: the next attention task's first N keys asked for before the waits (PREFETCH bit
+    16); ``kdN``: once the task has signalled (bit 32)."""
+    kv = parse_variant(f"64x64x4x132xkv1024xapx{flag}")
+    opts = kv.options(132)
+    assert (opts["prefetch_kv_ahead"], opts["prefetch_kv_late"]) == (128, late)
+    assert parse_variant(kv.label) == kv and flag in kv.label
+    bits = CompileOptions(24, 1024, **opts).switches()["PREFETCH"]
+    assert (bits // 16 % 2, bits // 32 % 2) == (not late, late)
+
+
 def test_variant_labels():
     v = parse_variant("64x256x8x264xgxs2xkv32xnp")
     opts = v.options(sms=132)
@@ -175,14 +187,6 @@ def test_variant_labels():
         CompileOptions(1, 64, prefetch_start=150)
     with pytest.raises(ValueError, match="unknown flag 'ka2'"):     # keys asked ahead: removed
         parse_variant("64x64x4x132xafxka2")
-    # the next attention task's first keys asked for before the waits, or once signalled
-    for flag, when in (("kn128", False), ("kd128", True)):
-        kv = parse_variant(f"64x64x4x132xkv1024xap{'x' + flag}")
-        opts = kv.options(132)
-        assert (opts["prefetch_kv_ahead"], opts["prefetch_kv_late"]) == (128, when)
-        assert parse_variant(kv.label) == kv and flag in kv.label
-        bits = CompileOptions(24, 1024, **opts).switches()["PREFETCH"]
-        assert (bits // 16 % 2, bits // 32 % 2) == (not when, when)
     nxt = parse_variant("64x64x4x132xpnxhnxtxru0")
     assert nxt.options(132)["tile"].rms_unroll == 0
     assert nxt.options(132)["prefetch_next"] and parse_variant(nxt.label) == nxt
