@@ -163,6 +163,30 @@ def check_residency(built, workers: int, num_warps: int, device) -> None:
             f"of {num_warps} warps fit per SM ({props.multi_processor_count} SMs)")
 
 
+def arenas(memory, model, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activation arena (``dtype``) and the fp32 one, NaN but for the model's constant
+    buffers (e.g. the RoPE inverse frequencies) at their fp32 offsets."""
+    act = torch.full((max(memory.act_numel, 1),), float("nan"), dtype=dtype, device=device)
+    f32 = torch.full((max(memory.f32_numel, 1),), float("nan"), device=device)
+    constants = dict(model.named_buffers())
+    for name, off in memory.f32.items():
+        if name in constants:
+            buf = constants[name].float().flatten()
+            f32[off: off + buf.numel()] = buf
+    return act, f32
+
+
+def trace_stamps(instructions: int, workers: int, mode: int, device) -> torch.Tensor:
+    """The stamps a launch of trace ``mode`` writes: [0] the tick counter (mode 2, the GPU's
+    %globaltimer: the instructions' count), then (wait, start, end) per instruction, then (mode
+    2) each worker's SM; two unused words without a trace."""
+    n = max(instructions, 1)
+    stamps = torch.zeros(1 + 3 * n + workers if mode else 2, dtype=torch.int64, device=device)
+    if mode == 2:
+        stamps[0] = n
+    return stamps
+
+
 class MegakernelStep:
     def __init__(self, compiled, model, kv_cache: torch.Tensor, spin_limit: int = 1 << 19,
                  trace: bool = False):
@@ -179,14 +203,7 @@ class MegakernelStep:
                              f"must be 2-byte (bf16 or fp16), not {self.weights.dtype}")
         self.ins = i32(resolve_weights(enc.instructions, enc.weight_words, offsets))
         self.waits, self.queues = i32(enc.waits), i32(enc.queues)
-        self.act = torch.full((max(enc.memory.act_numel, 1),), float("nan"),
-                              dtype=self.weights.dtype, device=device)
-        self.f32 = torch.full((max(enc.memory.f32_numel, 1),), float("nan"), device=device)
-        constants = dict(model.named_buffers())        # e.g. the RoPE inverse frequencies
-        for name, off in enc.memory.f32.items():
-            if name in constants:
-                buf = constants[name].float().flatten()
-                self.f32[off: off + buf.numel()] = buf
+        self.act, self.f32 = arenas(enc.memory, model, self.weights.dtype, device)
         self.counters = torch.zeros(max(compiled.sync.num_counters + compiled.sync.num_tickets,
                                         1), dtype=torch.int32,
                                     device=device)
@@ -199,15 +216,10 @@ class MegakernelStep:
         off = enc.memory.act[compiled.ops.output]
         self.logits = self.act[off: off + dims.batch * dims.vocab].view(dims.batch, 1, dims.vocab)
         self.epoch = 0
-        # trace mode: 2 = %globaltimer (GPU), 1 = ticks (interpreter); stamps[0] is the tick
-        # counter (on the GPU: the instructions' count), then (wait, start, end) per
-        # instruction, then (GPU) each worker's SM
+        # trace mode: 2 = %globaltimer (GPU), 1 = ticks (interpreter)
         self.trace_mode = 0 if not trace else (2 if device.type == "cuda" else 1)
-        n = max(len(enc.instructions), 1)
-        self.stamps = torch.zeros(1 + 3 * n + len(compiled.schedule.queues) if trace else 2,
-                                  dtype=torch.int64, device=device)
-        if self.trace_mode == 2:
-            self.stamps[0] = n
+        self.stamps = trace_stamps(len(enc.instructions), len(compiled.schedule.queues),
+                                   self.trace_mode, device)
         self.sm_stamps = self.trace_mode == 2
         self.expected_cache = tuple(compiled.ops.buffers["kv_cache"].shape)
         # instruction index -> (task id, worker): instructions are grouped by worker queue
