@@ -208,6 +208,7 @@ class CudaStep(MegakernelStep):
                              f"known: {', '.join(sorted(known))}")
         self.knobs = {k: v for k, v in knobs.items() if v is not None}
         super().__init__(compiled, model, kv_cache, spin_limit, trace)
+        self.sm_stamps = False          # its kernel records no worker's SM (``trace_step``)
         if trace and self.knobs.get("chunk_log"):   # room for the wait logs after the stamps
             from megakernel.runtime.trace import LOG_WORDS
 
