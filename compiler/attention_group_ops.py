@@ -9,8 +9,8 @@ table, the rows' positions; output the normalised attention [B, HQ * D].
 import triton
 import triton.language as tl
 
-from .attention_keys_m import (empty_states, online_keys_m, step_block, step_blocks,
-                               step_rotation)
+from .attention_keys_m import (empty_states, loop_step, online_keys_m, step_block,
+                               step_blocks, step_rotation)
 from .ops import _dot
 from .rope_ops import block_slot, cache_slots
 
@@ -80,7 +80,7 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
     blocks = step_blocks(row, 0, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None
     rot = step_rotation(row, kv_head, HKV, NH, NCHUNK) if ROTATE else 0
     for i in tl.range(0, NCHUNK, num_stages=STAGES):
-        c = (i + rot) % NCHUNK if ROTATE else i
+        c = loop_step(i, rot, NCHUNK, ROTATE)
         k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
                              S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M,
                              step_block(blocks, c) if HOISTED else None)

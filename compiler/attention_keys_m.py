@@ -42,6 +42,13 @@ def step_rotation(row, kv_head, HKV: tl.constexpr, NH: tl.constexpr, NCHUNK: tl.
 
 
 @triton.jit
+def loop_step(i, rot, NCHUNK: tl.constexpr, ROTATE: tl.constexpr):
+    """The step a key loop takes at its i-th trip: i, or (ROTATE) i from step ``rot`` on,
+    wrapping around."""
+    return (i + rot) % NCHUNK if ROTATE else i
+
+
+@triton.jit
 def empty_states(NH: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                  T: tl.constexpr = False):
     """The running max and sum [NH, BLOCK_G] and unnormalised acc [NH, BLOCK_G, BLOCK_D] (T:
@@ -125,7 +132,7 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
     mb, lb, acc_b = empty_states(W, BLOCK_G, BLOCK_D, True)
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if IN_BLOCK else None
     for i in tl.range(0, NCHUNK, num_stages=STAGES):
-        c = (i + rot) % NCHUNK if ROTATE else i
+        c = loop_step(i, rot, NCHUNK, ROTATE)
         start = lo + c * CHUNK
         valid = start + ss < hi
         block = step_block(blocks, c) if IN_BLOCK else None

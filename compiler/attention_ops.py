@@ -12,7 +12,7 @@ ranges of one (row, kv head) in consecutive slots.
 import triton
 import triton.language as tl
 
-from .attention_keys_m import pair_steps_keys_m, step_rotation
+from .attention_keys_m import loop_step, pair_steps_keys_m, step_rotation
 from .ops import _dot
 from .rope_ops import cache_slots
 
@@ -154,7 +154,7 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
         ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
         mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
         for i in tl.range(0, NCHUNK, num_stages=STAGES):
-            c = (i + rot) % NCHUNK if ROTATE else i
+            c = loop_step(i, rot, NCHUNK, ROTATE)
             ma, la, acc_a, mb, lb, acc_b = pair_step(
                 qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo + c * CHUNK, hi, ss, ma, la,
                 acc_a, mb, lb, acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, DT)
