@@ -147,7 +147,7 @@ def draw(compiled, model, cache, inputs, folder: str, batch: int, knobs: dict) -
     """The CUDA kernel's trace tables (as ``megakernel trace`` prints them) and timeline."""
     from pathlib import Path
 
-    from megakernel.cli import print_trace_tables
+    from megakernel.runtime.trace import print_tables
     from megakernel.runtime.cuda_step import CudaStep
     from megakernel.runtime.trace import draw_timeline, trace_step
 
@@ -156,7 +156,7 @@ def draw(compiled, model, cache, inputs, folder: str, batch: int, knobs: dict) -
         for _ in range(3):
             step(*inputs, cache)
     traces = trace_step(step)
-    print_trace_tables(traces, compiled, 1e3, "us")
+    print_tables(traces, compiled, 1e3, "us")
     print(f"step: {max(t.end for t in traces) / 1e3:.1f} us", flush=True)
     Path(folder).mkdir(parents=True, exist_ok=True)
     probe = knobs.get("probe", 0)

@@ -136,7 +136,7 @@ def cmd_trace(args) -> int:
     from megakernel.bench.decode import decode_state
     from megakernel.models import load_model
     from megakernel.runtime.megakernel import megakernel_backend
-    from megakernel.runtime.trace import draw_timeline, trace_step
+    from megakernel.runtime.trace import draw_timeline, print_tables, trace_step
 
     loaded = load_model(args.model, device=device, dtype=dtype, seed=args.seed, progress=False)
     tokens, positions, cache = decode_state(loaded.model, args.batch_size, args.context)
@@ -165,43 +165,13 @@ def cmd_trace(args) -> int:
         Path(args.json).write_text(json.dumps(rows, default=str))
     per_us, unit = (1e3, "ns") if step.trace_mode == 2 else (1.0, "ticks (interpreter order)")
     measured = "us" if step.trace_mode == 2 else "ticks"
-    print_trace_tables(traces, step.compiled, per_us, measured)
+    print_tables(traces, step.compiled, per_us, measured)
     print(f"step: {max(t.end for t in traces) / per_us:.1f} {measured} on {len(step.queues)} "
           f"workers (predicted {step.compiled.schedule.makespan_us:.1f} us); "
           f"timeline -> {args.output}", flush=True)     # the tables first: drawing takes longest
     draw_timeline(traces, Path(args.output), f"{loaded.name} batch {args.batch_size}, "
                   f"context {args.context}, {device}", unit)
     return 0
-
-
-def print_trace_tables(traces, compiled, per_us: float, measured: str) -> None:
-    """The trace's tables: per op kind, per phase of a layer, and the critical path by phase."""
-    from megakernel.runtime.trace import (critical_path, kind_table, path_table, phase_table,
-                                          spread_table)
-
-    print(f"{'kind':<14}{'tasks':>7}{'predicted us':>14}{'measured ' + measured:>16}"
-          f"{'waited ' + measured:>14}")
-    for r in kind_table(traces, compiled, per_us):
-        print(f"{r['kind']:<14}{r['tasks']:>7}{r['predicted_us']:>14.2f}{r['measured_us']:>16.2f}"
-              f"{r['waited_us']:>14.2f}")
-    print(f"\n{'phase (mean over its ops)':<30}{'ops':>5}{'tasks':>7}{'span ' + measured:>14}"
-          f"{'task ' + measured:>14}{'waits':>7}")
-    for r in phase_table(traces, compiled, per_us):
-        print(f"{r['phase']:<30}{r['ops']:>5}{r['tasks']:>7}{r['span_us']:>14.2f}"
-              f"{r['task_us']:>14.2f}{r['waits']:>7.2f}")
-    chain = critical_path(traces, compiled)
-    rows = path_table(chain, compiled, per_us)
-    hops = sum(link.held_by == "input" for link in chain)
-    print(f"\ncritical path: {len(chain)} tasks, {hops} of them held up by their inputs "
-          f"(sums over the step, {measured})")
-    print(f"{'phase':<30}{'tasks':>7}{'op':>12}{'hops':>12}{'dispatch':>12}")
-    for r in rows + [{"phase": "all", **{k: sum(r[k] for r in rows)
-                                         for k in ("tasks", "op_us", "hop_us", "dispatch_us")}}]:
-        print(f"{r['phase']:<30}{r['tasks']:>7}{r['op_us']:>12.1f}{r['hop_us']:>12.1f}"
-              f"{r['dispatch_us']:>12.1f}")
-    for name, means in spread_table(traces, compiled, per_us).items():
-        print(f"\nattention tasks, mean {measured} {name}: "
-              + " ".join(f"{k}:{v:.1f}" for k, v in means.items()))
 
 
 def parse_batch_sizes(text: str) -> list[int]:

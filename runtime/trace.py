@@ -3,14 +3,16 @@ when it ended (``%globaltimer`` ns on the GPU, a global tick order under the int
 
 ``trace_step(step)`` reads the stamps of the last launch of a ``MegakernelStep`` built with
 ``trace=True``; ``kind_table`` sets measured times per op kind beside the cost model's prediction;
-``spread_table`` averages the attention tasks' times by batch row and by SM; ``phase_table``
-gives each phase of a layer (an op's tasks of one kind, e.g. the o projection's
+``spread_table`` averages the attention tasks' times by batch row, kv head and SM;
+``phase_table`` gives each phase of a layer (an op's tasks of one kind, e.g. the o projection's
 linear tasks) its span from first start to last end, averaged over the layers, and the counters
-its tasks poll;
+its tasks poll; ``tail_table`` says whether a phase ends late for a late input or a slow task
+(each task's inputs-ready stamp: ``ready_stamps``);
 ``critical_path`` walks back from the task that ends last to what held each task up, and
 ``path_table`` splits that chain by phase into the ops' own time, hops (a task waiting on its
 last producer's signal) and dispatch (a task starting after its worker's previous one);
-``draw_timeline`` draws workers against time, waits pale, ops coloured by kind.
+``print_tables`` prints them all; ``draw_timeline`` draws workers against time, waits pale,
+ops coloured by kind.
 """
 from __future__ import annotations
 
@@ -46,15 +48,18 @@ def trace_step(step) -> list[TaskTrace]:
 
 def spread_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> dict:
     """The attention tasks' op times (start to end; combines left out), averaged by the batch
-    row a task attends for and (GPU traces) by its SM in groups of 16: where a phase's slowest
-    tasks sit. -> {"by row": {row: us}, "by SM // 16": {group: us}} (empty groupings left out)."""
+    row a task attends for, by its (first) kv head and (GPU traces) by its SM in groups of 16:
+    where a phase's slowest tasks sit. -> {"by row": {row: us}, "by kv head": {head: us},
+    "by SM // 16": {group: us}} (empty groupings left out)."""
     tasks = compiled.tasks.tasks
-    groups: dict[str, dict] = {"by row": defaultdict(list), "by SM // 16": defaultdict(list)}
+    groups: dict[str, dict] = {"by row": defaultdict(list), "by kv head": defaultdict(list),
+                               "by SM // 16": defaultdict(list)}
     for t in traces:
         args = tasks[t.task].args
         if t.kind.startswith("attn") and t.kind != "attn_combine" and "row" in args:
             us = (t.end - t.start) / unit_per_us
             groups["by row"][args["row"]].append(us)
+            groups["by kv head"][args["kv_head"]].append(us)
             if t.sm >= 0:
                 groups["by SM // 16"][t.sm // 16].append(us)
     return {name: {k: sum(v) / len(v) for k, v in sorted(g.items())}
@@ -124,15 +129,51 @@ class Link:
                     # signal, so a hop can be slightly negative)
 
 
-def critical_path(traces: list[TaskTrace], compiled) -> list[Link]:
-    """The chain of tasks that sets the step's end, first to last: from the task that ends last,
-    back through whichever ended later of the last producer among the counters a task polls and
-    its worker's previous task."""
-    by_task = {t.task: t for t in traces}
+def producers_of(compiled) -> dict[int, list[int]]:
+    """{counter: the tasks that signal it}."""
     producers = defaultdict(list)
     for task, counter in enumerate(compiled.sync.signal):
         if counter >= 0:
             producers[counter].append(task)
+    return producers
+
+
+def ready_stamps(traces: list[TaskTrace], compiled) -> dict[int, int]:
+    """{task: when its inputs were there}: the latest end stamp among the producers of the
+    counters it polls (end stamps follow the signal), its wait stamp where it polls none."""
+    by_task, producers = {t.task: t for t in traces}, producers_of(compiled)
+    return {t.task: max((by_task[p].end for c in compiled.sync.waits[t.task]
+                         for p in producers[c]), default=t.wait) for t in traces}
+
+
+def tail_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[dict]:
+    """Why each phase ends when it does, per phase (as ``phase_table`` names them), means over
+    its ops (us, from the first of its tasks' inputs-ready stamps): the spread of those stamps,
+    the tasks' mean and longest op time, and for the task that ends last its inputs' stamp and
+    its op time; a late input or a slow task."""
+    ready, ops = ready_stamps(traces, compiled), {op.name: op for op in compiled.tasks.ops.ops}
+    groups = defaultdict(list)
+    for t in traces:
+        groups[(compiled.tasks.tasks[t.task].op, t.kind)].append(t)
+    keys = ("ready_spread_us", "task_us", "longest_us", "last_ready_us", "last_task_us",
+            "end_us")
+    rows: dict = {}
+    for (name, kind), ts in sorted(groups.items(), key=lambda kv: min(t.start for t in kv[1])):
+        first, last = min(ready[t.task] for t in ts), max(ts, key=lambda t: t.end)
+        ops_times = [t.end - t.start for t in ts]
+        vals = (max(ready[t.task] for t in ts) - first, sum(ops_times) / len(ts), max(ops_times),
+                ready[last.task] - first, last.end - last.start, last.end - first)
+        r = rows.setdefault(phase_name(op_role(ops[name]), kind), [0, [0.0] * len(keys)])
+        r[0], r[1] = r[0] + 1, [a + b for a, b in zip(r[1], vals)]
+    return [{"phase": phase, **{k: v / n / unit_per_us for k, v in zip(keys, sums)}}
+            for phase, (n, sums) in rows.items()]
+
+
+def critical_path(traces: list[TaskTrace], compiled) -> list[Link]:
+    """The chain of tasks that sets the step's end, first to last: from the task that ends last,
+    back through whichever ended later of the last producer among the counters a task polls and
+    its worker's previous task."""
+    by_task, producers = {t.task: t for t in traces}, producers_of(compiled)
     previous = {b: a for q in compiled.schedule.queues for a, b in zip(q, q[1:])}
     chain = []
     t = max(traces, key=lambda x: x.end)
@@ -163,6 +204,41 @@ def path_table(chain: list[Link], compiled, unit_per_us: float) -> list[dict]:
         r["op_us"] += (t.end - t.start) / unit_per_us
         r["hop_us" if link.held_by == "input" else "dispatch_us"] += link.gap / unit_per_us
     return [{"phase": name, **r} for name, r in rows.items()]
+
+
+def print_tables(traces, compiled, per_us: float, measured: str) -> None:
+    """The trace's tables: per op kind, per phase of a layer (spans, then what ends each), and
+    the critical path by phase; the attention tasks' times by row, kv head and SM."""
+    print(f"{'kind':<14}{'tasks':>7}{'predicted us':>14}{'measured ' + measured:>16}"
+          f"{'waited ' + measured:>14}")
+    for r in kind_table(traces, compiled, per_us):
+        print(f"{r['kind']:<14}{r['tasks']:>7}{r['predicted_us']:>14.2f}{r['measured_us']:>16.2f}"
+              f"{r['waited_us']:>14.2f}")
+    print(f"\n{'phase (mean over its ops)':<30}{'ops':>5}{'tasks':>7}{'span ' + measured:>14}"
+          f"{'task ' + measured:>14}{'waits':>7}")
+    for r in phase_table(traces, compiled, per_us):
+        print(f"{r['phase']:<30}{r['ops']:>5}{r['tasks']:>7}{r['span_us']:>14.2f}"
+              f"{r['task_us']:>14.2f}{r['waits']:>7.2f}")
+    print(f"\n{'what ends each phase (mean over its ops)':<42}{'ready':>7}{'task':>7}"
+          f"{'longest':>8}{'last: ready':>12}{'task':>7}{'end':>7}   ({measured}, from the"
+          " first inputs ready)")
+    for r in tail_table(traces, compiled, per_us):
+        print(f"{r['phase']:<42}{r['ready_spread_us']:>7.2f}{r['task_us']:>7.2f}"
+              f"{r['longest_us']:>8.2f}{r['last_ready_us']:>12.2f}{r['last_task_us']:>7.2f}"
+              f"{r['end_us']:>7.2f}")
+    chain = critical_path(traces, compiled)
+    rows = path_table(chain, compiled, per_us)
+    hops = sum(link.held_by == "input" for link in chain)
+    print(f"\ncritical path: {len(chain)} tasks, {hops} of them held up by their inputs "
+          f"(sums over the step, {measured})")
+    print(f"{'phase':<30}{'tasks':>7}{'op':>12}{'hops':>12}{'dispatch':>12}")
+    for r in rows + [{"phase": "all", **{k: sum(r[k] for r in rows)
+                                         for k in ("tasks", "op_us", "hop_us", "dispatch_us")}}]:
+        print(f"{r['phase']:<30}{r['tasks']:>7}{r['op_us']:>12.1f}{r['hop_us']:>12.1f}"
+              f"{r['dispatch_us']:>12.1f}")
+    for name, means in spread_table(traces, compiled, per_us).items():
+        print(f"\nattention tasks, mean {measured} {name}: "
+              + " ".join(f"{k}:{v:.1f}" for k, v in means.items()))
 
 
 def draw_timeline(traces: list[TaskTrace], path: Path, title: str, unit: str) -> None:

@@ -13,7 +13,7 @@ from megakernel.runtime import allocate_kv_cache
 from megakernel.runtime.megakernel import megakernel_backend
 from megakernel.runtime.trace import (LOG_WORDS, TaskTrace, chunk_lines, chunk_table,
                                       critical_path, kind_table, path_table, phase_table,
-                                      spread_table, trace_step, wait_entries)
+                                      spread_table, tail_table, trace_step, wait_entries)
 from megakernel.runtime.variant import parse_variant
 
 
@@ -39,7 +39,8 @@ def test_trace_stamps_every_task_in_order():
         [("gate_up", layers), ("down_proj linear", layers)]
     assert all(r["span_us"] >= r["task_us"] > 0 for r in phases)
     spread = spread_table(traces, step.compiled, 1.0)    # no SM under the interpreter
-    assert list(spread) == ["by row"] and list(spread["by row"]) == [0, 1]
+    assert list(spread) == ["by row", "by kv head"] and list(spread["by row"]) == [0, 1]
+    assert list(spread["by kv head"]) == list(range(model.config.num_kv_heads))
     assert all(t.sm == -1 for t in traces)
     # one worker under the interpreter: the critical path is its whole queue
     chain = critical_path(traces, step.compiled)
@@ -83,6 +84,29 @@ def test_critical_path_follows_the_later_of_inputs_and_queue():
     assert [(x.trace.task, x.held_by, x.gap) for x in chain] == [(0, "", 0), (2, "queue", 5)]
 
 
+def test_tail_table_tells_a_late_input_from_a_slow_task():
+    """Producers p0 (ends 4) and p1 (ends 10) signal counters 0 and 1; consumers c0 polls 0, c1
+    polls 1. Where c1 is the last to end, the phase's inputs were ready 0 to 6 ticks apart and
+    the last task's came 6 after the first; where c0 runs long and ends last, its input was the
+    first one ready."""
+    from types import SimpleNamespace as NS
+
+    ops = [NS(name="p", kind="linear", params={"weight": "layers.0.o_proj.weight"}),
+           NS(name="c", kind="gate_up", params={})]
+    compiled = NS(tasks=NS(tasks=[NS(op="p"), NS(op="p"), NS(op="c"), NS(op="c")],
+                           ops=NS(ops=ops)),
+                  sync=NS(signal=(0, 1, -1, -1), waits=((), (), (0,), (1,))))
+    producers = [TaskTrace(0, "linear", 0, 0, 1, 4), TaskTrace(1, "linear", 1, 0, 1, 10)]
+    late = producers + [TaskTrace(2, "gate_up", 0, 4, 5, 9), TaskTrace(3, "gate_up", 1, 10, 11, 15)]
+    row = tail_table(late, compiled, 1.0)[1]
+    assert row["phase"] == "gate_up"
+    assert (row["ready_spread_us"], row["task_us"], row["longest_us"]) == (6.0, 4.0, 4.0)
+    assert (row["last_ready_us"], row["last_task_us"], row["end_us"]) == (6.0, 4.0, 11.0)
+    slow = producers + [TaskTrace(2, "gate_up", 0, 4, 5, 20), TaskTrace(3, "gate_up", 1, 10, 11, 15)]
+    row = tail_table(slow, compiled, 1.0)[1]
+    assert (row["last_ready_us"], row["last_task_us"], row["longest_us"]) == (0.0, 15.0, 15.0)
+
+
 def test_untraced_step_writes_no_stamps():
     model = load_model("tiny-llama", progress=False).model
     cache = allocate_kv_cache(model.config, 1, 64, dtype=torch.float32, device="cpu")
@@ -97,7 +121,7 @@ def test_trace_cli_draws_a_timeline(tmp_path, capsys):
                  "--device", "cpu", "--steps", "1", "-o", str(png), "--json", str(stamps),
                  "--variant", "32x64x4x1xgxs1xkv32"]) == 0
     out = capsys.readouterr().out
-    assert "qkv_rope" in out and "attn_partial" in out
+    assert "qkv_rope" in out and "attn_partial" in out and "what ends each phase" in out
     # what was traced, by its label as the compiler resolved it (keys per task, q/k/v pieces,
     # norm first and K slices decided for this batch)
     assert "kernel: 32x64x4x1xgxs1xkv64xq1xnf0xsk1\n" in out
