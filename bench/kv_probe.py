@@ -173,8 +173,8 @@ def time_streams(cache: torch.Tensor, out: torch.Tensor, stages: int, sms: int) 
 def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int,
                   across: int = 0) -> list[str]:
     """Lines on ``body_tasks``'s stamps [layers, tasks, 3] (the first and last layer left out):
-    a layer's span and its tasks' times, and the tasks' mean time by row and by SM (in groups
-    of 16 SMs by %smid); ``across``: the batch's rows where tasks go across them
+    a layer's span and its tasks' times, and the tasks' mean time by row and by SM (%smid);
+    ``across``: the batch's rows where tasks go across them
     (``body_tasks``' ACROSS)."""
     st = stamps[1:-1].double()
     dur = (st[..., 1] - st[..., 0]) / 1e3                                 # [L - 2, T] us
@@ -183,12 +183,12 @@ def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int,
     rows = t % across if across else t // (hkv // heads_per_task)
     by_row = [dur[:, rows == r].mean().item() for r in range(int(rows.max()) + 1)]
     sm = st[..., 2].long()
-    by_sm = [dur[sm // 16 == k].mean().item() for k in range(int(sm.max()) // 16 + 1)]
+    by_sm = {k: dur[sm == k].mean().item() for k in sm.unique().tolist()}
     q = torch.quantile(dur.flatten(), torch.tensor([0.1, 0.5, 0.9], dtype=dur.dtype))
     return [f"  layer span {span.mean():.1f} us; task mean {dur.mean():.1f}, p10 {q[0]:.1f}, "
             f"median {q[1]:.1f}, p90 {q[2]:.1f}, max {dur.max():.1f}",
             "  by row: " + " ".join(f"{x:.1f}" for x in by_row),
-            "  by SM // 16: " + " ".join(f"{x:.1f}" for x in by_sm)]
+            "  by SM: " + " ".join(f"{k}:{x:.1f}" for k, x in by_sm.items())]
 
 
 def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,

@@ -51,3 +51,15 @@ def test_bodies_match_sdpa(heads, groups, across, spin, rotate):
     assert (marks[..., 1] > marks[..., 0]).all()           # every task stamped, end after start
     if spin:
         assert done.tolist() == [ntasks] * L
+
+
+def test_stamp_summary_means_by_row_and_by_sm():
+    """4 layers (the first and last left out) of 8 tasks, 4 a row (2 of 8 kv heads a task),
+    task i taking 5 + i us on SM 3 + 2 * (i // 2): rows 0 and 1, and each SM, averaged alone."""
+    stamps = torch.zeros(4, 8, 3, dtype=torch.int64)
+    stamps[..., 1] = torch.arange(8) * 1000 + 5000
+    stamps[..., 2] = 3 + 2 * (torch.arange(8) // 2)
+    span, by_row, by_sm = kv_probe.stamp_summary(stamps, 2, 8)
+    assert span.startswith("  layer span 12.0 us; task mean 8.5")
+    assert by_row == "  by row: 6.5 10.5"
+    assert by_sm == "  by SM: 3:5.5 5:7.5 7:9.5 9:11.5"
