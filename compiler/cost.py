@@ -28,6 +28,8 @@ class Target:
                               # block table: two dependent loads per step)
     attn_task_us: float = 2.0     # fixed cost of an attention task (position, table, first keys)
     attn_chain_gain: float = 0.0  # a task over n kv heads side by side streams n ** gain as fast
+    sm_groups: tuple = ()         # SMs (by %smid) that share a rate: busy ones beside idle ones
+                                  # stream faster (``placement``; () where not known)
 
     @property
     def max_workers(self) -> int:
@@ -47,9 +49,27 @@ class Target:
 # -> 2.3 / 2.3 / 2.2th on average; a 2026-12-01 ledger (older kernels) 0.499 -> 0.638. The mean
 # error of the rated step against the fastest of a class 6.3 / 7.4 / 7.1% -> 5.1 / 6.0 / 5.5%.
 # Schedules do not change (instruction tables and queues of 13 winners and candidates equal).
+def gh100_sm_groups() -> tuple[tuple[int, ...], ...]:
+    """SMs of a 132-SM GH100 (H100 SXM, H200) that share a rate, as read off H100 traces of the
+    megakernel's attention (fifty-seventh session's notes; a hypothesis): at 24 rows, busy SMs
+    in a group with idle ones streamed up to 28% faster, in pairs. Each stretch of 16 SM ids
+    from b = 0 to 63: {b, b+1, b+12, b+13}, {b+2..b+5}, {b+6, b+7, b+14, b+15}, {b+8..b+11};
+    each of 14 from 64 to 119: {b..b+3}, {b+4, b+5, b+12, b+13}, {b+6..b+9}, {b+10, b+11};
+    120-131 in pairs (no sharing seen there)."""
+    groups: list[tuple[int, ...]] = []
+    for b in range(0, 64, 16):
+        groups += [(b, b + 1, b + 12, b + 13), tuple(range(b + 2, b + 6)),
+                   (b + 6, b + 7, b + 14, b + 15), tuple(range(b + 8, b + 12))]
+    for b in range(64, 120, 14):
+        groups += [tuple(range(b, b + 4)), (b + 4, b + 5, b + 12, b + 13),
+                   tuple(range(b + 6, b + 10)), (b + 10, b + 11)]
+    return tuple(groups) + tuple((s, s + 1) for s in range(120, 132, 2))
+
+
 H200 = Target("h200", sms=132, workers_per_sm=1, hbm_bytes_per_us=3.82e6, flops_per_us=2.35e8,
               sync_us=0.7, task_overhead_us=1.0, smem_bytes=228 * 1024, sm_bytes_per_us=8.0e4,
-              attn_bytes_per_us=2.67e4, attn_task_us=2.8, attn_chain_gain=0.26)
+              attn_bytes_per_us=2.67e4, attn_task_us=2.8, attn_chain_gain=0.26,
+              sm_groups=gh100_sm_groups())
 # The Triton interpreter runs programs one after another: one worker, a topological queue.
 CPU_INTERPRETER = Target("cpu", sms=1, workers_per_sm=1, hbm_bytes_per_us=1.0e4,
                          flops_per_us=1.0e4, sync_us=0.0, task_overhead_us=1.0,

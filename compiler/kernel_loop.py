@@ -198,6 +198,22 @@ def prefetch_line(ptr):
 
 
 @triton.jit
+def claim_sm(claims_ptr, error_ptr, epoch, NUM: tl.constexpr):
+    """The queue of the SM this program runs on (``queues_by_sm``; GPU only): its ``%smid``,
+    claimed for this launch in ``claims_ptr`` [NUM] (the launch's epoch swapped in). An SM id
+    past the queues, or one a second program of the launch claims, records an error (task
+    -1 - the SM id, counter -1) and returns NUM: the queue table's empty entry, so that this
+    program does nothing and the others' waits end at the watchdog, never hang."""
+    sm = sm_id().to(tl.int32)
+    ok = sm < NUM
+    seen = tl.atomic_xchg(claims_ptr + tl.minimum(sm, NUM - 1), epoch, mask=ok)
+    ok = ok & (seen != epoch)           # not a second program on this SM
+    if not ok:
+        record_error(error_ptr, -1 - sm, -1, seen)
+    return tl.where(ok, sm, NUM)
+
+
+@triton.jit
 def sm_id():
     """The SM this program runs on (``%smid``; GPU only): where a trace puts each worker."""
     return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,

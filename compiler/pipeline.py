@@ -1,5 +1,6 @@
-"""The pass chain, in order: capture -> lower -> tile -> schedule -> sync -> validate -> encode
--> generate. Each arrow is a pure function of the previous stage's output and the options."""
+"""The pass chain, in order: capture -> lower -> tile -> schedule (-> place, with
+``queues_by_sm``) -> sync -> validate -> encode -> generate. Each arrow is a pure function of
+the previous stage's output and the options."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -12,6 +13,7 @@ from .cost import STAGE_HEAD, STAGE_IN_PLACE, TARGETS
 from .encode import Encoded, encode
 from .ir import KernelSource, OpGraph, Prefetch, Schedule, SyncPlan, TaskGraph
 from .lower import lower
+from .placement import place_queues
 from .schedule import schedule
 from .sync import plan_sync
 from .tile import TileConfig, tile
@@ -63,6 +65,9 @@ class CompileOptions:
                                          # there, or 8 at 17 rows, spill with 255 and not without)
     noinline: bool = False               # each op body a function of its own (a call): its own
                                          # registers, not the whole dispatch's (GPU builds)
+    queues_by_sm: bool = False           # a program runs the queue of the SM it is on (%smid;
+                                         # GPU, one worker per SM), the queues placed by
+                                         # ``placement`` over the target's SM groups
 
     def switches(self, cuda: bool = True) -> dict:
         """The kernel's switches (0 under the interpreter but STAGE): PREFETCH bits (1 each task's
@@ -72,17 +77,18 @@ class CompileOptions:
         signal instead of before its waits), BACKOFF ns of sleep
         between polls, POLL 1 to poll with acquire loads, PF_START the ``prefetch_start``
         percentage, STAGE the staging area's bytes (``staging``; in place under the
-        interpreter)."""
+        interpreter), BY_SM 1 where each program takes the queue of its SM (``queues_by_sm``)."""
         if not cuda:        # staging in place (``staging``): the same rows, read where they are
             return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0,
-                        STAGE=STAGE_IN_PLACE if self.tile.staged_kib else 0, KV_AHEAD=0)
+                        STAGE=STAGE_IN_PLACE if self.tile.staged_kib else 0, KV_AHEAD=0,
+                        BY_SM=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
                     | 8 * self.prefetch_kv
                     | (32 if self.prefetch_kv_late else 16) * bool(self.prefetch_kv_ahead),
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
                     PF_START=self.prefetch_start, STAGE=self.stage_bytes,
-                    KV_AHEAD=self.prefetch_kv_ahead)
+                    KV_AHEAD=self.prefetch_kv_ahead, BY_SM=int(self.queues_by_sm))
 
     @property
     def stage_bytes(self) -> int:
@@ -133,6 +139,8 @@ def compile_ops(ops: OpGraph, options: CompileOptions, name: str = "model") -> C
     workers = options.num_workers or target.max_workers
     tasks = tile(ops, options.tile, workers)
     sched = schedule(tasks, target, workers, options.scheduler)
+    if options.queues_by_sm:
+        sched = place_queues(tasks, sched, target.sm_groups)
     sync = plan_sync(tasks, sched)
     validate(tasks, sched, sync, target)
     enc = encode(tasks, sched, sync, options.tile, Prefetch(

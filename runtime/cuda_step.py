@@ -201,6 +201,9 @@ class CudaStep(MegakernelStep):
         if not kv_cache.is_cuda:
             raise ValueError("the CUDA backend runs on a CUDA device; on the CPU use the Triton "
                              "kernel under the interpreter")
+        if compiled.options.queues_by_sm:
+            raise ValueError("queues_by_sm is a Triton kernel's option; the CUDA backend runs "
+                             "each queue on the program of its index")
         known = set(inspect.signature(generate_cuda).parameters) - {"enc", "model", "batch",
                                                                     "num_tasks"}
         if set(knobs) - known:

@@ -101,6 +101,16 @@ def launch_args(s, kv_cache: torch.Tensor, options, trace_mode: int) -> tuple[tu
                     if kv_cache.is_cuda and options.max_registers else {})))
 
 
+def queue_tables(enc, by_sm: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's queue table, int32: (first, count) of each of the W queues, then, for
+    ``queues_by_sm``, an empty queue and W claims (``kernel_loop.claim_sm``); and its [W, 2]
+    view of the queues (the grid: one program a queue)."""
+    w = len(enc.queues)
+    table = torch.zeros(2 * w + (w + 2) * by_sm, dtype=torch.int32, device=device)
+    table[:2 * w] = torch.as_tensor(enc.queues, dtype=torch.int32).flatten()
+    return table, table[:2 * w].view(w, 2)
+
+
 def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:
     """Build the kernel for this GPU without launching it, from stand-in arguments of a launch's
     dtypes and alignment, so that a later launch (here or in another process) finds it in
@@ -179,9 +189,11 @@ def arenas(memory, model, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
 def trace_stamps(instructions: int, workers: int, mode: int, device) -> torch.Tensor:
     """The stamps a launch of trace ``mode`` writes: [0] the tick counter (mode 2, the GPU's
     %globaltimer: the instructions' count), then (wait, start, end) per instruction, then (mode
-    2) each worker's SM; two unused words without a trace."""
+    2) each worker's SM and one more word (a program without a queue, ``queues_by_sm``'s
+    error); two unused words without a trace."""
     n = max(instructions, 1)
-    stamps = torch.zeros(1 + 3 * n + workers if mode else 2, dtype=torch.int64, device=device)
+    stamps = torch.zeros(1 + 3 * n + workers + 1 if mode else 2, dtype=torch.int64,
+                         device=device)
     if mode == 2:
         stamps[0] = n
     return stamps
@@ -202,7 +214,8 @@ class MegakernelStep:
             raise ValueError(f"staged_kib={compiled.options.tile.staged_kib}: staged weights "
                              f"must be 2-byte (bf16 or fp16), not {self.weights.dtype}")
         self.ins = i32(resolve_weights(enc.instructions, enc.weight_words, offsets))
-        self.waits, self.queues = i32(enc.waits), i32(enc.queues)
+        self.waits = i32(enc.waits)
+        self.queue_table, self.queues = queue_tables(enc, compiled.options.queues_by_sm, device)
         self.act, self.f32 = arenas(enc.memory, model, self.weights.dtype, device)
         self.counters = torch.zeros(max(compiled.sync.num_counters + compiled.sync.num_tickets,
                                         1), dtype=torch.int32,
@@ -280,10 +293,16 @@ class MegakernelStep:
     def _raise_if(self, err: list[int]) -> None:
         if err[0]:
             self.unchecked.clear()
-            task = self.compiled.tasks.tasks[self.owners[err[1]][0]]
             self.error.zero_()
             self.counters.zero_()
+            self.queue_table[2 * len(self.queues):] = 0         # claims (queues_by_sm)
             self.epoch = 0
+            if err[1] < 0:
+                raise WatchdogError(
+                    f"megakernel: SM {-1 - err[1]} has no queue of its own (queues_by_sm: an SM "
+                    f"id past the {len(self.queues)} queues, or a second program on that SM); "
+                    "build with one worker per SM and queues_by_sm only for that GPU's SMs")
+            task = self.compiled.tasks.tasks[self.owners[err[1]][0]]
             raise WatchdogError(
                 f"megakernel watchdog: task {task.id} ({task.kind} of {task.op}, {task.args}) "
                 f"waited past its bound on counter {err[2]} (seen {err[3]})")

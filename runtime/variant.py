@@ -87,6 +87,7 @@ class Variant:
     attn_stages: int = TileConfig.attn_stages
     attn_tasks_per_worker: int = TileConfig.attn_tasks_per_worker
     poll_load: bool = False
+    queues_by_sm: bool = False
     prefetch_start: int = CompileOptions.prefetch_start
     balance: bool = TileConfig.balance
     split_k: int = TileConfig.split_k
@@ -148,7 +149,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_columns": "prefetch_columns",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers",
-                 "noinline": "noinline"}
+                 "noinline": "noinline", "queues_by_sm": "queues_by_sm"}
 
 
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
@@ -158,7 +159,8 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "ps": {"prefetch_slices": True}, "ps0": {"prefetch_slices": False},
             "fw": {"prefetch_fill": True}, "pc": {"prefetch_columns": True},
-            "pl": {"poll_load": True}, "bal": {"balance": True},
+            "pl": {"poll_load": True}, "qm": {"queues_by_sm": True},
+            "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "km": {"attn_keys_m": True},
             "kr": {"attn_rotate": True},
@@ -245,7 +247,7 @@ def _prefetch_flags(v: Variant) -> list:
     flags += ["ps0"] * (not v.prefetch_slices)
     flags += ["fw"] * v.prefetch_fill
     flags += ["pc"] * v.prefetch_columns
-    flags += ["pl"] * v.poll_load
+    flags += ["pl"] * v.poll_load + ["qm"] * v.queues_by_sm
     flags += [f"pt{v.prefetch_start}"] * bool(v.prefetch_start)
     return flags
 

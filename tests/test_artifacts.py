@@ -194,6 +194,13 @@ for needle in ("cp.async.bulk.shared::cluster.global", "mbarrier.try_wait.parity
                "%dynamic_smem_size"):
     assert needle in staged and needle not in plain, needle
 print("tiny-llama", 1, "staged sm_90 ok", opts.switches()["STAGE"])
+# each program takes the queue of its SM (GPU switch BY_SM): %smid claimed with an exchange
+opts = CompileOptions(2, 64, target="h200", num_workers=132, queues_by_sm=True)
+c = compile_model(model, opts, "tiny-llama")
+kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
+by_sm = compile_for_hopper(kernel, switches=opts.switches()).asm["ptx"]
+assert "%smid" in by_sm and "exch" in by_sm and "exch" not in plain
+print("tiny-llama", 2, "queues by SM sm_90 ok")
 """
 
 
@@ -209,7 +216,7 @@ def run_without_interpreter(script: str, cache) -> str:
 
 
 def test_generated_kernels_compile_for_sm90(tmp_path):
-    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 11
+    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 12
 
 
 MASK_SCRIPT = """

@@ -165,6 +165,12 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 17, dict(prefetch_kv_ahead=128,
                                 tile=TileConfig(kv_split=1024, kv_block=128)),
                                 id="llama-3.2-1b-17-kn128"),
+                            # each program on the queue of its SM, attention spread over the
+                            # SM groups (one worker an SM: the GPU's SM count)
+                            pytest.param("llama-3.2-1b", 24, dict(
+                                queues_by_sm=True, num_workers=132, tile=TileConfig(
+                                    attn_pairs=True, kv_split=1024, kv_block=128,
+                                    attn_keys_m=True)), id="llama-3.2-1b-24-ap-km-qm"),
                             pytest.param("llama-3.2-1b", 24, dict(
                                 prefetch_kv_ahead=128, prefetch_kv_late=True, tile=TileConfig(
                                     attn_pairs=True, kv_split=1024, kv_block=128)),
