@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     from megakernel.compiler.pipeline import CompileOptions, compile_model
     from megakernel.models import PRESETS
     from megakernel.models.weights import empty_model
-    from megakernel.runtime.megakernel import load_kernel, programs_per_sm
+    from megakernel.runtime.megakernel import load_kernel
+    from megakernel.runtime.residency import programs_per_sm
     from megakernel.runtime.variant import parse_variant
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -29,7 +29,7 @@ import triton.language as tl
 from megakernel.compiler import ops, staging
 from megakernel.compiler.norm_ops import load_normed
 from megakernel.compiler.cost import STAGE_HEAD
-from megakernel.runtime.megakernel import reserve_staging
+from megakernel.runtime.residency import reserve_staging
 
 MODES = {"global": 0, "staged": 1, "copy": 2, "read": 3, "ahead": 4}
 

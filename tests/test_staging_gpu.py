@@ -7,7 +7,7 @@ import triton.language as tl
 
 from megakernel.compiler import staging
 from megakernel.compiler.cost import STAGE_HEAD
-from megakernel.runtime.megakernel import reserve_staging
+from megakernel.runtime.residency import reserve_staging
 
 pytestmark = pytest.mark.gpu
 
