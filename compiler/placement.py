@@ -28,10 +28,11 @@ def place_queues(tasks: TaskGraph, schedule: Schedule, groups) -> Schedule:
     n = schedule.num_workers
     if not groups:
         raise ValueError("queues_by_sm: the target names no SM groups (cost.Target.sm_groups)")
-    if sorted(s for g in groups for s in g) != list(range(n)):
+    covered = sorted(s for g in groups for s in g)
+    if covered != list(range(n)):
         raise ValueError(f"queues_by_sm: {n} workers, but the target's SM groups cover SMs "
-                         f"{sorted(s for g in groups for s in g)[:4]}...: one worker per SM "
-                         "needed (num_workers = the target's SMs)")
+                         f"{covered[:4]}...: one worker per SM needed (num_workers = the "
+                         "target's SMs)")
     load = [attention_bytes(tasks, q) for q in schedule.queues]
     free = [sorted(g, reverse=True) for g in groups]            # pop() gives the lowest id
     given = [0] * len(groups)

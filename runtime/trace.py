@@ -97,28 +97,33 @@ def phase_name(role: str, kind: str) -> str:
     return f"{role} {kind}" if role != kind else kind
 
 
+def op_groups(traces: list[TaskTrace], compiled) -> dict[str, list[list[TaskTrace]]]:
+    """{phase: its ops' task traces, one list an op}: the tasks of one op and kind grouped, the
+    ops of one (op role, task kind) under one phase name, phases and their ops in order of first
+    start."""
+    ops = {op.name: op for op in compiled.tasks.ops.ops}
+    by_op = defaultdict(list)
+    for tr in traces:
+        by_op[(compiled.tasks.tasks[tr.task].op, tr.kind)].append(tr)
+    phases: dict = {}
+    for (name, kind), ts in sorted(by_op.items(), key=lambda kv: min(t.start for t in kv[1])):
+        phases.setdefault(phase_name(op_role(ops[name]), kind), []).append(ts)
+    return phases
+
+
 def phase_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[dict]:
     """Per phase, (op role, task kind) in order of first start: ops (layers), tasks per op, mean
     span from the phase's first start to its last end, mean task time (us), and mean counters
     a task polls (its waits)."""
-    ops = {op.name: op for op in compiled.tasks.ops.ops}
-    spans: dict = {}                         # (op name, kind) -> [first, last, n, busy, waits]
-    for tr in traces:
-        s = spans.setdefault((compiled.tasks.tasks[tr.task].op, tr.kind),
-                             [tr.start, tr.end, 0, 0, 0])
-        s[0], s[1] = min(s[0], tr.start), max(s[1], tr.end)
-        s[2], s[3] = s[2] + 1, s[3] + tr.end - tr.start
-        s[4] += len(compiled.sync.waits[tr.task])
-    rows: dict = {}
-    for (name, kind), (first, last, n, busy, waits) in sorted(spans.items(),
-                                                              key=lambda kv: kv[1][0]):
-        r = rows.setdefault((op_role(ops[name]), kind), [0, 0, 0, 0, 0])
-        r[0], r[1], r[2], r[3] = r[0] + 1, r[1] + n, r[2] + last - first, r[3] + busy
-        r[4] += waits
-    return [{"phase": phase_name(role, kind), "ops": n_ops,
-             "tasks": tasks // n_ops, "span_us": span / n_ops / unit_per_us,
-             "task_us": busy / tasks / unit_per_us, "waits": waits / tasks}
-            for (role, kind), (n_ops, tasks, span, busy, waits) in rows.items()]
+    rows = []
+    for phase, per_op in op_groups(traces, compiled).items():
+        ts = [t for op in per_op for t in op]
+        span = sum(max(t.end for t in op) - min(t.start for t in op) for op in per_op)
+        rows.append({"phase": phase, "ops": len(per_op), "tasks": len(ts) // len(per_op),
+                     "span_us": span / len(per_op) / unit_per_us,
+                     "task_us": sum(t.end - t.start for t in ts) / len(ts) / unit_per_us,
+                     "waits": sum(len(compiled.sync.waits[t.task]) for t in ts) / len(ts)})
+    return rows
 
 
 @dataclass(frozen=True)
@@ -152,22 +157,22 @@ def tail_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> list[di
     its ops (us, from the first of its tasks' inputs-ready stamps): the spread of those stamps,
     the tasks' mean and longest op time, and for the task that ends last its inputs' stamp and
     its op time; a late input or a slow task."""
-    ready, ops = ready_stamps(traces, compiled), {op.name: op for op in compiled.tasks.ops.ops}
-    groups = defaultdict(list)
-    for t in traces:
-        groups[(compiled.tasks.tasks[t.task].op, t.kind)].append(t)
+    ready = ready_stamps(traces, compiled)
     keys = ("ready_spread_us", "task_us", "longest_us", "last_ready_us", "last_task_us",
             "end_us")
-    rows: dict = {}
-    for (name, kind), ts in sorted(groups.items(), key=lambda kv: min(t.start for t in kv[1])):
-        first, last = min(ready[t.task] for t in ts), max(ts, key=lambda t: t.end)
-        ops_times = [t.end - t.start for t in ts]
-        vals = (max(ready[t.task] for t in ts) - first, sum(ops_times) / len(ts), max(ops_times),
-                ready[last.task] - first, last.end - last.start, last.end - first)
-        r = rows.setdefault(phase_name(op_role(ops[name]), kind), [0, [0.0] * len(keys)])
-        r[0], r[1] = r[0] + 1, [a + b for a, b in zip(r[1], vals)]
-    return [{"phase": phase, **{k: v / n / unit_per_us for k, v in zip(keys, sums)}}
-            for phase, (n, sums) in rows.items()]
+    rows = []
+    for phase, per_op in op_groups(traces, compiled).items():
+        sums = [0.0] * len(keys)
+        for ts in per_op:
+            first, last = min(ready[t.task] for t in ts), max(ts, key=lambda t: t.end)
+            op_times = [t.end - t.start for t in ts]
+            vals = (max(ready[t.task] for t in ts) - first, sum(op_times) / len(ts),
+                    max(op_times), ready[last.task] - first, last.end - last.start,
+                    last.end - first)
+            sums = [a + b for a, b in zip(sums, vals)]
+        rows.append({"phase": phase, **{k: v / len(per_op) / unit_per_us
+                                        for k, v in zip(keys, sums)}})
+    return rows
 
 
 def critical_path(traces: list[TaskTrace], compiled) -> list[Link]:
