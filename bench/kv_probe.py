@@ -141,12 +141,13 @@ def time_ms(fn, iters: int = 30) -> float:
 
 
 def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms: int,
-                bodies: list[tuple[int, ...]], streams: bool, stamps: bool = False) -> None:
+                bodies: list[tuple[int, ...]], streams: bool, stamps: bool = False,
+                only: tuple[str, ...] = ()) -> None:
     cache = torch.randn(layers, 2, b, hkv, s, d, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(max(sms, b * hkv) * 128 * d, dtype=torch.float32, device="cuda")
     if streams:
         time_streams(cache, out, stages, sms)
-    time_bodies(cache, bodies, sms, stamps)
+    time_bodies(cache, bodies, sms, stamps, only)
 
 
 def time_streams(cache: torch.Tensor, out: torch.Tensor, stages: int, sms: int) -> None:
@@ -191,9 +192,14 @@ def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int,
             "  by SM: " + " ".join(f"{k}:{x:.1f}" for k, x in by_sm.items())]
 
 
+# the bodies' forms (``time_bodies``): the last three only where tasks are fewer than SMs
+FORMS = ("plain", "across", "rotated", "spread", "polling", "sleeping")
+
+
 def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
-                stamps: bool = False) -> None:
-    """Each body (heads a task, key groups W, keys a step, stages, warps) over every layer;
+                stamps: bool = False, only: tuple[str, ...] = ()) -> None:
+    """Each body (heads a task, key groups W, keys a step, stages, warps) over every layer, in
+    each form (``only``: those of FORMS named);
     ``stamps``: then once more with each task's start, end and SM stamped (``stamp_summary``)."""
     layers, _, b, hkv, s, d = cache.shape
     nbytes = cache.numel() * 2
@@ -206,11 +212,14 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
         ntasks = b * hkv // nh
         done = torch.zeros(layers, dtype=torch.int32, device="cuda")
         one = min(ntasks, sms)
-        forms = [(one, False, 0, False, False), (one, False, 0, True, False),
-                 (one, False, 0, False, True)] + [
-            (sms, True, 0, False, False), (sms, False, 1, False, False),
-            (sms, False, 200, False, False)] * (ntasks < sms)
-        for progs, spread, spin, across, rotate in forms:
+        forms = {"plain": (one, False, 0, False, False), "across": (one, False, 0, True, False),
+                 "rotated": (one, False, 0, False, True)}
+        if ntasks < sms:
+            forms |= {"spread": (sms, True, 0, False, False),
+                      "polling": (sms, False, 1, False, False),
+                      "sleeping": (sms, False, 200, False, False)}
+        for progs, spread, spin, across, rotate in (f for k, f in forms.items()
+                                                    if not only or k in only):
             name = (f"B={b} body heads/task {nh} W {w} keys {chunk} stages {st} warps {warps}"
                     f" tasks {ntasks} programs {progs}{' spread' * spread}"
                     f"{f' idle polling (sleep {spin if spin > 1 else 0} ns)' * bool(spin)}"
@@ -247,12 +256,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-streams", action="store_true", help="time the bodies only")
     p.add_argument("--stamps", action="store_true",
                    help="also each body task's time by row and by SM (stamp_summary)")
+    p.add_argument("--forms", default="",
+                   help="bodies' forms timed, e.g. plain,polling (default: every form)")
     a = p.parse_args(argv)
+    only = tuple(f for f in a.forms.split(",") if f)
+    if set(only) - set(FORMS):
+        p.error(f"--forms: {sorted(set(only) - set(FORMS))} not among {', '.join(FORMS)}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bodies = [tuple(int(x) for x in spec.split(":")) for spec in a.bodies.split(",") if spec]
     for b in (int(x) for x in a.batch_sizes.split(",")):
         probe_batch(b, a.layers, 8, 1024, 64, a.stages, sms, bodies, not a.no_streams,
-                    a.stamps)
+                    a.stamps, only)
 
 
 if __name__ == "__main__":

@@ -126,7 +126,8 @@ def paged_sdpa(q, layer_cache, table, bs: int, lengths: list[int]) -> torch.Tens
 @pytest.mark.parametrize("bs,chunk,in_block,w,rotate", [
     (16, 32, False, 1, False), (16, 16, True, 1, False), (32, 16, True, 1, False),
     (16, 32, False, 2, False), (32, 32, True, 2, False), (16, 16, True, 1, True),
-    (16, 16, False, 1, True), (32, 32, True, 2, True)])
+    (16, 16, False, 1, True), (32, 32, True, 2, True), (32, 64, False, 4, False),
+    (16, 32, False, 2, True)])
 def test_pair_op_matches_attention(bs, chunk, in_block, w, rotate):
     """``attn_pair_op``: each row's two kv heads over its keys in one loop (each step's keys in
     ``w`` groups with running states of their own; ``rotate``: from the task's own step on,
