@@ -120,9 +120,11 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
                      B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
                      BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                      BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
-                     NCHUNK: tl.constexpr, W: tl.constexpr, ROTATE: tl.constexpr, rot):
+                     NCHUNK: tl.constexpr, W: tl.constexpr, ROTATE: tl.constexpr, rot,
+                     steps=0, PIECE: tl.constexpr = False):
     """``pair_steps`` with the keys as the dots' M, each step's keys in W groups
-    (``online_keys_m``); ROTATE: from step ``rot`` on, wrapping around (``step_rotation``)."""
+    (``online_keys_m``); ROTATE: from step ``rot`` on, wrapping around (``step_rotation``).
+    PIECE: ``steps`` steps from key ``lo`` (a unit's piece, at most NCHUNK), not NCHUNK."""
     DT: tl.constexpr = qa.dtype
     CW: tl.constexpr = CHUNK // W
     ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
@@ -131,7 +133,7 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
     ma, la, acc_a = empty_states(W, BLOCK_G, BLOCK_D, True)
     mb, lb, acc_b = empty_states(W, BLOCK_G, BLOCK_D, True)
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if IN_BLOCK else None
-    for i in tl.range(0, NCHUNK, num_stages=STAGES):
+    for i in tl.range(0, steps if PIECE else NCHUNK, num_stages=STAGES):
         c = loop_step(i, rot, NCHUNK, ROTATE)
         start = lo + c * CHUNK
         valid = start + ss < hi

@@ -234,12 +234,17 @@ def _attn_partial(t: Task, d: Dims, c: TileConfig) -> dict:
         FUSED=fused, BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
 
 
+def _key_groups(chunk: int) -> int:
+    """KEY_GROUPS, where a pair's steps of ``chunk`` keys leave each group a dot's 16 keys."""
+    if chunk // KEY_GROUPS < 16:
+        raise ValueError(f"attn_keys_m: a pair's steps of {chunk} keys leave fewer than 16 keys "
+                         f"(a dot's least) to each of {KEY_GROUPS} groups")
+    return KEY_GROUPS
+
+
 def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
     chunk = kv_chunk(t, d, c)
-    groups, body = KEY_GROUPS if c.attn_keys_m else 1, _attn_body(d, c, chunk)
-    if chunk // groups < 16:
-        raise ValueError(f"attn_keys_m: a pair's steps of {chunk} keys leave fewer than 16 keys "
-                         f"(a dot's least) to each of {groups} groups")
+    groups, body = _key_groups(chunk) if c.attn_keys_m else 1, _attn_body(d, c, chunk)
     in_block = c.kv_block % chunk == 0
     return body | dict(IN_BLOCK=in_block, W=groups, ROTATE=c.attn_rotate,
                        STAGES=keys_m_stages(d, c, chunk, 2, body["STAGES"], in_block))
@@ -271,7 +276,12 @@ def _stream_merges(t: Task) -> dict:
 
 
 def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    return _attn_stream(t, d, c) | _stream_merges(t)
+    args = _attn_stream(t, d, c) | _stream_merges(t)
+    if not c.attn_keys_m:
+        return args
+    return args | dict(W=_key_groups(args["CHUNK"]),
+                       STAGES=keys_m_stages(d, c, args["CHUNK"], 2, args["STAGES"],
+                                            c.kv_block % args["CHUNK"] == 0))
 
 
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:

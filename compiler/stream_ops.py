@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from .attention_group_ops import group_step, load_kv_heads
-from .attention_keys_m import empty_states
+from .attention_keys_m import empty_states, pair_steps_keys_m
 from .attention_ops import (attn_combine_op, empty_state, last_ticket, pair_step, step_frame,
-                            store_partial, stream_rows, stream_step)
+                            second_cut, store_partial, stream_rows, stream_step)
 
 
 @triton.jit
@@ -137,16 +137,23 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                         HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
-                        FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1):
+                        FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1,
+                        W: tl.constexpr = 1):
     """``attn_group_stream_op`` over units of a row's pairs of kv heads, the two heads as two
     independent chains of loads and dots (``attention_ops.pair_steps``'s form: one's
-    arithmetic overlaps the other's loads) instead of a batch of score tiles."""
+    arithmetic overlaps the other's loads) instead of a batch of score tiles. W > 1: the keys
+    as the dots' M in W groups, a loop a unit's piece (``pair_stream_pieces_keys_m``)."""
     NCH: tl.constexpr = S // CHUNK
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
-                      layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
-                      BLOCK_D, STAGES, ROWS)
+    if W > 1:
+        pair_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
+                                  c0, c1, layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS,
+                                  CHUNK, BLOCK_G, BLOCK_D, STAGES, W)
+    else:
+        pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                          layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
+                          BLOCK_D, STAGES, ROWS)
     if FUSED:                   # after the loop: an atomic in it would stop its pipelining
         merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
                           ticket, first, count_a, count_b, NCH, HKV // 2, HQ, D, G, BLOCK_G,
@@ -181,6 +188,40 @@ def pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
                            ma, la, acc_a, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
             ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
             mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
+
+
+@triton.jit
+def pair_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0,
+                              c1, layer, slot0, nslots, scale, B: tl.constexpr,
+                              HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
+                              D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                              CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                              BLOCK_D: tl.constexpr, STAGES: tl.constexpr, W: tl.constexpr):
+    """``pair_stream_steps`` with the keys as the dots' M in W groups a step: each unit's
+    piece of steps [c0, c1) in a loop of its own, whole pairs' (``pair_steps_keys_m`` over
+    the piece's steps: its queries and block-table entries asked for before it, no branch in
+    it), then the piece's epilogue; one pipeline fill a piece instead of one a stream."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    UNITS: tl.constexpr = HKV // 2
+    gs, ds, _, qmask = step_frame(G, D, BLOCK_G, BLOCK_D, CHUNK)
+    u = c0 // NCH
+    while u * NCH < c1:
+        lo = tl.maximum(c0, u * NCH) - u * NCH                 # the piece's steps of unit u
+        hi = tl.minimum(c1, (u + 1) * NCH) - u * NCH
+        row, kv0 = u // UNITS, u % UNITS * 2
+        length = tl.load(pos_ptr + row).to(tl.int32) + 1
+        offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
+        qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
+        qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
+        ma, la, acc_a, mb, lb, acc_b = pair_steps_keys_m(
+            qa, qb, cache_ptr, bt_ptr, row, kv0, layer, lo * CHUNK,
+            tl.minimum(length, hi * CHUNK), scale, B, HKV, S, D, BS, CHUNK, BLOCK_G, BLOCK_D,
+            STAGES, BS % CHUNK == 0, NCH, W, False, 0, hi - lo, True)
+        end_pair_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, (lo == 0) & (hi == NCH),
+                       slot0 + second_cut(u, c0, NCH), nslots, ma, la, acc_a, mb, lb, acc_b, G,
+                       D, BLOCK_G, BLOCK_D)
+        u += 1
 
 
 @triton.jit

@@ -61,8 +61,9 @@ class TileConfig:
                                # adds them (and the residual, and the sums ``norm_sums``
                                # takes) into the output; no linear_reduce task, phase or wait
                                # (where no reduce_norm reduces by rows)
-    attn_keys_m: bool = False  # whole pairs and groups of kv heads: the keys (and the head
-                               # dim) as the attention dots' M, the query rows as N (padded to
+    attn_keys_m: bool = False  # whole pairs and groups of kv heads, and pair streams: the
+                               # keys (and the head dim) as the attention dots' M, the query
+                               # rows as N (padded to
                                # 8, not 16: half the tensor-core steps and of the softmax's
                                # work), each warp's keys reduced within the warp (a pair's step
                                # in registry.KEY_GROUPS groups with running states of their

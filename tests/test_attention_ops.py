@@ -305,10 +305,11 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                          D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, STEP: tl.constexpr,
                          NH: tl.constexpr, CHAINS: tl.constexpr, FUSED: tl.constexpr,
-                         REVERSE: tl.constexpr, ROWS: tl.constexpr):
+                         REVERSE: tl.constexpr, ROWS: tl.constexpr, W: tl.constexpr = 1):
     """The streams (REVERSE: the last first; FUSED: stream i's ticket words at merge_ptr + 4 i,
     each cut unit merged by its last piece, tickets at epoch 1), then (not FUSED) the combine
-    of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j)."""
+    of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j). W > 1: pairs'
+    keys as the dots' M in W groups."""
     for k in range(nstreams):
         i = nstreams - 1 - k if REVERSE else k
         f0, f1, slot0 = tl.load(f_ptr + i), tl.load(f_ptr + i + 1), tl.load(slot0_ptr + i)
@@ -319,7 +320,7 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
             stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                            out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr, 1,
                                            ticket, first, count_a, count_b, D ** -0.5, B, HQ,
-                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4)
+                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4, W)
         else:
             stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                             out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr,
@@ -341,7 +342,8 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     (4, 4, 48, False, False, S, False), (2, 2, 16, True, True, S, False),
     (2, 4, 48, True, True, 80, False), (2, 4, 48, True, True, 80, True),
     (4, 4, 48, False, True, 80, True), (2, 4, 208, True, False, S, False)])
-def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reverse):
+def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reverse, w=1,
+                                            bs=BS):
     """Streams over units of ``nh`` kv heads of a row, laid end to end and cut every ``cut``
     keys (units in pieces, streams holding pieces of two units, whole units too), rows of
     unequal length through a shuffled block table, the second layer of the cache; head h of a
@@ -350,12 +352,13 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
     every 48: of two and of three pieces, a stream's two cut units unlike; streams in
     ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``; cut
     every 208 keys, a stream over three whole units and a piece of a fourth) or as a batch of
-    two score tiles."""
+    two score tiles. ``w`` > 1: pairs' keys as the dots' M in ``w`` groups (steps of 16 w keys,
+    in ``bs``-key blocks)."""
     from megakernel.compiler.tile_attention import (first_slots, merge_args, rows_spanned,
                                                     stream_plan, unit_slots)
 
     lengths, hq = [50, 64], hkv * G
-    q, cache, positions, table = paged_inputs(cut + nh, BS, 2, lengths, hq=hq, hkv=hkv, s=s)
+    q, cache, positions, table = paged_inputs(cut + nh, bs, 2, lengths, hq=hq, hkv=hkv, s=s)
     streams, pieces, slot_of = stream_plan(B * hkv // nh, s, cut)
     edges, slot0 = [f0 for f0, _ in streams] + [B * hkv // nh * s], first_slots(streams, slot_of)
     n, slots = len(slot_of), unit_slots(slot_of)
@@ -375,10 +378,21 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
                                    torch.tensor(slot0, dtype=torch.int32),
                                    torch.tensor(merge, dtype=torch.int32),
                                    torch.zeros(len(slots) + 1, dtype=torch.int32))]
-    group_streams_kernel[(1,)](*args, len(edges) - 1, n, len(merge), 1, B, hq, hkv, s, D, G, BS,
-                               16, nh, chains, fused, reverse,
-                               rows_spanned(streams, s, hkv // nh))
-    torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, BS, lengths),
+    group_streams_kernel[(1,)](*args, len(edges) - 1, n, len(merge), 1, B, hq, hkv, s, D, G, bs,
+                               16 * w, nh, chains, fused, reverse,
+                               rows_spanned(streams, s, hkv // nh), w)
+    torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
                                atol=1e-5, rtol=1e-5)
     if fused:                   # every cut unit's ticket taken by each of its pieces
         assert args[10][:len(slots)].tolist() == [len(used) for used in slots.values()]
+
+
+@pytest.mark.parametrize("hkv,cut,fused,s,reverse,w,bs", [
+    (2, 32, False, S, False, 2, 32), (4, 96, False, S, False, 2, 32),
+    (4, 64, True, 96, False, 2, 16), (4, 64, True, 96, True, 2, 32),
+    (4, 448, False, 128, False, 4, 64), (4, 192, True, 128, True, 4, 128)])
+def test_pair_streams_with_keys_as_m_merge_to_attention(hkv, cut, fused, s, reverse, w, bs):
+    """Pair streams with the keys as the dots' M in ``w`` groups (steps of 16 w keys): cut
+    units, streams over two rows and over three whole units, steps in single cache blocks
+    (their entries asked for before the loop) or not (``bs`` 16), fused merges."""
+    test_grouped_streams_merge_to_attention(2, hkv, cut, True, fused, s, reverse, w, bs)

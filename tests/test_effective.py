@@ -80,6 +80,10 @@ def test_attention_layouts_only_where_they_apply(ops):
     assert effective(ops, replace(v, attn_pairs=True)) == effective(ops, v)
     grouped = effective(ops, replace(v, attn_pairs=True, attn_stream=True))
     assert grouped.attn_pairs and grouped.attn_stream and parse_variant(grouped.label) == grouped
+    # the keys as the dots' M: whole pairs and pair streams, not single-head streams
+    assert effective(ops, replace(grouped, attn_keys_m=True)).attn_keys_m
+    assert effective(ops, replace(paired, attn_keys_m=True)).attn_keys_m
+    assert effective(ops, replace(streamed, attn_keys_m=True)) == streamed
     # groups of 4 kv heads: not with 2 kv heads (tiny-qwen3), and the size means nothing alone
     assert effective(ops, replace(v, attn_pairs=True, attn_group=4, kv_split=64)) == \
         effective(ops, replace(v, kv_split=64))
