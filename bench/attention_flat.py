@@ -52,14 +52,15 @@ def attn_pair_streams(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
                       slot0_ptr, nslots, layer, B: tl.constexpr, HQ: tl.constexpr,
                       HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                       BS: tl.constexpr, STEP: tl.constexpr, STAGES: tl.constexpr,
-                      BLOCK_G: tl.constexpr, ROWS: tl.constexpr):
+                      BLOCK_G: tl.constexpr, ROWS: tl.constexpr, W: tl.constexpr = 1):
     """Program t: the attn_pair_stream task of keys [t * cut, min((t + 1) * cut, total)) of the
-    units of a row's pairs of kv heads laid end to end (unfused: cut units left in slots)."""
+    units of a row's pairs of kv heads laid end to end (unfused: cut units left in slots; W >
+    1: the keys as the dots' M in W groups)."""
     t = tl.program_id(0)
     attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, t * cut,
                         tl.minimum(t * cut + cut, total), layer, tl.load(slot0_ptr + t), nslots,
                         slot0_ptr, 0, 0, 0, 0, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS, STEP,
-                        BLOCK_G, D, STAGES, ROWS, False, 1)
+                        BLOCK_G, D, STAGES, ROWS, False, 1, W)
 
 
 def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: dict,
@@ -79,12 +80,13 @@ def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: d
 
 
 def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
-             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows, heads: int = 1):
+             warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows, heads: int = 1,
+             groups: int = 1):
     """(launch, outputs): the launch fills NaN-poisoned outputs and slots from layer ``layer``
     of the cache, the query heads of a kv head padded to ``rows`` (at least) as
     ``TileConfig.attn_rows`` pads them; outputs() merges. Units of one kv head
     (``attn_stream_op``) or (``heads`` 2) of a row's pair of kv heads
-    (``attn_pair_stream_op``)."""
+    (``attn_pair_stream_op``, the keys as its dots' M in ``groups`` groups where above 1)."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, units = q.shape[1] // d // hkv, b * hkv // heads
     step, cut = stream_shares(units * s, s, programs, step)
@@ -102,7 +104,7 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
             num_warps=warps)
     else:
         launch = lambda: attn_pair_streams[(len(streams),)](
-            q, cache, pos, table, acc, ml, out, cut, units * s, slot0, n, layer, *sizes,
+            q, cache, pos, table, acc, ml, out, cut, units * s, slot0, n, layer, *sizes, groups,
             num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv, heads)
 
@@ -117,8 +119,8 @@ def main(argv: list[str] | None = None) -> None:
                         "keeps (stages - 1) // 2 steps in flight: 6 two, 9 four")
     p.add_argument("--pairs", action="store_true",
                    help="also units of a row's pairs of kv heads: whole pairs a program "
-                        "(attn_pair_op, the rows or the keys as its dots' M) beside pair "
-                        "streams (attn_pair_stream_op)")
+                        "(attn_pair_op) beside pair streams (attn_pair_stream_op), each with "
+                        "the rows or the keys as its dots' M")
     p.add_argument("--block", type=int, default=16,
                    help="cache block (keys); 128: a step's keys in one block (IN_BLOCK)")
     p.add_argument("--layers", type=int, default=1,
@@ -156,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, ref) -> None:
-    """Whole pairs (one program each, at most one per SM; the query rows as the dots' M, or the
-    keys: ``km``) beside pair streams over every SM."""
+    """Whole pairs (one program each, at most one per SM) beside pair streams over every SM,
+    each with the query rows as the dots' M, or the keys (``km``)."""
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, tag, layer = q.shape[1] // d // hkv, f"s{stages} ar{rows}", args.layers - 1
     nbytes = cache[layer].numel() * cache.element_size()
@@ -167,9 +169,11 @@ def time_pairs(args, q, cache, pos, table, hkv, sms, stages, rows, ref) -> None:
             q, cache[layer:], pos, table, out, b * hkv, b, q.shape[1] // d, hkv, s, d, g,
             s // table.shape[1], 128, p2(g, rows), stages, w)
         show_timed(f"B={b:2d} pairs{form} c128 {tag}", run, nbytes, lambda: rel_err(out, ref))
-    launch, outputs = run_flat(q, cache, pos, table, hkv, sms, 128, stages, 4, layer, rows, 2)
-    show_timed(f"B={b:2d} pair streams c128 {tag}", launch, nbytes,
-               lambda: rel_err(outputs(), ref))
+    for w, form in ((1, ""), (KEY_GROUPS, " km")):
+        launch, outputs = run_flat(q, cache, pos, table, hkv, sms, 128, stages, 4, layer, rows,
+                                   2, w)
+        show_timed(f"B={b:2d} pair streams{form} c128 {tag}", launch, nbytes,
+                   lambda: rel_err(outputs(), ref))
 
 
 if __name__ == "__main__":

@@ -228,13 +228,13 @@ def test_attention_loads_probe_sums_the_keys_and_values(use_table, chunk, bs):
     torch.testing.assert_close(args[3].cpu(), ref, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("heads", [1, 2])
-def test_flat_attention_probe_matches_sdpa(heads):
+@pytest.mark.parametrize("heads,groups,step", [(1, 1, 16), (2, 1, 16), (2, 2, 32)])
+def test_flat_attention_probe_matches_sdpa(heads, groups, step):
     """``bench/attention_flat.py``: units' keys laid end to end, each program an equal share in
     one loop (3 programs of 96 keys over 4 units of 64: pieces of two units in one program; or
     of 48 keys over 2 units of a row's kv head pair), pieces merged
     on the host; rows of shorter sequences too (and 4 query rows); the second layer of the
-    cache."""
+    cache; pairs with the keys as the dots' M in ``groups`` groups (steps of ``step`` keys)."""
     from megakernel.bench import attention_flat
     from megakernel.bench.attention import sdpa
 
@@ -245,8 +245,8 @@ def test_flat_attention_probe_matches_sdpa(heads):
     for lengths, rows in (([S] * B, 16), ([S - 5 - 7 * r for r in range(B)], 4)):
         positions = torch.tensor(lengths, dtype=torch.int32) - 1
         args = [t.to(DEVICE) for t in (q, cache, positions, table)]
-        launch, outputs = attention_flat.run_flat(*args, HKV, programs=3, step=16, stages=2,
-                                                  layer=1, rows=rows, heads=heads)
+        launch, outputs = attention_flat.run_flat(*args, HKV, programs=3, step=step, stages=2,
+                                                  layer=1, rows=rows, heads=heads, groups=groups)
         launch()
         ref = torch.cat([sdpa(q[r:r + 1], cache[1:, :, r:r + 1, :, :lengths[r]], HKV)
                          for r in range(B)])
