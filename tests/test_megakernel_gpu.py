@@ -150,10 +150,10 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             # pair streams with the keys as M: a loop a unit's piece, merged
                             # by combine tasks or by the last piece
                             pytest.param("llama-3.2-1b", 24, TileConfig(
-                                attn_stream=True, attn_pairs=True, kv_block=128,
+                                attn_stream=True, attn_pairs=True, kv_split=1024, kv_block=128,
                                 attn_keys_m=True), id="llama-3.2-1b-24-af-ap-km-kb128"),
                             pytest.param("llama-3.2-1b", 48, TileConfig(
-                                attn_stream=True, attn_pairs=True, kv_block=128,
+                                attn_stream=True, attn_pairs=True, kv_split=1024, kv_block=128,
                                 attn_keys_m=True, fuse_combine=True),
                                 id="llama-3.2-1b-48-af-ap-km-fc-kb128"),
                             pytest.param("llama-3.2-1b", 64, TileConfig(
