@@ -74,27 +74,49 @@ def attn_group_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, laye
         offs = heads[:, :, None] * D + ds[None, None, :]                # [NH, BLOCK_G, BLOCK_D]
         qmask = (gs[None, :, None] < G) & (ds[None, None, :] < D)
     q = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-    m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D, KEYS_M)
     NCHUNK: tl.constexpr = (S + CHUNK - 1) // CHUNK
-    HOISTED: tl.constexpr = KEYS_M and IN_BLOCK              # the steps' entries asked for first
-    blocks = step_blocks(row, 0, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None
     rot = step_rotation(row, kv_head, HKV, NH, NCHUNK) if ROTATE else 0
-    for i in tl.range(0, NCHUNK, num_stages=STAGES):
-        c = loop_step(i, rot, NCHUNK, ROTATE)
-        k, v = load_kv_heads(cache_ptr, bt_ptr, row, c * CHUNK, hi, layer, kv_head + hs, B, HKV,
-                             S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M,
-                             step_block(blocks, c) if HOISTED else None)
-        valid = c * CHUNK + ss < hi
-        if KEYS_M:              # a head a group of online_keys_m
-            m, l, acc = online_keys_m(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m,
-                                     l, acc, scale, DT)
-        else:
-            m, l, acc = group_step(q, k, v, valid, m, l, acc, scale, DT)
+    m, l, acc = group_steps(q, cache_ptr, bt_ptr, row, kv_head, layer, 0, hi, scale, B, HKV, S,
+                            D, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, NH, KEYS_M, NCHUNK,
+                            ROTATE, rot)
     if KEYS_M:
         out = acc / tl.where(l == 0.0, 1.0, l)[:, None, :]
     else:
         out = acc / tl.where(l == 0.0, 1.0, l)[:, :, None]
     tl.store(out_ptr + offs, out.to(DT), mask=qmask)
+
+
+@triton.jit
+def group_steps(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B: tl.constexpr,
+                HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                STAGES: tl.constexpr, IN_BLOCK: tl.constexpr, NH: tl.constexpr,
+                KEYS_M: tl.constexpr, NCHUNK: tl.constexpr, ROTATE: tl.constexpr, rot,
+                steps=0, PIECE: tl.constexpr = False):
+    """``attn_group_op``'s loop: NCHUNK steps of CHUNK keys from key ``lo`` (PIECE: ``steps``
+    of them, a unit's piece) of NH kv heads from kv_head of row ``row``, keys >= hi masked ->
+    their running max and sum [NH, BLOCK_G] and unnormalised acc (KEYS_M: transposed, [NH,
+    BLOCK_D, BLOCK_G], else [NH, BLOCK_G, BLOCK_D]) of queries q as ``attn_group_op`` loads
+    them; ROTATE: from step ``rot`` on, wrapping around."""
+    DT: tl.constexpr = q.dtype
+    hs = tl.arange(0, NH)
+    ss = tl.arange(0, CHUNK)
+    m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D, KEYS_M)
+    HOISTED: tl.constexpr = KEYS_M and IN_BLOCK              # the steps' entries asked for first
+    blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None
+    for i in tl.range(0, steps if PIECE else NCHUNK, num_stages=STAGES):
+        c = loop_step(i, rot, NCHUNK, ROTATE)
+        start = lo + c * CHUNK
+        k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + hs, B, HKV, S,
+                             D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M,
+                             step_block(blocks, c) if HOISTED else None)
+        valid = start + ss < hi
+        if KEYS_M:              # a head a group of online_keys_m
+            m, l, acc = online_keys_m(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m,
+                                     l, acc, scale, DT)
+        else:
+            m, l, acc = group_step(q, k, v, valid, m, l, acc, scale, DT)
+    return m, l, acc
 
 
 @triton.jit

@@ -275,17 +275,22 @@ def _stream_merges(t: Task) -> dict:
     return dict(FUSED=fused, BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
 
 
-def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
+def _stream_keys_m(t: Task, d: Dims, c: TileConfig, heads: int) -> dict:
+    """A stream's arguments as its kind takes them; with the keys as M the stages their steps
+    in flight leave room for (``keys_m_stages``)."""
     args = _attn_stream(t, d, c) | _stream_merges(t)
-    if not c.attn_keys_m:
-        return args
-    return args | dict(W=_key_groups(args["CHUNK"]),
-                       STAGES=keys_m_stages(d, c, args["CHUNK"], 2, args["STAGES"],
+    return args | dict(STAGES=keys_m_stages(d, c, args["CHUNK"], heads, args["STAGES"],
                                             c.kv_block % args["CHUNK"] == 0))
 
 
+def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
+    args = _stream_keys_m(t, d, c, 2)
+    return args | dict(W=_key_groups(args["CHUNK"])) if c.attn_keys_m else args
+
+
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    return _attn_pair_stream(t, d, c) | dict(NH=t.args["heads"])
+    args = _stream_keys_m(t, d, c, t.args["heads"]) | dict(NH=t.args["heads"])
+    return args | dict(KEYS_M=True) if c.attn_keys_m else args
 
 
 def _attn_combine(t: Task, d: Dims, c: TileConfig) -> dict:

@@ -13,7 +13,7 @@ stay consecutive for its combine.
 import triton
 import triton.language as tl
 
-from .attention_group_ops import group_step, load_kv_heads
+from .attention_group_ops import group_step, group_steps, load_kv_heads
 from .attention_keys_m import empty_states, pair_steps_keys_m
 from .attention_ops import (attn_combine_op, empty_state, last_ticket, pair_step, step_frame,
                             second_cut, store_partial, stream_rows, stream_step)
@@ -44,7 +44,7 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
                          NH: tl.constexpr, FUSED: tl.constexpr = False,
-                         BLOCK_SPLIT: tl.constexpr = 1):
+                         BLOCK_SPLIT: tl.constexpr = 1, KEYS_M: tl.constexpr = False):
     """Keys [f0, f1) of the units of NH kv heads laid end to end (f0, f1 and S multiples of
     CHUNK) in one pipelined loop of CHUNK-key steps, whatever unit each step belongs to
     (``group_stream_steps``). Where a unit's piece ends:
@@ -54,14 +54,20 @@ def attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     each cut piece takes its unit's ticket, and the one that takes its last merges the unit's
     heads (``merge_stream_cuts``; ticket, first and count_a: the first cut piece's unit, its
     first slot and its pieces; the second's are ticket + 1, slot0 + 1, count_b). ROWS:
-    ``attention_ops.stream_step``'s."""
+    ``attention_ops.stream_step``'s. KEYS_M: the keys as the dots' M, a loop a unit's piece
+    (``group_stream_pieces_keys_m``)."""
     NCH: tl.constexpr = S // CHUNK
     UNITS: tl.constexpr = HKV // NH                                    # units of a row
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
-                       layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
-                       BLOCK_D, STAGES, ROWS, NH)
+    if KEYS_M:
+        group_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
+                                   c0, c1, layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS,
+                                   CHUNK, BLOCK_G, BLOCK_D, STAGES, NH)
+    else:
+        group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                           layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,
+                           BLOCK_D, STAGES, ROWS, NH)
     if FUSED:                   # after the loop: an atomic in it would stop its pipelining
         merge_stream_cuts(acc_ptr, ml_ptr, out_ptr, c0, c1, slot0, nslots, counters_ptr, epoch,
                           ticket, first, count_a, count_b, NCH, UNITS, HQ, D, G, BLOCK_G,
@@ -115,6 +121,40 @@ def group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_p
             end_group_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot0 + second, nslots,
                             m, l, acc, NH, G, D, BLOCK_G, BLOCK_D)
             m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D)
+
+
+@triton.jit
+def group_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0,
+                               c1, layer, slot0, nslots, scale, B: tl.constexpr,
+                               HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
+                               D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                               CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
+                               BLOCK_D: tl.constexpr, STAGES: tl.constexpr, NH: tl.constexpr):
+    """``group_stream_steps`` with the keys as the dots' M (a head a group): each unit's piece
+    of steps [c0, c1) in a loop of its own, whole groups' (``group_steps`` over the piece's
+    steps), then the piece's epilogue."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    UNITS: tl.constexpr = HKV // NH
+    hs, gs, ds, _, qmask = group_frame(G, D, BLOCK_G, BLOCK_D, CHUNK, NH)
+    qmask_t = (gs[None, None, :] < G) & (ds[None, :, None] < D) & (hs[:, None, None] < NH)
+    u = c0 // NCH
+    while u * NCH < c1:
+        lo = tl.maximum(c0, u * NCH) - u * NCH                 # the piece's steps of unit u
+        hi = tl.minimum(c1, (u + 1) * NCH) - u * NCH
+        row, kv0 = u // UNITS, u % UNITS * NH
+        length = tl.load(pos_ptr + row).to(tl.int32) + 1
+        heads = row * HQ + (kv0 + hs[:, None]) * G + gs[None, :]                 # [NH, BG]
+        q = tl.load(q_ptr + heads[:, None, :] * D + ds[None, :, None], mask=qmask_t,
+                    other=0.0).to(DT)                                             # [NH, BD, BG]
+        m, l, acc = group_steps(q, cache_ptr, bt_ptr, row, kv0, layer, lo * CHUNK,
+                                tl.minimum(length, hi * CHUNK), scale, B, HKV, S, D, BS, CHUNK,
+                                BLOCK_G, BLOCK_D, STAGES, BS % CHUNK == 0, NH, True, NCH, False,
+                                0, hi - lo, True)
+        end_group_piece(out_ptr, acc_ptr, ml_ptr, group_offsets(row, kv0, hs, gs, ds, HQ, G, D),
+                        qmask, (lo == 0) & (hi == NCH), slot0 + second_cut(u, c0, NCH), nslots,
+                        m, l, tl.permute(acc, (0, 2, 1)), NH, G, D, BLOCK_G, BLOCK_D)
+        u += 1
 
 
 @triton.jit

@@ -61,7 +61,7 @@ class TileConfig:
                                # adds them (and the residual, and the sums ``norm_sums``
                                # takes) into the output; no linear_reduce task, phase or wait
                                # (where no reduce_norm reduces by rows)
-    attn_keys_m: bool = False  # whole pairs and groups of kv heads, and pair streams: the
+    attn_keys_m: bool = False  # whole pairs and groups of kv heads, and their streams: the
                                # keys (and the head dim) as the attention dots' M, the query
                                # rows as N (padded to
                                # 8, not 16: half the tensor-core steps and of the softmax's

@@ -120,7 +120,7 @@ def _attention_layout(ops, v: Variant, tiler: Tiler) -> Variant | None:
     if v.attn_group != TileConfig.attn_group and not v.attn_pairs:
         return replace(v, attn_group=TileConfig.attn_group)
     if v.attn_keys_m and not (tiler.attn_pairs() and tiler.whole_units()
-                              or tiler.stream_heads() == 2):       # whole units, pair streams
+                              or tiler.stream_heads() > 1):      # whole units, grouped streams
         return replace(v, attn_keys_m=False)
     if v.attn_rotate and not (tiler.attn_pairs() and tiler.whole_units()):
         return replace(v, attn_rotate=False)

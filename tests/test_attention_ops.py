@@ -308,8 +308,8 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          REVERSE: tl.constexpr, ROWS: tl.constexpr, W: tl.constexpr = 1):
     """The streams (REVERSE: the last first; FUSED: stream i's ticket words at merge_ptr + 4 i,
     each cut unit merged by its last piece, tickets at epoch 1), then (not FUSED) the combine
-    of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j). W > 1: pairs'
-    keys as the dots' M in W groups."""
+    of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j). W > 1: the
+    keys as the dots' M (pairs' steps in W groups, a group's heads one a group)."""
     for k in range(nstreams):
         i = nstreams - 1 - k if REVERSE else k
         f0, f1, slot0 = tl.load(f_ptr + i), tl.load(f_ptr + i + 1), tl.load(slot0_ptr + i)
@@ -326,7 +326,7 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                                             out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr,
                                             1, ticket, first, count_a, count_b, D ** -0.5, B, HQ,
                                             HKV, S, D, G, BS, STEP, G, D, 2, ROWS, NH, FUSED,
-                                            4)
+                                            4, W > 1)
     if not FUSED:
         tl.debug_barrier()
         for j in range(nmerge):
@@ -392,7 +392,16 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
     (4, 64, True, 96, False, 2, 16), (4, 64, True, 96, True, 2, 32),
     (4, 448, False, 128, False, 4, 64), (4, 192, True, 128, True, 4, 128)])
 def test_pair_streams_with_keys_as_m_merge_to_attention(hkv, cut, fused, s, reverse, w, bs):
-    """Pair streams with the keys as the dots' M in ``w`` groups (steps of 16 w keys): cut
-    units, streams over two rows and over three whole units, steps in single cache blocks
-    (their entries asked for before the loop) or not (``bs`` 16), fused merges."""
+    """Pair streams with the keys as the dots' M in ``w`` groups (steps of 16 w keys), a loop
+    a unit's piece: cut units, streams over two rows and over three whole units, steps in
+    single cache blocks (their entries asked for before the loop) or not (``bs`` 16), fused
+    merges."""
     test_grouped_streams_merge_to_attention(2, hkv, cut, True, fused, s, reverse, w, bs)
+
+
+@pytest.mark.parametrize("cut,fused,s,reverse,bs", [
+    (96, False, S, False, 32), (32, True, 96, True, 16), (160, False, 96, False, 32)])
+def test_group_streams_with_keys_as_m_merge_to_attention(cut, fused, s, reverse, bs):
+    """Streams over groups of 4 kv heads with the keys as the dots' M (a head a group, steps
+    of 32 keys), a loop a unit's piece: cut units, fused merges, whole units between pieces."""
+    test_grouped_streams_merge_to_attention(4, 4, cut, False, fused, s, reverse, 2, bs)

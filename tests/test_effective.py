@@ -80,7 +80,7 @@ def test_attention_layouts_only_where_they_apply(ops):
     assert effective(ops, replace(v, attn_pairs=True)) == effective(ops, v)
     grouped = effective(ops, replace(v, attn_pairs=True, attn_stream=True))
     assert grouped.attn_pairs and grouped.attn_stream and parse_variant(grouped.label) == grouped
-    # the keys as the dots' M: whole pairs and pair streams, not single-head streams
+    # the keys as the dots' M: whole pairs and streams of pairs (or groups), not of single heads
     assert effective(ops, replace(grouped, attn_keys_m=True)).attn_keys_m
     assert effective(ops, replace(paired, attn_keys_m=True)).attn_keys_m
     assert effective(ops, replace(streamed, attn_keys_m=True)) == streamed

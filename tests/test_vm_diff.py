@@ -92,12 +92,15 @@ def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
                               attn_keys_m=True)),
     ("tiny-qwen3", TileConfig(attn_stream=True, attn_pairs=True, kv_step=512, kv_block=32)),
     ("tiny-llama-kv4", TileConfig(attn_stream=True, attn_pairs=True, attn_group=4,
-                                  kv_step=512))])
+                                  kv_step=512)),
+    ("tiny-llama-kv4", TileConfig(attn_stream=True, attn_pairs=True, attn_group=4,
+                                  kv_step=1024, kv_block=32, attn_keys_m=True))])
 def test_kernel_equals_vm_with_grouped_streams(name, tiles):
     """Streams over units of a row's pairs (or groups of 4) of kv heads, the heads' steps as
     batched dots (the interpreter's one worker takes each layer's keys in one stream: units cut
     between streams are the next test's); pairs and groups also as a loop per unit's piece;
-    pairs with the keys as the dots' M, steps of 64 keys in 32-key blocks or in one each."""
+    pairs and groups with the keys as the dots' M, steps of 64 keys in 32-key blocks or in one
+    each (a group's of 32 keys)."""
     kinds = check_kernel_against_vm(name, tiles)
     assert ("attn_group_stream" if tiles.attn_group > 2 else "attn_pair_stream") in kinds
     assert not {"attn_stream", "attn_pair", "attn_group"} & set(kinds)
