@@ -147,8 +147,8 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 24, TileConfig(
                                 attn_pairs=True, kv_split=1024, kv_block=128, attn_keys_m=True,
                                 attn_rotate=True), id="llama-3.2-1b-24-ap-km-kr-kb128"),
-                            # pair streams with the keys as M: a loop a unit's piece, merged
-                            # by combine tasks or by the last piece
+                            # streams of pairs or groups with the keys as M: a loop a unit's
+                            # piece, merged by combine tasks or by the last piece
                             pytest.param("llama-3.2-1b", 24, TileConfig(
                                 attn_stream=True, attn_pairs=True, kv_split=1024, kv_block=128,
                                 attn_keys_m=True), id="llama-3.2-1b-24-af-ap-km-kb128"),
@@ -156,6 +156,10 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 attn_stream=True, attn_pairs=True, kv_split=1024, kv_block=128,
                                 attn_keys_m=True, fuse_combine=True),
                                 id="llama-3.2-1b-48-af-ap-km-fc-kb128"),
+                            pytest.param("llama-3.2-1b", 48, TileConfig(
+                                attn_stream=True, attn_pairs=True, attn_group=4, kv_split=1024,
+                                kv_block=128, attn_keys_m=True),
+                                id="llama-3.2-1b-48-af-ap-ag4-km-kb128"),
                             pytest.param("llama-3.2-1b", 64, TileConfig(
                                 attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
                                 attn_keys_m=True, attn_rotate=True, reduce_norm=True),
