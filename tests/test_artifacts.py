@@ -201,6 +201,18 @@ kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
 by_sm = compile_for_hopper(kernel, switches=opts.switches()).asm["ptx"]
 assert "%smid" in by_sm and "exch" in by_sm and "exch" not in plain
 print("tiny-llama", 2, "queues by SM sm_90 ok")
+# streams of pairs and of groups of 4 kv heads with the keys as M: a loop a unit's piece
+from dataclasses import replace
+for group, kv in ((2, PRESETS["tiny-llama"].num_kv_heads), (4, 4)):
+    tile = TileConfig(attn_stream=True, attn_pairs=True, attn_group=group, attn_keys_m=True,
+                      kv_step=1024, kv_block=64)
+    cfg = replace(PRESETS["tiny-llama"], num_heads=2 * kv, num_kv_heads=kv)
+    c = compile_model(empty_model(cfg).to(torch.bfloat16),
+                      CompileOptions(3, 64, target="h200", num_workers=5, tile=tile), "tiny-llama")
+    assert ("W=4" if group == 2 else "KEYS_M=True") in c.kernel.source
+    ptx = compile_for_hopper(load_kernel(c.kernel.source, c.kernel.kernel_name)).asm["ptx"]
+    assert "cp.async" in ptx
+    print("tiny-llama", kv, "kv heads, streams with the keys as M sm_90 ok")
 """
 
 
@@ -216,7 +228,7 @@ def run_without_interpreter(script: str, cache) -> str:
 
 
 def test_generated_kernels_compile_for_sm90(tmp_path):
-    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 12
+    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 14
 
 
 MASK_SCRIPT = """
