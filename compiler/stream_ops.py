@@ -124,6 +124,16 @@ def group_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_p
 
 
 @triton.jit
+def stream_piece(u, c0, c1, pos_ptr, NCH: tl.constexpr, UNITS: tl.constexpr, NH: tl.constexpr):
+    """Unit u's piece of a stream over steps [c0, c1) (NCH steps a unit, UNITS units of NH kv
+    heads a row): its first and end step within the unit, the unit's row and first kv head,
+    and the row's length."""
+    row = u // UNITS
+    return (tl.maximum(c0, u * NCH) - u * NCH, tl.minimum(c1, (u + 1) * NCH) - u * NCH, row,
+            u % UNITS * NH, tl.load(pos_ptr + row).to(tl.int32) + 1)
+
+
+@triton.jit
 def group_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0,
                                c1, layer, slot0, nslots, scale, B: tl.constexpr,
                                HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
@@ -140,10 +150,7 @@ def group_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_pt
     qmask_t = (gs[None, None, :] < G) & (ds[None, :, None] < D) & (hs[:, None, None] < NH)
     u = c0 // NCH
     while u * NCH < c1:
-        lo = tl.maximum(c0, u * NCH) - u * NCH                 # the piece's steps of unit u
-        hi = tl.minimum(c1, (u + 1) * NCH) - u * NCH
-        row, kv0 = u // UNITS, u % UNITS * NH
-        length = tl.load(pos_ptr + row).to(tl.int32) + 1
+        lo, hi, row, kv0, length = stream_piece(u, c0, c1, pos_ptr, NCH, UNITS, NH)
         heads = row * HQ + (kv0 + hs[:, None]) * G + gs[None, :]                 # [NH, BG]
         q = tl.load(q_ptr + heads[:, None, :] * D + ds[None, :, None], mask=qmask_t,
                     other=0.0).to(DT)                                             # [NH, BD, BG]
@@ -247,10 +254,7 @@ def pair_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr
     gs, ds, _, qmask = step_frame(G, D, BLOCK_G, BLOCK_D, CHUNK)
     u = c0 // NCH
     while u * NCH < c1:
-        lo = tl.maximum(c0, u * NCH) - u * NCH                 # the piece's steps of unit u
-        hi = tl.minimum(c1, (u + 1) * NCH) - u * NCH
-        row, kv0 = u // UNITS, u % UNITS * 2
-        length = tl.load(pos_ptr + row).to(tl.int32) + 1
+        lo, hi, row, kv0, length = stream_piece(u, c0, c1, pos_ptr, NCH, UNITS, 2)
         offs = (row * HQ + kv0 * G + gs)[:, None] * D + ds[None, :]       # head a's [BG, BD]
         qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
         qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
