@@ -63,11 +63,10 @@ class TileConfig:
                                # (where no reduce_norm reduces by rows)
     attn_keys_m: bool = False  # whole pairs and groups of kv heads, and their streams: the
                                # keys (and the head dim) as the attention dots' M, the query
-                               # rows as N (padded to
-                               # 8, not 16: half the tensor-core steps and of the softmax's
-                               # work), each warp's keys reduced within the warp (a pair's step
-                               # in registry.KEY_GROUPS groups with running states of their
-                               # own, a group's heads one a warp)
+                               # rows as N (padded to 8, not 16: half the tensor-core steps
+                               # and of the softmax's work), each warp's keys reduced within
+                               # the warp (a pair's step in registry.KEY_GROUPS groups with
+                               # running states of their own, a group's heads one a warp)
     attn_rotate: bool = False  # whole pairs and groups of kv heads: each task's key loop from
                                # its own step on (its index in the op mod the steps), wrapping
                                # around, so that tasks side by side do not read the same
