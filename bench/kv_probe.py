@@ -3,6 +3,7 @@ arithmetic and with the megakernel's attention bodies: separates the memory syst
 that pattern from the bodies' own.
 
     python -m megakernel.bench.kv_probe --batch-sizes 24,48,64 [--bodies 2:4:128:4:4] [--stamps]
+        [--forms plain,polling] [--unit-streams 2:4:128:4,4:4:128:4]
 
 Programs walk tasks of (row, NH consecutive kv heads) over the cache [L, 2, B, Hkv, S, D]
 (bf16), every layer's tasks in one launch (the layers one after another in each program, no
@@ -14,8 +15,10 @@ same bytes cut into equal contiguous spans, one a program; ``body_tasks``: the a
 (``attn_pair_op``, ``attn_group_op``) for each --bodies entry (heads a task : key groups W :
 keys a step : stages : warps); where a body has fewer tasks than the chip has SMs, also on a
 program an SM with the busy ones spread over the grid, and with the idle ones polling a
-counter the tasks signal (as megakernel workers waiting on attention's outputs do). Prints
-TB/s of the cache (and with --stamps each task's time by row and by SM).
+counter the tasks signal (as megakernel workers waiting on attention's outputs do);
+``stream_tasks``: the bodies as streams of units over every SM (``stream_ops``, each program
+an equal share of whole steps, with the keys as M where W > 1). Prints TB/s of the cache (and
+with --stamps each task's time by row and by SM).
 """
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.compiler import attention_group_ops, attention_ops, kernel_loop
+from megakernel.compiler import attention_group_ops, attention_ops, kernel_loop, stream_ops
+from megakernel.compiler.tile_attention import (first_slots, rows_spanned, stream_plan,
+                                                 stream_shares, unit_slots)
 
 
 @triton.jit
@@ -107,6 +112,55 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
 
 
 @triton.jit
+def stream_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, slot0_ptr, nslots,
+                 cut, total, layers, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                 S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, STAGES: tl.constexpr,
+                 ROWS: tl.constexpr, NH: tl.constexpr, W: tl.constexpr):
+    """``body_tasks`` as streams: program t takes keys [t * cut, (t + 1) * cut) of the units of
+    NH kv heads laid end to end (``stream_ops``' pair or group streams; W > 1: the keys as the
+    dots' M), every layer one after another; cut units' pieces left in their slots."""
+    t = tl.program_id(0)
+    f0 = t * cut
+    f1 = tl.minimum(f0 + cut, total)
+    slot0 = tl.load(slot0_ptr + t)
+    for layer in range(0, layers):
+        if NH == 2:
+            stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
+                                           out_ptr, f0, f1, layer, slot0, nslots, slot0_ptr, 0,
+                                           0, 0, 0, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                           CHUNK, BLOCK_G, D, STAGES, ROWS, False, 1, W)
+        else:
+            stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
+                                            out_ptr, f0, f1, layer, slot0, nslots, slot0_ptr, 0,
+                                            0, 0, 0, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS,
+                                            CHUNK, BLOCK_G, D, STAGES, ROWS, NH, False, 1, W > 1)
+
+
+def stream_probe(q, cache, pos, table, programs: int, nh: int, w: int, chunk: int,
+                 stages: int, warps: int = 4):
+    """(launch, outputs) of ``stream_tasks`` over ``programs`` equal shares of whole steps (of
+    ``chunk`` keys for a pair, as many keys x heads for a group): outputs() the last layer's
+    attention, its cut units merged from their slots on the host."""
+    from megakernel.bench.attention_flat import merge_slots
+
+    layers, _, b, hkv, s, d = cache.shape
+    g, units = q.shape[1] // d // hkv, b * hkv // nh
+    step, cut = stream_shares(units * s, s, programs, chunk * 2 // max(2, nh))
+    streams, _, slot_of = stream_plan(units, s, cut)
+    slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
+    n = max(1, len(slot_of))
+    acc = torch.full((nh * n, g, d), float("nan"), device=q.device)
+    ml = torch.full((nh * n, g, 2), float("nan"), device=q.device)
+    out = torch.full_like(q, float("nan"))
+    launch = lambda: stream_tasks[(len(streams),)](
+        q, cache, pos, table, acc, ml, out, slot0, n, cut, units * s, layers, b, q.shape[1] // d,
+        hkv, s, d, g, s // table.shape[1], step, max(4, triton.next_power_of_2(g)), stages,
+        rows_spanned(streams, s, hkv // nh), nh, w, num_warps=warps)
+    return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv, nh)
+
+
+@triton.jit
 def sm_id(STAMPS: tl.constexpr):
     """The SM this program runs on (0 under the interpreter)."""
     if STAMPS == 2:
@@ -142,12 +196,36 @@ def time_ms(fn, iters: int = 30) -> float:
 
 def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms: int,
                 bodies: list[tuple[int, ...]], streams: bool, stamps: bool = False,
-                only: tuple[str, ...] = ()) -> None:
+                only: tuple[str, ...] = (), unit_streams: list[tuple[int, ...]] = ()) -> None:
     cache = torch.randn(layers, 2, b, hkv, s, d, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(max(sms, b * hkv) * 128 * d, dtype=torch.float32, device="cuda")
     if streams:
         time_streams(cache, out, stages, sms)
     time_bodies(cache, bodies, sms, stamps, only)
+    time_unit_streams(cache, unit_streams, sms)
+
+
+def time_unit_streams(cache: torch.Tensor, specs: list[tuple[int, ...]], sms: int) -> None:
+    """Each stream body (kv heads a unit, key groups W, keys a step of a pair, stages) over
+    every layer on ``sms`` programs (``stream_probe``), checked against SDPA."""
+    from megakernel.bench.attention import sdpa
+    from megakernel.bench.sweep import rel_err
+
+    layers, _, b, hkv, s, d = cache.shape
+    q = torch.randn(b, 32 * d, device="cuda", dtype=torch.bfloat16)
+    pos = torch.full((b,), s - 1, device="cuda", dtype=torch.int32)
+    table = torch.arange(b * s // 128, device="cuda", dtype=torch.int32).view(b, s // 128)
+    ref = sdpa(q, cache[layers - 1:], hkv)
+    for nh, w, chunk, st in specs:
+        launch, outputs = stream_probe(q, cache, pos, table, sms, nh, w, chunk, st)
+        try:
+            ms = time_ms(launch)
+        except Exception as err:
+            print(f"B={b} streams heads/unit {nh} W {w}: {type(err).__name__}")
+            continue
+        print(f"B={b} streams heads/unit {nh} W {w} keys {chunk} stages {st} programs {sms}: "
+              f"{ms * 1e3:7.1f} us  {cache.numel() * 2 / ms / 1e9:5.2f} TB/s  rel err "
+              f"{rel_err(outputs(), ref):.1e}", flush=True)
 
 
 def time_streams(cache: torch.Tensor, out: torch.Tensor, stages: int, sms: int) -> None:
@@ -256,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-streams", action="store_true", help="time the bodies only")
     p.add_argument("--stamps", action="store_true",
                    help="also each body task's time by row and by SM (stamp_summary)")
+    p.add_argument("--unit-streams", default="",
+                   help="also streams over every SM: kv heads a unit:key groups W:keys a step "
+                        "of a pair:stages, e.g. 2:4:128:4,4:4:128:4 (W > 1: keys as M)")
     p.add_argument("--forms", default="",
                    help="bodies' forms timed, e.g. plain,polling (default: every form)")
     a = p.parse_args(argv)
@@ -266,7 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     bodies = [tuple(int(x) for x in spec.split(":")) for spec in a.bodies.split(",") if spec]
     for b in (int(x) for x in a.batch_sizes.split(",")):
         probe_batch(b, a.layers, 8, 1024, 64, a.stages, sms, bodies, not a.no_streams,
-                    a.stamps, only)
+                    a.stamps, only, [tuple(int(x) for x in spec.split(":"))
+                                     for spec in a.unit_streams.split(",") if spec])
 
 
 if __name__ == "__main__":

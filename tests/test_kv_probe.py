@@ -1,7 +1,7 @@
 """``bench/kv_probe.py`` on small shapes: the streamed sums equal the cache's, and the attention
 bodies walked over every layer (tasks in the tiler's order or across rows, idle programs
-polling the tasks' counters, loops rotated, tasks stamped) give the last layer's attention as
-SDPA does."""
+polling the tasks' counters, loops rotated, tasks stamped; or as streams of units) give the
+last layer's attention as SDPA does."""
 import pytest
 import torch
 
@@ -63,3 +63,22 @@ def test_stamp_summary_means_by_row_and_by_sm():
     assert span.startswith("  layer span 12.0 us; task mean 8.5")
     assert by_row == "  by row: 6.5 10.5"
     assert by_sm == "  by SM: 3:5.5 5:7.5 7:9.5 9:11.5"
+
+
+@pytest.mark.parametrize("heads,groups", [(2, 1), (2, 2), (4, 1), (4, 2)])
+def test_unit_streams_match_sdpa(heads, groups):
+    """``stream_probe``: streams of pairs (or groups of 4) of kv heads over 3 programs, every
+    layer in one launch, the keys as the dots' M where ``groups`` > 1; the last layer's
+    attention with its cut units merged equals SDPA's (rows of unequal length)."""
+    s = 96                                     # 3 steps of 32 keys a unit: units cut
+    gen = torch.Generator().manual_seed(4)
+    cache, q = torch.randn(L, 2, B, HKV, s, D, generator=gen), torch.randn(B, HQ * D, generator=gen)
+    pos = torch.tensor([s - 1, s - 40], dtype=torch.int32)
+    table = torch.arange(B * s // 16, dtype=torch.int32).view(B, s // 16)
+    cache, q, pos, table = (t.to(DEVICE) for t in (cache, q, pos, table))
+    launch, outputs = kv_probe.stream_probe(q, cache, pos, table, 3, heads, groups, 32, 2)
+    launch()
+    lengths = (pos + 1).tolist()
+    ref = torch.cat([sdpa(q[r:r + 1], cache[L - 1:, :, r:r + 1, :, :lengths[r]], HKV)
+                     for r in range(B)])
+    torch.testing.assert_close(outputs().cpu(), ref.cpu(), atol=1e-5, rtol=1e-5)
