@@ -79,6 +79,18 @@ def merge_slots(out: torch.Tensor, acc: torch.Tensor, ml: torch.Tensor, slots: d
     return out
 
 
+def stream_buffers(q: torch.Tensor, units: int, s: int, cut: int, heads: int, g: int, d: int):
+    """The streams of ``units`` units of ``s`` keys cut every ``cut`` keys (``stream_plan``)
+    and what they fill, NaN-poisoned: (streams, cut pieces' slots, each stream's first slot,
+    slots n, acc [heads * n, g, d], (max, sum) [heads * n, g, 2], out like q)."""
+    streams, _, slot_of = stream_plan(units, s, cut)
+    slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
+    n = max(1, len(slot_of))
+    return (streams, slot_of, slot0, n, *(torch.full((heads * n, g, w), float("nan"),
+                                                      device=q.device) for w in (d, 2)),
+            torch.full_like(q, float("nan")))
+
+
 def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: int,
              warps: int = 4, layer: int = 0, rows: int = TileConfig.attn_rows, heads: int = 1,
              groups: int = 1):
@@ -90,12 +102,7 @@ def run_flat(q, cache, pos, table, hkv: int, programs: int, step: int, stages: i
     b, s, d = cache.shape[2], cache.shape[4], cache.shape[5]
     g, units = q.shape[1] // d // hkv, b * hkv // heads
     step, cut = stream_shares(units * s, s, programs, step)
-    streams, _, slot_of = stream_plan(units, s, cut)
-    slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
-    n = max(1, len(slot_of))
-    acc = torch.full((heads * n, g, d), float("nan"), device=q.device)
-    ml = torch.full((heads * n, g, 2), float("nan"), device=q.device)
-    out = torch.full_like(q, float("nan"))
+    streams, slot_of, slot0, n, acc, ml, out = stream_buffers(q, units, s, cut, heads, g, d)
     sizes = (b, q.shape[1] // d, hkv, s, d, g, s // table.shape[1], step, stages, p2(g, rows),
              rows_spanned(streams, s, hkv // heads))
     if heads == 1:

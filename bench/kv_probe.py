@@ -29,8 +29,7 @@ import triton
 import triton.language as tl
 
 from megakernel.compiler import attention_group_ops, attention_ops, kernel_loop, stream_ops
-from megakernel.compiler.tile_attention import (first_slots, rows_spanned, stream_plan,
-                                                 stream_shares, unit_slots)
+from megakernel.compiler.tile_attention import rows_spanned, stream_shares, unit_slots
 
 
 @triton.jit
@@ -142,17 +141,12 @@ def stream_probe(q, cache, pos, table, programs: int, nh: int, w: int, chunk: in
     """(launch, outputs) of ``stream_tasks`` over ``programs`` equal shares of whole steps (of
     ``chunk`` keys for a pair, as many keys x heads for a group): outputs() the last layer's
     attention, its cut units merged from their slots on the host."""
-    from megakernel.bench.attention_flat import merge_slots
+    from megakernel.bench.attention_flat import merge_slots, stream_buffers
 
     layers, _, b, hkv, s, d = cache.shape
     g, units = q.shape[1] // d // hkv, b * hkv // nh
     step, cut = stream_shares(units * s, s, programs, chunk * 2 // max(2, nh))
-    streams, _, slot_of = stream_plan(units, s, cut)
-    slot0 = torch.tensor(first_slots(streams, slot_of), dtype=torch.int32, device=q.device)
-    n = max(1, len(slot_of))
-    acc = torch.full((nh * n, g, d), float("nan"), device=q.device)
-    ml = torch.full((nh * n, g, 2), float("nan"), device=q.device)
-    out = torch.full_like(q, float("nan"))
+    streams, slot_of, slot0, n, acc, ml, out = stream_buffers(q, units, s, cut, nh, g, d)
     launch = lambda: stream_tasks[(len(streams),)](
         q, cache, pos, table, acc, ml, out, slot0, n, cut, units * s, layers, b, q.shape[1] // d,
         hkv, s, d, g, s // table.shape[1], step, max(4, triton.next_power_of_2(g)), stages,
