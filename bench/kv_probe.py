@@ -28,7 +28,12 @@ import torch
 import triton
 import triton.language as tl
 
+from megakernel.bench.attention import sdpa
+from megakernel.bench.attention_flat import merge_slots, stream_buffers
+from megakernel.bench.sweep import rel_err
 from megakernel.compiler import attention_group_ops, attention_ops, kernel_loop, stream_ops
+from megakernel.compiler.registry import p2
+from megakernel.compiler.tile import TileConfig
 from megakernel.compiler.tile_attention import rows_spanned, stream_shares, unit_slots
 
 
@@ -141,15 +146,13 @@ def stream_probe(q, cache, pos, table, programs: int, nh: int, w: int, chunk: in
     """(launch, outputs) of ``stream_tasks`` over ``programs`` equal shares of whole steps (of
     ``chunk`` keys for a pair, as many keys x heads for a group): outputs() the last layer's
     attention, its cut units merged from their slots on the host."""
-    from megakernel.bench.attention_flat import merge_slots, stream_buffers
-
     layers, _, b, hkv, s, d = cache.shape
     g, units = q.shape[1] // d // hkv, b * hkv // nh
     step, cut = stream_shares(units * s, s, programs, chunk * 2 // max(2, nh))
     streams, slot_of, slot0, n, acc, ml, out = stream_buffers(q, units, s, cut, nh, g, d)
     launch = lambda: stream_tasks[(len(streams),)](
         q, cache, pos, table, acc, ml, out, slot0, n, cut, units * s, layers, b, q.shape[1] // d,
-        hkv, s, d, g, s // table.shape[1], step, max(4, triton.next_power_of_2(g)), stages,
+        hkv, s, d, g, s // table.shape[1], step, p2(g, TileConfig.attn_rows), stages,
         rows_spanned(streams, s, hkv // nh), nh, w, num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv, nh)
 
@@ -202,13 +205,8 @@ def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms:
 def time_unit_streams(cache: torch.Tensor, specs: list[tuple[int, ...]], sms: int) -> None:
     """Each stream body (kv heads a unit, key groups W, keys a step of a pair, stages) over
     every layer on ``sms`` programs (``stream_probe``), checked against SDPA."""
-    from megakernel.bench.attention import sdpa
-    from megakernel.bench.sweep import rel_err
-
     layers, _, b, hkv, s, d = cache.shape
-    q = torch.randn(b, 32 * d, device="cuda", dtype=torch.bfloat16)
-    pos = torch.full((b,), s - 1, device="cuda", dtype=torch.int32)
-    table = torch.arange(b * s // 128, device="cuda", dtype=torch.int32).view(b, s // 128)
+    q, pos, table = body_inputs(cache)
     ref = sdpa(q, cache[layers - 1:], hkv)
     for nh, w, chunk, st in specs:
         launch, outputs = stream_probe(q, cache, pos, table, sms, nh, w, chunk, st)
@@ -264,6 +262,16 @@ def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int,
             "  by SM: " + " ".join(f"{k}:{x:.1f}" for k, x in by_sm.items())]
 
 
+def body_inputs(cache: torch.Tensor, hq: int = 32):
+    """What the bodies read besides the cache [L, 2, B, Hkv, S, D]: random queries [B, hq * D]
+    (bf16), every row at its last position, and the block table of 128-key blocks in order."""
+    _, _, b, _, s, d = cache.shape
+    q = torch.randn(b, hq * d, device=cache.device, dtype=torch.bfloat16)
+    pos = torch.full((b,), s - 1, device=cache.device, dtype=torch.int32)
+    table = torch.arange(b * s // 128, device=cache.device, dtype=torch.int32).view(b, s // 128)
+    return q, pos, table
+
+
 # the bodies' forms (``time_bodies``): the last three only where tasks are fewer than SMs
 FORMS = ("plain", "across", "rotated", "spread", "polling", "sleeping")
 
@@ -276,9 +284,7 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
     layers, _, b, hkv, s, d = cache.shape
     nbytes = cache.numel() * 2
     hq, g = 32, 4
-    q = torch.randn(b, hq * d, device="cuda", dtype=torch.bfloat16)
-    pos = torch.full((b,), s - 1, device="cuda", dtype=torch.int32)
-    table = torch.arange(b * s // 128, device="cuda", dtype=torch.int32).view(b, s // 128)
+    q, pos, table = body_inputs(cache, hq)
     att = torch.empty_like(q)
     for nh, w, chunk, st, warps in bodies:
         ntasks = b * hkv // nh

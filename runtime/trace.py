@@ -50,8 +50,8 @@ def spread_table(traces: list[TaskTrace], compiled, unit_per_us: float) -> dict:
     """The attention tasks' op times (start to end; combines left out), averaged by the batch
     row a task attends for, by its (first) kv head and (GPU traces) by its SM: where a phase's
     slowest tasks sit (on an H100 at 24 and 64 rows the slowest SMs' means were 1.25-1.5 times
-    the fastest ones', in groups of SMs, stable over the layers). -> {"by row": {row: us}, "by kv head": {head: us},
-    "by SM": {sm: us}} (empty groupings left out)."""
+    the fastest ones', in groups of SMs, stable over the layers). -> {"by row": {row: us},
+    "by kv head": {head: us}, "by SM": {sm: us}} (empty groupings left out)."""
     tasks = compiled.tasks.tasks
     groups: dict[str, dict] = {"by row": defaultdict(list), "by kv head": defaultdict(list),
                                "by SM": defaultdict(list)}
