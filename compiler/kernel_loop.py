@@ -24,7 +24,7 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
     (GPU only): between polls, ask L2 for the next 256 lines of the ``pf_count`` elements at
     ``pf_ptr`` (the task's weights; a column slice where ``pf_row`` > 0, see ``prefetch_l2``),
     so that a task whose inputs are ready starts at once and one that waits streams its weights
-    meanwhile; PF_START > 0: only once that percentage of the polled counter's producers has
+    meanwhile; PF_WAIT 2: the same lines asked for with L2's evict_last priority; PF_START > 0: only once that percentage of the polled counter's producers has
     signalled, so that the prefetches of tasks that wait long do not queue ahead of the loads
     of the tasks they wait for). WAITS > 1 (the most waits a
     task of the kernel has, a power of two): a task with several polls all of them at once
@@ -118,7 +118,7 @@ def between_polls(pf_ptr, pf_done, pf_count, pf_row, pf_stride, started, spins,
             ask = ask & started
         if ask:
             prefetch_l2(pf_ptr, tl.minimum(pf_count - pf_done, 256 * LINE), pf_row, pf_stride,
-                        pf_done)
+                        pf_done, LAST=PF_WAIT == 2)
             pf_done += 256 * LINE
     if BACKOFF > 0:
         tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r",
@@ -167,15 +167,17 @@ def signal_counter(counters_ptr, c):
 
 
 @triton.jit
-def prefetch_l2(ptr, count, row=0, stride=0, start=0, LINES: tl.constexpr = 256):
+def prefetch_l2(ptr, count, row=0, stride=0, start=0, LINES: tl.constexpr = 256,
+                LAST: tl.constexpr = False):
     """Ask L2 for ``count`` elements from element ``start`` on of the range at ``ptr``, one
     128-byte line per lane (GPU only; 64 bf16/fp16 elements per line): a contiguous range (row
-    0), or a column slice of ``row`` elements in each of a matrix's rows, ``stride`` apart."""
+    0), or a column slice of ``row`` elements in each of a matrix's rows, ``stride`` apart;
+    LAST: with evict_last priority (``prefetch_line``)."""
     n_lines = (count + LINE - 1) // LINE
     i = 0
     while i < n_lines:
         line = tl.minimum(i + tl.arange(0, LINES), n_lines - 1).to(tl.int64)
-        prefetch_line(ptr + range_offsets(start + line * LINE, row, stride))
+        prefetch_line(ptr + range_offsets(start + line * LINE, row, stride), LAST)
         i += LINES
 
 
@@ -190,11 +192,16 @@ def range_offsets(e, row, stride):
 
 
 @triton.jit
-def prefetch_line(ptr):
+def prefetch_line(ptr, LAST: tl.constexpr = False):
     """Ask L2 for the 128-byte line holding ``ptr`` (or each of a tensor of pointers; GPU
-    only)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptr],
-                              dtype=tl.int32, is_pure=False, pack=1)
+    only); LAST: with evict_last priority, so that the lines outlast the streams of keys,
+    values and other weights that pass through L2 before the task reads them."""
+    if LAST:
+        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
+                                  "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptr],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

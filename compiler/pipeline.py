@@ -51,6 +51,9 @@ class CompileOptions:
                                          # 1.102, 32 1.246 -> 1.236, 64 1.569 -> 1.554)
     prefetch_fill: bool = False          # with prefetch: a task that reads no weights
                                          # (attention) asks for the next task's (``encode``)
+    prefetch_last: bool = False          # with prefetch: the weights asked for with L2's
+                                         # evict_last priority (GPU; PTX ``prefetch.global.L2::
+                                         # evict_last``), kept while other streams pass through
     prefetch_columns: bool = False       # with prefetch: a capped range's first columns of
                                          # every row (what a loop over K reads first), not its
                                          # first rows (``encode``)
@@ -74,7 +77,7 @@ class CompileOptions:
         weights before its waits, 2 the next instruction's words, 4 the weights between polls of
         its waits instead, 8 what ops with a prefetch body read of earlier steps, 16 what the
         next task's prefetch body reads, its first KV_AHEAD keys a unit, 32 those after the task's
-        signal instead of before its waits), BACKOFF ns of sleep
+        signal instead of before its waits, 64 the weights with evict_last priority), BACKOFF ns of sleep
         between polls, POLL 1 to poll with acquire loads, PF_START the ``prefetch_start``
         percentage, STAGE the staging area's bytes (``staging``; in place under the
         interpreter), BY_SM 1 where each program takes the queue of its SM (``queues_by_sm``)."""
@@ -84,7 +87,7 @@ class CompileOptions:
                         BY_SM=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
-                    | 8 * self.prefetch_kv
+                    | 8 * self.prefetch_kv | 64 * self.prefetch_last
                     | (32 if self.prefetch_kv_late else 16) * bool(self.prefetch_kv_ahead),
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
                     PF_START=self.prefetch_start, STAGE=self.stage_bytes,

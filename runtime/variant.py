@@ -100,6 +100,7 @@ class Variant:
     prefetch_slices: bool = CompileOptions.prefetch_slices
     prefetch_fill: bool = CompileOptions.prefetch_fill
     prefetch_columns: bool = CompileOptions.prefetch_columns
+    prefetch_last: bool = CompileOptions.prefetch_last
     norm_first: bool | None = TileConfig.norm_first
     reduce_norm: bool = TileConfig.reduce_norm
     norm_sums: bool = TileConfig.norm_sums
@@ -146,7 +147,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_kv": "prefetch_kv", "prefetch_kv_ahead": "prefetch_kv_ahead",
                  "prefetch_kv_late": "prefetch_kv_late",
                  "prefetch_slices": "prefetch_slices", "prefetch_fill": "prefetch_fill",
-                 "prefetch_columns": "prefetch_columns",
+                 "prefetch_columns": "prefetch_columns", "prefetch_last": "prefetch_last",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers",
                  "noinline": "noinline", "queues_by_sm": "queues_by_sm"}
@@ -159,6 +160,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "ps": {"prefetch_slices": True}, "ps0": {"prefetch_slices": False},
             "fw": {"prefetch_fill": True}, "pc": {"prefetch_columns": True},
+            "el": {"prefetch_last": True},
             "pl": {"poll_load": True}, "qm": {"queues_by_sm": True},
             "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
@@ -246,7 +248,7 @@ def _prefetch_flags(v: Variant) -> list:
     flags += [f"{late}{v.prefetch_kv_ahead}"] * bool(v.prefetch_kv_ahead)
     flags += ["ps0"] * (not v.prefetch_slices)
     flags += ["fw"] * v.prefetch_fill
-    flags += ["pc"] * v.prefetch_columns
+    flags += ["pc"] * v.prefetch_columns + ["el"] * v.prefetch_last
     flags += ["pl"] * v.poll_load + ["qm"] * v.queues_by_sm
     flags += [f"pt{v.prefetch_start}"] * bool(v.prefetch_start)
     return flags

@@ -113,6 +113,14 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
         assert late != ptx_of(PREFETCH=4) and "prefetch.global.L2" in late
         assert "prefetch.global.L2" in ptx_of(PREFETCH=8)
         assert "prefetch.global.L2" not in ptx_of(PREFETCH=0)
+        # the weights with evict_last priority (64), between polls or before the waits; the
+        # next instruction's words and the KV cache as before
+        assert "L2::evict_last" not in ptx_of(PREFETCH=6) + ptx_of(PREFETCH=3)
+        for bits in (4 | 64, 6 | 64, 1 | 64):
+            last = ptx_of(PREFETCH=bits)
+            assert "prefetch.global.L2::evict_last" in last, bits
+            assert last.count("prefetch.global.L2") == ptx_of(PREFETCH=bits - 64).count(
+                "prefetch.global.L2"), bits
         # the next task's earlier keys and values asked for while this one waits
         assert "prefetch.global.L2" in ptx_of(PREFETCH=16, KV_AHEAD=16)
         # or once it has signalled: the prefetches after the release
