@@ -104,7 +104,8 @@ def _effective(ops, v: Variant, again) -> Variant:
 # what only the weights' L2 prefetch reads (kept at their defaults without it: the kernel's
 # PREFETCH switch ignores them, and a label cannot say them without turning it on)
 WEIGHT_PREFETCH = ("prefetch_kb", "prefetch_ahead", "prefetch_next", "prefetch_wait",
-                   "prefetch_start", "prefetch_slices", "prefetch_fill", "prefetch_columns")
+                   "prefetch_start", "prefetch_slices", "prefetch_fill", "prefetch_columns",
+                   "prefetch_last")
 
 
 def _attention_layout(ops, v: Variant, tiler: Tiler) -> Variant | None:
