@@ -91,9 +91,9 @@ from .variant import Variant, stream_kv_split
 # Whole pairs' and groups' key loops each from a step of its own (``attn_rotate``; against the
 # winners beside torch-compile on the H200, ms: 24 rows with `km` 1.194 -> 1.175, 48 rows with
 # groups and `km` 1.479 -> 1.458, 64 rows 1.553 -> 1.573).
-# The weights' L2 prefetches with evict_last priority (``CompileOptions.prefetch_last``; against
-# the H200 ledger's winners on an H100, ms: 24 rows 1.463 -> 1.440, 48 1.802 -> 1.788, 64 1.977
-# -> 1.958).
+# The weights' L2 prefetches with evict_last priority (``CompileOptions.prefetch_last``, on by
+# default; against the H200 ledger's winners on an H100, ms: 24 rows 1.463 -> 1.440, 48 1.802 ->
+# 1.788, 64 1.977 -> 1.958) flip off.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
           "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m", "attn_rotate",
           "prefetch_last")

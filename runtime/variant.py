@@ -160,7 +160,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "ps": {"prefetch_slices": True}, "ps0": {"prefetch_slices": False},
             "fw": {"prefetch_fill": True}, "pc": {"prefetch_columns": True},
-            "el": {"prefetch_last": True},
+            "el": {"prefetch_last": True}, "el0": {"prefetch_last": False},
             "pl": {"poll_load": True}, "qm": {"queues_by_sm": True},
             "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
@@ -248,7 +248,7 @@ def _prefetch_flags(v: Variant) -> list:
     flags += [f"{late}{v.prefetch_kv_ahead}"] * bool(v.prefetch_kv_ahead)
     flags += ["ps0"] * (not v.prefetch_slices)
     flags += ["fw"] * v.prefetch_fill
-    flags += ["pc"] * v.prefetch_columns + ["el"] * v.prefetch_last
+    flags += ["pc"] * v.prefetch_columns + ["el0"] * (not v.prefetch_last)
     flags += ["pl"] * v.poll_load + ["qm"] * v.queues_by_sm
     flags += [f"pt{v.prefetch_start}"] * bool(v.prefetch_start)
     return flags

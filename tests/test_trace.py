@@ -182,6 +182,17 @@ def test_kv_ahead_labels_set_where_the_prefetch_is_issued(flag, late):
     assert (bits // 16 % 2, bits // 32 % 2) == (not late, late)
 
 
+def test_evict_last_prefetch_is_the_default_and_el0_turns_it_off():
+    """PREFETCH bit 64: the weights asked of L2 with evict_last priority, unless ``el0``; a label
+    says only the exception, and ``el`` (the default) still parses."""
+    on, off = parse_variant("64x64x4x132"), parse_variant("64x64x4x132xel0")
+    assert on == parse_variant("64x64x4x132xel") and "el" not in on.label.split("x")
+    assert not off.prefetch_last and parse_variant(off.label) == off and "el0" in off.label
+    bits = [CompileOptions(24, 1024, **v.options(132)).switches()["PREFETCH"] for v in (on, off)]
+    assert (bits[0] // 64 % 2, bits[1] // 64 % 2) == (1, 0) and bits[0] - bits[1] == 64
+    assert CompileOptions(24, 1024).switches(cuda=False)["PREFETCH"] == 0
+
+
 def test_variant_labels():
     v = parse_variant("64x256x8x264xgxs2xkv32xnp")
     opts = v.options(sms=132)
