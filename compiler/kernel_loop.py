@@ -24,11 +24,11 @@ def wait_counters(waits_ptr, counters_ptr, error_ptr, first, count, c0, size0, e
     (GPU only): between polls, ask L2 for the next 256 lines of the ``pf_count`` elements at
     ``pf_ptr`` (the task's weights; a column slice where ``pf_row`` > 0, see ``prefetch_l2``),
     so that a task whose inputs are ready starts at once and one that waits streams its weights
-    meanwhile; PF_WAIT 2: the same lines asked for with L2's evict_last priority; PF_START > 0: only once that percentage of the polled counter's producers has
-    signalled, so that the prefetches of tasks that wait long do not queue ahead of the loads
-    of the tasks they wait for). WAITS > 1 (the most waits a
-    task of the kernel has, a power of two): a task with several polls all of them at once
-    (``wait_all``), not one after another."""
+    meanwhile; PF_WAIT 2: the same lines asked for with L2's evict_last priority; PF_START > 0:
+    only once that percentage of the polled counter's producers has signalled, so that the
+    prefetches of tasks that wait long do not queue ahead of the loads of the tasks they wait
+    for). WAITS > 1 (the most waits a task of the kernel has, a power of two): a task with
+    several polls all of them at once (``wait_all``), not one after another."""
     several = False                 # WAITS 1: a constant, so wait_all is never built
     if WAITS > 1:
         several = count > 1

@@ -13,11 +13,12 @@ recorded as wrong and never kept. Then each batch size's fastest is timed again 
 ``refine`` flipped (``refine.REFINE``: balanced projection spans, the cache block, deeper
 projection pipelines, the K slices of o and down, deeper one-matrix steps, norms from their
 inputs' writers' sums of squares, op bodies as calls at each warp count, the KV cache asked of
-L2 a task ahead), where that builds another variant, and where several flips gained, the
-fastest of them with the next gains' changes too, and where a first-round variant of another
-class came within 1% of the fastest, that one with the gains' changes (``refine.compound``);
-where that made a faster variant, the flips that gained but are not in it, or missed by less
-than 1%, are made again on it (``refine.second_look``).
+L2 a task ahead, the weights asked of L2 with default priority instead of evict_last), where that
+builds another variant, and where several flips gained, the fastest of them with the next gains'
+changes too, and where a first-round variant of another class came within 1% of the fastest,
+that one with the gains' changes (``refine.compound``); where that made a faster variant, the
+flips that gained but are not in it, or missed by less than 1%, are made again on it
+(``refine.second_look``).
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
