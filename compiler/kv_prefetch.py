@@ -27,27 +27,28 @@ from .rope_ops import block_slot, cache_block, cache_slots
 
 @triton.jit
 def prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B: tl.constexpr,
-                      HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+                      HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                      LAST: tl.constexpr = False):
     """Ask L2 for the keys and values at positions ss [N], one 128-byte line per lane, their
-    block-table entries in one gather."""
+    block-table entries in one gather; LAST: with evict_last priority."""
     key = cache_slots(row, ss, bt_ptr, layer, 0, kv_head, B, HKV, S, D, BS)
     v_shift = B * HKV * S * D
     for d0 in tl.static_range(0, D, kernel_loop.LINE):
-        kernel_loop.prefetch_line(cache_ptr + key + d0)
-        kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift)
+        kernel_loop.prefetch_line(cache_ptr + key + d0, LAST)
+        kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift, LAST)
 
 
 @triton.jit
 def prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head, lo, hi, layer, B: tl.constexpr,
                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                  PF_KEYS: tl.constexpr):
+                  PF_KEYS: tl.constexpr, LAST: tl.constexpr = False):
     """Unit (row, kv_head)'s earlier keys and values [lo, min(hi, position)) (the key of this
     step comes from a q/k/v task), PF_KEYS at a time."""
     hi = tl.minimum(hi, tl.load(pos_ptr + row).to(tl.int32))
     k0 = lo
     while k0 < hi:
         ss = tl.minimum(k0 + tl.arange(0, PF_KEYS), hi - 1)                      # [PF_KEYS]
-        prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B, HKV, S, D, BS)
+        prefetch_kv_lines(cache_ptr, bt_ptr, row, ss, layer, kv_head, B, HKV, S, D, BS, LAST)
         k0 += PF_KEYS
 
 
@@ -62,16 +63,17 @@ def ahead_slots(bt_ptr, row, lo, n, S: tl.constexpr, BS: tl.constexpr, AHEAD: tl
 @triton.jit
 def prefetch_ahead(cache_ptr, bt_ptr, row, kv_head, lo, n, layer, B: tl.constexpr,
                    HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                   NH: tl.constexpr, AHEAD: tl.constexpr):
+                   NH: tl.constexpr, AHEAD: tl.constexpr, LAST: tl.constexpr = False):
     """Keys and values lo .. lo + n - 1 (``ahead_slots``, at most AHEAD) of kv heads kv_head ..
-    kv_head + NH - 1 of row ``row``, one 128-byte line a lane."""
+    kv_head + NH - 1 of row ``row``, one 128-byte line a lane (LAST: with evict_last
+    priority)."""
     ss, block = ahead_slots(bt_ptr, row, lo, n, S, BS, AHEAD)
     v_shift = B * HKV * S * D
     for h in tl.static_range(NH):
         key = block_slot(block, ss, layer, 0, kv_head + h, B, HKV, S, D, BS)
         for d0 in tl.static_range(0, D, kernel_loop.LINE):
-            kernel_loop.prefetch_line(cache_ptr + key + d0)
-            kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift)
+            kernel_loop.prefetch_line(cache_ptr + key + d0, LAST)
+            kernel_loop.prefetch_line(cache_ptr + key + d0 + v_shift, LAST)
 
 
 @triton.jit
@@ -84,14 +86,16 @@ def attn_partial_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, ou
                           CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                           STAGES: tl.constexpr, DIRECT: tl.constexpr, PF_KEYS: tl.constexpr,
                           IN_BLOCK: tl.constexpr = False, FUSED: tl.constexpr = False,
-                          BLOCK_SPLIT: tl.constexpr = 1, AHEAD: tl.constexpr = 0):
-    """``attn_partial_op``'s keys [lo, lo + span), or the first AHEAD of them."""
+                          BLOCK_SPLIT: tl.constexpr = 1, AHEAD: tl.constexpr = 0,
+                          LAST: tl.constexpr = False):
+    """``attn_partial_op``'s keys [lo, lo + span), or the first AHEAD of them (LAST: with
+    evict_last priority)."""
     if AHEAD:
         prefetch_ahead(cache_ptr, bt_ptr, row, kv_head, lo, tl.minimum(span, AHEAD), layer, B,
-                       HKV, S, D, BS, 1, AHEAD)
+                       HKV, S, D, BS, 1, AHEAD, LAST)
     else:
         prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head, lo, lo + span, layer, B, HKV, S,
-                      D, BS, PF_KEYS)
+                      D, BS, PF_KEYS, LAST)
 
 
 @triton.jit
@@ -101,11 +105,11 @@ def attn_pair_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head,
                        BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                        BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
                        W: tl.constexpr = 1, ROTATE: tl.constexpr = False,
-                       AHEAD: tl.constexpr = 0):
+                       AHEAD: tl.constexpr = 0, LAST: tl.constexpr = False):
     """``attn_pair_op``'s keys of kv heads kv_head and kv_head + 1 (the first AHEAD of each)."""
     attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer, scale, B,
                         HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, 2,
-                        ROTATE=ROTATE, AHEAD=AHEAD)
+                        ROTATE=ROTATE, AHEAD=AHEAD, LAST=LAST)
 
 
 @triton.jit
@@ -115,15 +119,16 @@ def attn_group_prefetch(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head
                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
                         NH: tl.constexpr, KEYS_M: tl.constexpr = False,
-                        ROTATE: tl.constexpr = False, AHEAD: tl.constexpr = 0):
+                        ROTATE: tl.constexpr = False, AHEAD: tl.constexpr = 0,
+                        LAST: tl.constexpr = False):
     """``attn_group_op``'s keys of kv heads kv_head .. kv_head + NH - 1 (the first AHEAD of
     each its loop reads; ROTATE: from the task's own step on)."""
     PF_KEYS: tl.constexpr = S if S < 1024 else 1024
     lo = step_rotation(row, kv_head, HKV, NH, (S + CHUNK - 1) // CHUNK) * CHUNK if ROTATE else 0
     if AHEAD:
         prefetch_ahead(cache_ptr, bt_ptr, row, kv_head, lo, AHEAD, layer, B, HKV, S, D, BS, NH,
-                       AHEAD)
+                       AHEAD, LAST)
     else:
         for h in tl.static_range(NH):
             prefetch_keys(cache_ptr, pos_ptr, bt_ptr, row, kv_head + h, lo, lo + S, layer, B,
-                          HKV, S, D, BS, PF_KEYS)
+                          HKV, S, D, BS, PF_KEYS, LAST)

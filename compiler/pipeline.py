@@ -44,6 +44,8 @@ class CompileOptions:
                                          # queue asks L2 for the first this many earlier keys of
                                          # each of its units, before its own waits (GPU; 0: no)
     prefetch_kv_late: bool = False       # with prefetch_kv_ahead: once it has signalled instead
+    prefetch_kv_last: bool = False       # with prefetch_kv or prefetch_kv_ahead: the keys and
+                                         # values asked for with L2's evict_last priority (GPU)
     prefetch_slices: bool = True         # with prefetch: also the weights of K slices (a
                                          # column slice of a matrix's rows, ``encode``; the
                                          # o and down slices of llama-3.2-1b on the H200, each
@@ -80,7 +82,8 @@ class CompileOptions:
         weights before its waits, 2 the next instruction's words, 4 the weights between polls of
         its waits instead, 8 what ops with a prefetch body read of earlier steps, 16 what the
         next task's prefetch body reads, its first KV_AHEAD keys a unit, 32 those after the task's
-        signal instead of before its waits, 64 the weights with evict_last priority), BACKOFF ns
+        signal instead of before its waits, 64 the weights with evict_last priority, 128 the keys
+        and values so), BACKOFF ns
         of sleep between polls, POLL 1 to poll with acquire loads, PF_START the ``prefetch_start``
         percentage, STAGE the staging area's bytes (``staging``; in place under the
         interpreter), BY_SM 1 where each program takes the queue of its SM (``queues_by_sm``)."""
@@ -90,7 +93,7 @@ class CompileOptions:
                         BY_SM=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
-                    | 8 * self.prefetch_kv | 64 * self.prefetch_last
+                    | 8 * self.prefetch_kv | 64 * self.prefetch_last | 128 * self.prefetch_kv_last
                     | (32 if self.prefetch_kv_late else 16) * bool(self.prefetch_kv_ahead),
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
                     PF_START=self.prefetch_start, STAGE=self.stage_bytes,

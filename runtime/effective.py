@@ -135,6 +135,8 @@ def _attention_layout(ops, v: Variant, tiler: Tiler) -> Variant | None:
         return replace(v, prefetch_kv_ahead=0, prefetch_kv_late=False)
     if v.prefetch_kv_late and not v.prefetch_kv_ahead:
         return replace(v, prefetch_kv_late=False)
+    if v.prefetch_kv_last and not (v.prefetch_kv_ahead or v.prefetch_kv):
+        return replace(v, prefetch_kv_last=False)
     return None
 
 

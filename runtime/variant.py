@@ -97,6 +97,7 @@ class Variant:
     prefetch_kv: bool = False
     prefetch_kv_ahead: int = CompileOptions.prefetch_kv_ahead
     prefetch_kv_late: bool = CompileOptions.prefetch_kv_late
+    prefetch_kv_last: bool = CompileOptions.prefetch_kv_last
     prefetch_slices: bool = CompileOptions.prefetch_slices
     prefetch_fill: bool = CompileOptions.prefetch_fill
     prefetch_columns: bool = CompileOptions.prefetch_columns
@@ -145,7 +146,7 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_ahead": "prefetch_ahead", "prefetch_next": "prefetch_next",
                  "prefetch_wait": "prefetch_wait",
                  "prefetch_kv": "prefetch_kv", "prefetch_kv_ahead": "prefetch_kv_ahead",
-                 "prefetch_kv_late": "prefetch_kv_late",
+                 "prefetch_kv_late": "prefetch_kv_late", "prefetch_kv_last": "prefetch_kv_last",
                  "prefetch_slices": "prefetch_slices", "prefetch_fill": "prefetch_fill",
                  "prefetch_columns": "prefetch_columns", "prefetch_last": "prefetch_last",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
@@ -160,7 +161,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "pw": {"prefetch": True, "prefetch_wait": True}, "pk": {"prefetch_kv": True},
             "ps": {"prefetch_slices": True}, "ps0": {"prefetch_slices": False},
             "fw": {"prefetch_fill": True}, "pc": {"prefetch_columns": True},
-            "el": {"prefetch_last": True}, "el0": {"prefetch_last": False},
+            "el": {"prefetch_last": True}, "ke": {"prefetch_kv_last": True}, "el0": {"prefetch_last": False},
             "pl": {"poll_load": True}, "qm": {"queues_by_sm": True},
             "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
@@ -246,6 +247,7 @@ def _prefetch_flags(v: Variant) -> list:
     flags += ["pk"] * v.prefetch_kv
     late = "kd" if v.prefetch_kv_late else "kn"
     flags += [f"{late}{v.prefetch_kv_ahead}"] * bool(v.prefetch_kv_ahead)
+    flags += ["ke"] * v.prefetch_kv_last
     flags += ["ps0"] * (not v.prefetch_slices)
     flags += ["fw"] * v.prefetch_fill
     flags += ["pc"] * v.prefetch_columns + ["el0"] * (not v.prefetch_last)

@@ -126,6 +126,15 @@ for name, batch, gemv, split, stream, rows in [("tiny-llama", 3, False, False, F
         # or once it has signalled: the prefetches after the release
         late = ptx_of(PREFETCH=32, KV_AHEAD=16)
         assert late.rfind("prefetch.global.L2") > late.rfind("release.add") > 0
+        # the keys and values with evict_last priority (128), the weights as before
+        for bits, ahead in ((8, 0), (16, 16), (16 | 1, 16)):
+            plain = ptx_of(PREFETCH=bits, KV_AHEAD=ahead)
+            last = ptx_of(PREFETCH=bits | 128, KV_AHEAD=ahead)
+            assert "L2::evict_last" not in plain, bits
+            assert "prefetch.global.L2::evict_last" in last, bits
+            assert last.count("prefetch.global.L2") == plain.count("prefetch.global.L2"), bits
+            assert last.count("prefetch.global.L2 ") == ptx_of(PREFETCH=bits & 7).count(
+                "prefetch.global.L2 "), bits
     assert ".target sm_90" in ptx and len(out.asm["cubin"]) > 0
     assert "prefetch.global.L2" in ptx and ".release" in ptx and ".acquire" in ptx
     # weight rows as the dot's M (64 and more): Hopper's warpgroup MMA

@@ -69,6 +69,11 @@ def test_qkv_pieces_and_keys_per_task_as_the_tiler_builds_them(ops):
     assert effective(ops, replace(v, attn_stream=True, prefetch_kv_ahead=128)) == streamed
     ahead = effective(ops, replace(v, prefetch_kv_ahead=128))
     assert ahead.prefetch_kv_ahead == 128 and parse_variant(ahead.label) == ahead
+    # their evict_last priority only with a KV prefetch to give it to
+    assert effective(ops, replace(v, prefetch_kv_last=True)) == effective(ops, v)
+    last = effective(ops, replace(v, prefetch_kv_ahead=128, prefetch_kv_last=True))
+    assert last.prefetch_kv_last and "xkn128xke" in last.label
+    assert parse_variant(last.label) == last
 
 
 def test_attention_layouts_only_where_they_apply(ops):

@@ -178,6 +178,11 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 17, dict(prefetch_kv_ahead=128,
                                 tile=TileConfig(kv_split=1024, kv_block=128)),
                                 id="llama-3.2-1b-17-kn128"),
+                            # those keys with evict_last priority (ke)
+                            pytest.param("llama-3.2-1b", 32, dict(
+                                prefetch_kv_ahead=128, prefetch_kv_last=True, tile=TileConfig(
+                                    attn_pairs=True, kv_split=1024, kv_block=128)),
+                                id="llama-3.2-1b-32-ap-kn128-ke"),
                             # each program on the queue of its SM, attention spread over the
                             # SM groups (one worker an SM: the GPU's SM count)
                             pytest.param("llama-3.2-1b", 24, dict(
