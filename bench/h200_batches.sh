@@ -15,8 +15,10 @@
 #                                                    first half of the batch sizes on GPU 0 and the
 #                                                    rest on GPU 1 at once ($OUT/bench-{a,b}.txt,
 #                                                    rows $OUT/rows-{a,b}.json), merged in order
-# TUNED (the kernels' folder), MODEL (default llama-3.2-1b), JOBS (build processes, default 12)
-# and CLASSES (schedule classes timed besides the default, default 2) come from the environment.
+# TUNED (the kernels' folder), MODEL (default llama-3.2-1b), JOBS (build processes, default 12),
+# CLASSES (schedule classes timed besides the default, default 2) and PRIOR (an earlier ledger
+# whose final rounds' winners are timed too; default bench/results/autotune-MODEL.json where it
+# exists, empty for none) come from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?tune, bench or all}
@@ -24,6 +26,8 @@ batches=${2:-1,2,3,5,8,13,16,17,24,32,48,64}
 model=${MODEL:-llama-3.2-1b}
 out=${OUT:-/tmp/megakernel-out}
 tuned=${TUNED:-/tmp/megakernel-tuned/$model}
+prior=${PRIOR-bench/results/autotune-$model.json}
+[ -f "$prior" ] || prior=
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 # one install at a time: two stages started side by side (one per GPU) would race in pip
@@ -37,7 +41,7 @@ tune() {  # autotune every batch size into $tuned (then once more: the warm reru
   for run in ${RUNS:-first warm}; do
     start=$(date +%s)
     python3 -m megakernel autotune "$model" --batch-sizes "$batches" --max-seq-len 1024 \
-      --classes "${CLASSES:-2}" --jobs "${JOBS:-12}" -o "$tuned"
+      --classes "${CLASSES:-2}" --jobs "${JOBS:-12}" -o "$tuned" ${prior:+--prior "$prior"}
     echo "autotune ($run run): $(( $(date +%s) - start )) s for batch sizes $batches"
   done
 }

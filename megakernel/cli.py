@@ -209,7 +209,8 @@ def cmd_autotune(args) -> int:
     winners = autotune(loaded.model, loaded.name, parse_batch_sizes(args.batch_sizes),
                        args.max_seq_len, folder, classes=args.classes, iters=iters,
                        processes=args.jobs, max_rel_err=args.max_rel_err,
-                       refine=() if args.no_refine else REFINE, finalists=args.finalists)
+                       refine=() if args.no_refine else REFINE, finalists=args.finalists,
+                       prior=args.prior)
     table = Table(title=f"{loaded.name} on {device}, context {args.max_seq_len}: {folder}")
     for col in ("batch", "winner", "ms/token", "predicted us", "timed", "failed"):
         table.add_column(col, justify="left" if col == "winner" else "right",
@@ -273,6 +274,9 @@ def _add_autotune(sub) -> None:
     tune.add_argument("--max-rel-err", type=float, default=0.1,
                       help="a variant whose logits differ more from eager's (relative norm) is "
                            "recorded as wrong and never kept (a bf16 step differs by ~3e-2)")
+    tune.add_argument("--prior", default=None, metavar="LEDGER",
+                      help="an earlier autotune.json: the winners of its final rounds (same "
+                           "model and context) are timed beside each batch size's shortlist")
     tune.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                       help="variants compiled and built at once, one process each")
     tune.add_argument("--device", choices=["cpu", "cuda"], default=None)

@@ -21,6 +21,9 @@ flips that gained but are not in it, or missed by less than 1%, are made again o
 (``refine.second_look``).
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
+With ``prior`` (an earlier run's ``autotune.json``, e.g. from another machine or compiler
+version), the winners of its final rounds for the same model, context and batch size join each
+shortlist, so that the single timings that steer the refinement cannot lose a known winner.
 Persisted under ``folder``: ``autotune.json`` with every measurement (model hash, batch size,
 device, code version, variant) and each batch size's shortlist (kept while the rules that made
 it, ``rules_hash``, stay the same), so a rerun times only what is missing, and each batch size's
@@ -45,10 +48,11 @@ from .fanout import fan_out, worker_pool
 from .finals import FINAL_ROUNDS, FINALISTS, final_round
 from .ledger import Ledger
 from .measure import measure, step_inputs
-from .refine import (REFINE, compound, hand_over, op_graph, ranked, refinement,
+from .refine import (REFINE, compound, hand_over, op_costs, op_graph, ranked, refinement,
                      second_look)
-from .search import SPACE, shortlist
-from .variant import Variant
+from .effective import effective
+from .search import SPACE, predict, shortlist
+from .variant import Variant, parse_variant
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
              space: dict = SPACE, classes: int = 2, iters: int = 20, progress: bool = True,
              cache_root: Path | None = None, processes: int = 1,
              max_rel_err: float = 0.1, refine: tuple[str, ...] = REFINE,
-             finalists: int = FINALISTS, final_rounds: int = FINAL_ROUNDS) -> list[Winner]:
+             finalists: int = FINALISTS, final_rounds: int = FINAL_ROUNDS,
+             prior: Path | None = None) -> list[Winner]:
     from tqdm import tqdm
 
     from megakernel.interpreter import kernel_target
@@ -143,6 +148,8 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     base = dict(model=model_hash(model), seq=max_seq_len, device=gpu, code=code_hash())
     plans = _plans(ledger, model, batch_sizes, max_seq_len, target, space, classes, processes,
                    base, progress)
+    if prior is not None:
+        plans = _with_prior(plans, Ledger(Path(prior)), model, max_seq_len, target, base)
     bar = tqdm(total=sum(map(len, plans.values())), desc="autotune", disable=not progress)
     run = _Tuning(model, name, max_seq_len, target, ledger, base, root, iters, max_rel_err, bar,
                   finalists, final_rounds)
@@ -150,6 +157,31 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
         rows, times = _time_all(run, pool, plans, refine)
     bar.close()
     return [_keep_winner(run, b, rows[b], times[b], folder) for b in plans]
+
+
+def _with_prior(plans: dict, prior: Ledger, model, max_seq_len: int, target: Target,
+                base: dict) -> dict:
+    """Each batch size's plan with the winners of ``prior``'s final rounds for it (the same
+    model and context, on any device and compiler version) that it lacks, as built here and
+    rated, at its end: they are timed beside the search's own picks, so that a known winner is
+    not lost to the single timings, about 1% apart, that steer the refinement."""
+    if not prior.path.is_file():
+        raise FileNotFoundError(f"no earlier autotune ledger at {prior.path}")
+    dtype, out = next(model.parameters()).dtype, {}
+    for b, picks in plans.items():
+        ops, costs = op_graph(model.config, dtype, b, max_seq_len), op_costs(
+            model.config, dtype, b, max_seq_len)
+        have, extra = {v.label for v, _ in picks}, []
+        for label in prior.winners(b, model=base["model"], seq=max_seq_len):
+            try:
+                v = effective(ops, parse_variant(label))
+            except ValueError:          # a label that this compiler no longer parses or builds
+                continue
+            if v.label not in have:
+                have.add(v.label)
+                extra.append((v, predict(ops, v, target, memo=costs)))
+        out[b] = picks + extra
+    return out
 
 
 def _time_all(run: _Tuning, pool, plans: dict, refine: tuple[str, ...]) -> tuple[dict, dict]:

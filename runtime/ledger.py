@@ -48,6 +48,17 @@ class Ledger:
     def final(self, key: str) -> dict[str, float] | None:
         return self.finals.get(key)
 
+    def winners(self, batch: int, **fields) -> list[str]:
+        """The winner (fastest label) of each final round of batch size ``batch`` whose key
+        holds ``fields`` (e.g. the model hash and context), each once, in the order kept."""
+        out = []
+        for key, times in self.finals.items():
+            k = json.loads(key)
+            if times and k.get("batch") == batch and all(k.get(f) == v
+                                                         for f, v in fields.items()):
+                out.append(min(times, key=times.get))
+        return list(dict.fromkeys(out))
+
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(

@@ -205,3 +205,34 @@ def test_final_round_times_the_finalists_in_turn_and_keeps_each_ones_median(monk
     state = (None, None, torch.zeros(1))
     assert finals.final_times(None, "m", ["a", "b", "c"], None, 5, 3, state) == [3.0, 1.5, 2.2]
     assert order == ["a", "b", "c"] * 3
+
+
+def test_autotune_times_an_earlier_ledgers_winners_beside_its_shortlist(tmp_path, monkeypatch):
+    """``prior``: the winner of each of an earlier ledger's final rounds for the same model,
+    context and batch size joins the shortlist and is timed; other batch sizes' and contexts'
+    winners, losers of those rounds and labels that no longer parse are not."""
+    import json
+
+    from megakernel.compiler.artifact import model_hash
+
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    model = load_model("tiny-llama", progress=False).model
+    prior = tuning.Ledger(tmp_path / "prior" / "autotune.json")
+    key = lambda **kw: json.dumps(dict(dict(batch=1, model=model_hash(model), seq=64), **kw))
+    prior.add_final(key(device="x"), {"64x32x4x1xs1": 1.0, "64x32x4x1xs2": 2.0, "zz9": 0.5})
+    prior.add_final(key(device="y"), {"64x32x4x1xs1": 1.0})          # the same winner again
+    prior.add_final(key(batch=2), {"128x32x4x1xs1": 1.0})
+    prior.add_final(key(seq=128), {"256x32x4x1xs1": 1.0})
+    assert prior.winners(1, model=model_hash(model), seq=64) == ["zz9", "64x32x4x1xs1"]
+    folder = tmp_path / "tuned"
+    tune = lambda path: tuning.autotune(model, "tiny-llama", [1], 64, folder, space=SPACE,
+                                        classes=1, iters=1, progress=False,
+                                        cache_root=tmp_path / "c", refine=(), finalists=0,
+                                        prior=path)
+    tune(prior.path)
+    labels = [r["variant"] for r in tuning.Ledger(folder / "autotune.json").rows]
+    assert [label.split("x")[:2] for label in labels].count(["64", "32"]) == 1
+    assert not any(label.split("x")[0] in ("128", "256") for label in labels)
+    assert not any(label.startswith("64x32x4x1xs2") for label in labels)
+    with pytest.raises(FileNotFoundError, match="no earlier autotune ledger"):
+        tune(tmp_path / "nowhere.json")
