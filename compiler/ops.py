@@ -120,12 +120,26 @@ def unfold(acc, FORM: tl.constexpr, FOLD: tl.constexpr, BLOCK_B: tl.constexpr,
 
 
 @triton.jit
+def first_step(base, end, LIM: tl.constexpr, BLOCK_K: tl.constexpr, ROTATE: tl.constexpr):
+    """The column a rotated K loop of a task (first weight row ``base``, ``end`` rows) starts
+    at: its index among tasks of its width, modulo the loop's steps, times BLOCK_K, so that
+    tasks side by side read different columns of x at once (0 where ROTATE is off, or the
+    steps do not tile [0, LIM) exactly)."""
+    STEPS: tl.constexpr = LIM // BLOCK_K
+    if ROTATE and LIM % BLOCK_K == 0 and STEPS > 1:
+        return (base // tl.maximum(end, 1)) % STEPS * BLOCK_K
+    else:
+        return 0
+
+
+@triton.jit
 def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: tl.constexpr,
                 K: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
                 DT: tl.constexpr, FORM: tl.constexpr, STAGES: tl.constexpr,
                 FOLD: tl.constexpr = 1, KEND: tl.constexpr = 0, WRAP: tl.constexpr = 0,
-                copy=0, STAGE: tl.constexpr = 0, STAGED_ROWS: tl.constexpr = 0):
+                copy=0, STAGE: tl.constexpr = 0, STAGED_ROWS: tl.constexpr = 0,
+                ROTATE: tl.constexpr = 0):
     """[norm(x)] @ W[rows]^T for W [N, K] row-major and the rows of ``load_w`` (base, end,
     STRIDE, HALF) -> [BLOCK_B, BLOCK_N] fp32, in the projection FORM (see ``_mac``).
     Triton's software pipeliner stages STAGES chunks through shared memory.
@@ -136,13 +150,16 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     columns of each row (rows still K apart), for a K slice. WRAP: as ``load_w``'s. STAGE > 0
     (a kernel with staging; plain rows base..base + end, whole K, only): the first STAGED_ROWS
     rows from the worker's staged copy number ``copy`` (``staged_product``, after the rows
-    that stream (none where all BLOCK_N are staged), so that the copy lands meanwhile)."""
+    that stream (none where all BLOCK_N are staged), so that the copy lands meanwhile).
+    ROTATE: the loop from a step of its own on (``first_step``), wrapping around."""
     LIM: tl.constexpr = KEND if KEND > 0 else K
     SR: tl.constexpr = STAGED_ROWS if STAGE > 0 else 0
     rs = fold_rows(rstd, FOLD, BLOCK_B)
     acc = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     if SR < BLOCK_N:
-        for k0 in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
+        rot = first_step(base, end, LIM, BLOCK_K, ROTATE)
+        for i in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
+            k0 = tl.multiple_of((i + rot) % LIM, BLOCK_K) if ROTATE else i
             a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
                             KEND)
             w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND,
@@ -205,7 +222,8 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
               FORM: tl.constexpr, STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr,
               FOLD: tl.constexpr, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-              OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0):
+              OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0,
+              ROTATE: tl.constexpr = 0):
     """out[:, n0:n1] = [res[:, n0:n1] +] [RMSNorm](x) @ W[n0:n1]^T (n1 - n0 <= BLOCK_N); the
     norm's RMS from x, or (SUMS > 0: x scaled by the norm's weight already) from the sums of
     squares ss [SUMS, B] of x's rows, applied to the product. OUT_SUMS: what the next op's norm
@@ -227,8 +245,8 @@ def linear_op(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr, o
                           SUMS, SUMS_BLOCK)
     y = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, n0, n1 - n0, 0, B, K, IN_LOOP,
                                       BLOCK_B, BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES,
-                                      FOLD, 0, 0, copy, STAGE, STAGED_ROWS), ss, eps,
-                                      K, SUMS), DT)
+                                      FOLD, 0, 0, copy, STAGE, STAGED_ROWS, ROTATE), ss,
+                                      eps, K, SUMS), DT)
     if HAS_RES:
         y = r + y
     store_rows(out_ptr, y.to(DT), n0, n1, B, N, BLOCK_B, BLOCK_N)
@@ -245,7 +263,8 @@ def linear_stage(x_ptr, w_ptr, nw_ptr, res_ptr, out_ptr, ss_ptr, os_ptr, onw_ptr
                  BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                  STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                  SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-                 OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0):
+                 OUT_SUMS: tl.constexpr = False, STAGED_ROWS: tl.constexpr = 0,
+                 ROTATE: tl.constexpr = 0):
     """``linear_op``'s weights into shared memory before its waits (GPU, a kernel with STAGE
     bytes of staging): rows n0 .. n0 + STAGED_ROWS of W; returns 1 if it started a copy."""
     return staging.issue_rows(w_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_ROWS, STAGE)
@@ -258,7 +277,7 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0, SUMS_BLOCK: tl.constexpr = 1,
-               STAGED_ROWS: tl.constexpr = 0):
+               STAGED_ROWS: tl.constexpr = 0, ROTATE: tl.constexpr = 0):
     """out[:, n0:n1] = SiLU([norm](x) @ Wg[n0:n1]^T) * ([norm](x) @ Wu[n0:n1]^T), both
     projections from one pipeline as matmul_tile runs it; the norm's RMS as ``linear_op``
     takes it. STAGE > 0: rows n0 .. n0 + STAGED_ROWS of both whole in shared memory, the
@@ -272,7 +291,9 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
     g = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     u = _acc0(FOLD * BLOCK_B, FOLD * BLOCK_N, FORM)
     if SR < BLOCK_N:
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        rot = first_step(n0, n1 - n0, K, BLOCK_K, ROTATE)
+        for i in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            k0 = tl.multiple_of((i + rot) % K, BLOCK_K) if ROTATE else i
             a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, IN_LOOP, BLOCK_B, BLOCK_K, DT, FOLD)
             # each weight's chunk loaded just before its use (both loads first: batch-32 stack
             # 352 bytes instead of 136 on sm_90)
@@ -304,7 +325,8 @@ def gate_up_stage(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
                   BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FORM: tl.constexpr,
                   STAGES: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                   HAS_NORM: tl.constexpr = 1, SUMS: tl.constexpr = 0,
-                  SUMS_BLOCK: tl.constexpr = 1, STAGED_ROWS: tl.constexpr = 0):
+                  SUMS_BLOCK: tl.constexpr = 1, STAGED_ROWS: tl.constexpr = 0,
+                  ROTATE: tl.constexpr = 0):
     """``gate_up_op``'s weights into shared memory before its waits (as ``linear_stage``): rows
     n0 .. n0 + STAGED_ROWS of Wg, then of Wu from row STAGED_ROWS of the area."""
     staging.issue_rows(wg_ptr + n0.to(tl.int64) * K, n1 - n0, K, STAGED_ROWS, STAGE, 0, 2)
@@ -322,7 +344,7 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
                 FORM: tl.constexpr, STAGES: tl.constexpr, RAW: tl.constexpr,
                 OUT_COLS: tl.constexpr, RMS_UNROLL: tl.constexpr, FOLD: tl.constexpr,
                 HAS_NORM: tl.constexpr = 1, CROSS: tl.constexpr = 0, SUMS: tl.constexpr = 0,
-                SUMS_BLOCK: tl.constexpr = 1):
+                SUMS_BLOCK: tl.constexpr = 1, ROTATE: tl.constexpr = 0):
     """Dims [d0, d0 + PART) of each half of one head of Q (kind 0), K (1) or V (2) (RoPE pairs
     dim i with i + D/2, so a piece rotates on its own): norm(x) @ W[rows]^T, then for Q and K the
     head RMSNorm (whole heads only) and RoPE at each row's position; Q goes to out [B, OUT_COLS]
@@ -346,12 +368,14 @@ def qkv_rope_op(x_ptr, nw_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr,
     if CROSS:
         both = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D2 + d0, end,
                                              D2, B, K, IN_LOOP, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
-                                             DT, FORM, STAGES, FOLD, 0, D), ss, eps, K, SUMS), DT)
+                                             DT, FORM, STAGES, FOLD, 0, D, ROTATE=ROTATE), ss,
+                                 eps, K, SUMS), DT)
     else:
         # rows of both halves in one pipeline
         both = _round(rows_after(matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, head * D + d0, end,
                                              D2, B, K, IN_LOOP, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
-                                             DT, FORM, STAGES, FOLD), ss, eps, K, SUMS), DT)
+                                             DT, FORM, STAGES, FOLD, ROTATE=ROTATE), ss, eps,
+                                 K, SUMS), DT)
     lo, hi = tl.split(tl.permute(tl.reshape(both, [BLOCK_B, 2, HALF]), [0, 2, 1]))  # [BB, HALF]
     if RAW:
         rows = tl.arange(0, BLOCK_B)

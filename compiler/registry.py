@@ -90,7 +90,14 @@ def _projection(k: int, bn: int, bk: int, d: Dims, c: TileConfig, weights: int =
     f = fold(bn, bk, d, c)
     r = rows(d, c, f)
     return dict(B=d.batch, K=k, BLOCK_B=r, BLOCK_K=bk, BLOCK_R=rstd_block(k, r, c), FORM=c.form,
-                STAGES=stages(bn, bk, r, d, c, weights), RMS_UNROLL=c.rms_unroll, FOLD=f)
+                STAGES=stages(bn, bk, r, d, c, weights), RMS_UNROLL=c.rms_unroll, FOLD=f,
+                **_rotate(c))
+
+
+def _rotate(c: TileConfig) -> dict:
+    """ROTATE for the projection bodies where ``proj_rotate`` asks for it (else nothing, so
+    that other kernels' sources stay as they were)."""
+    return {"ROTATE": 1} if c.proj_rotate else {}
 
 
 def _sums(t: Task) -> dict:
@@ -123,7 +130,7 @@ def _linear_part(t: Task, d: Dims, c: TileConfig) -> dict:
     proj = _projection(t.args["ks"], t.args["bn"], t.args["bk"], d, c)
     return dict(B=d.batch, K=t.args["k"], KS=t.args["ks"], N=t.args["n"],
                 BLOCK_B=proj["BLOCK_B"], BLOCK_N=t.args["bn"], BLOCK_K=t.args["bk"],
-                FORM=c.form, STAGES=proj["STAGES"], FOLD=proj["FOLD"])
+                FORM=c.form, STAGES=proj["STAGES"], FOLD=proj["FOLD"], **_rotate(c))
 
 
 def _linear_part_reduce(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -180,7 +187,7 @@ def _qkv_part_rope(t: Task, d: Dims, c: TileConfig) -> dict:
                 BS=c.kv_block, HAS_HEAD_NORM=t.args["head_norm"] is not None,
                 BLOCK_B=proj["BLOCK_B"], PART=t.args["part"], HALF=half, BLOCK_K=t.args["bk"],
                 FORM=c.form, STAGES=proj["STAGES"], FOLD=proj["FOLD"], SLICES=t.args["slices"],
-                HAS_NORM=t.args["norm"] is not None, **_sums(t))
+                HAS_NORM=t.args["norm"] is not None, **_sums(t), **_rotate(c))
 
 
 def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:

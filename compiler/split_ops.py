@@ -26,12 +26,14 @@ from .rope_ops import norm_rope_store, rope_inputs
 def linear_part_op(x_ptr, w_ptr, part_ptr, n0, n1, k0, s, B: tl.constexpr, K: tl.constexpr,
                    KS: tl.constexpr, N: tl.constexpr, BLOCK_B: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FORM: tl.constexpr,
-                   STAGES: tl.constexpr, FOLD: tl.constexpr):
-    """part[s, :, n0:n1] = x[:, k0:k0+KS] @ W[n0:n1, k0:k0+KS]^T in fp32 (n1 - n0 <= BLOCK_N)."""
+                   STAGES: tl.constexpr, FOLD: tl.constexpr, ROTATE: tl.constexpr = 0):
+    """part[s, :, n0:n1] = x[:, k0:k0+KS] @ W[n0:n1, k0:k0+KS]^T in fp32 (n1 - n0 <= BLOCK_N);
+    ROTATE: as ``ops.matmul_tile``'s."""
     DT: tl.constexpr = x_ptr.dtype.element_ty
     rstd = tl.zeros([BLOCK_B], tl.float32)
     acc = matmul_tile(x_ptr + k0, x_ptr, rstd, w_ptr + k0, n0, n1 - n0, 0, B, K, False, BLOCK_B,
-                      BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD, KS)      # [BB, BN]
+                      BLOCK_N, BLOCK_N, BLOCK_K, DT, FORM, STAGES, FOLD, KS,
+                      ROTATE=ROTATE)                                              # [BB, BN]
     store_rows(part_ptr + s * B * N, acc, n0, n1, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -76,12 +78,12 @@ def linear_part_reduce_op(x_ptr, w_ptr, part_ptr, res_ptr, out_ptr, ss_ptr, nw_p
                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           FORM: tl.constexpr, STAGES: tl.constexpr, FOLD: tl.constexpr,
                           S: tl.constexpr, HAS_RES: tl.constexpr, RED_ROWS: tl.constexpr,
-                          SUMS: tl.constexpr):
+                          SUMS: tl.constexpr, ROTATE: tl.constexpr = 0):
     """``linear_part_op`` into slot s of part, then the group's ticket (S slices a launch): the
     slice that takes its last is ``linear_reduce_op`` of columns [n0, n1) (RED_ROWS rows a
     block), the slices summed in order whichever it is."""
     linear_part_op(x_ptr, w_ptr, part_ptr, n0, n1, k0, s, B, K, KS, N, BLOCK_B, BLOCK_N,
-                   BLOCK_K, FORM, STAGES, FOLD)
+                   BLOCK_K, FORM, STAGES, FOLD, ROTATE)
     if last_ticket(counters_ptr + ticket, S, epoch):
         linear_reduce_op(part_ptr, res_ptr, out_ptr, ss_ptr, nw_ptr, sc_ptr, n0, n1, S, B, N,
                          HAS_RES, RED_ROWS, BLOCK_N, SUMS)
@@ -125,7 +127,8 @@ def qkv_part_rope_op(x_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, ca
                      HAS_HEAD_NORM: tl.constexpr, BLOCK_B: tl.constexpr, PART: tl.constexpr,
                      HALF: tl.constexpr, BLOCK_K: tl.constexpr, FORM: tl.constexpr,
                      STAGES: tl.constexpr, FOLD: tl.constexpr, SLICES: tl.constexpr,
-                     HAS_NORM: tl.constexpr, SUMS: tl.constexpr, SUMS_BLOCK: tl.constexpr):
+                     HAS_NORM: tl.constexpr, SUMS: tl.constexpr, SUMS_BLOCK: tl.constexpr,
+                     ROTATE: tl.constexpr = 0):
     """K slice s (x's columns [s * KS, (s + 1) * KS), x normalised already or the norm's RMS
     from sums of squares) of ``ops.qkv_rope_op``'s piece within a head: its fp32 product into
     slot s of its kind's part [SLICES, B, heads * D], then the piece's ticket; the slice that
@@ -137,7 +140,7 @@ def qkv_part_rope_op(x_ptr, w_ptr, hn_ptr, inv_ptr, pos_ptr, bt_ptr, out_ptr, ca
     k0 = s * KS
     acc = matmul_tile(x_ptr + k0, x_ptr, tl.zeros([BLOCK_B], tl.float32), w_ptr + k0,
                       head * D + d0, end, D // 2, B, K, False, BLOCK_B, 2 * HALF, HALF, BLOCK_K,
-                      DT, FORM, STAGES, FOLD, KS)                             # [BB, 2 HALF]
+                      DT, FORM, STAGES, FOLD, KS, ROTATE=ROTATE)              # [BB, 2 HALF]
     cols = tl.where(kind == 0, HQ, HKV) * D
     offs, mask = piece_slots(head, d0, end, cols, D, B, BLOCK_B, HALF)
     slot = cols * B

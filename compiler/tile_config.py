@@ -71,6 +71,10 @@ class TileConfig:
                                # its own step on (its index in the op mod the steps), wrapping
                                # around, so that tasks side by side do not read the same
                                # offsets of their heads at once
+    proj_rotate: bool = False  # projections' K loops each from a step of its own (its first
+                               # weight row's task index mod the steps), wrapping around, so
+                               # that tasks side by side do not read the same columns of x at
+                               # once (GPU: x's lines are read by every task of a phase)
     attn_rows: int = 4         # a kv head's query heads padded to at least this many rows in
                                # the attention bodies' dots (4, 8 or 16; 4 against 16 on the
                                # H200, llama-3.2-1b: 24 rows 1.462 -> 1.376 ms, 48 1.848 -> 1.711)

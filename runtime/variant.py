@@ -116,6 +116,7 @@ class Variant:
     attn_rows: int = TileConfig.attn_rows
     attn_keys_m: bool = TileConfig.attn_keys_m
     attn_rotate: bool = TileConfig.attn_rotate
+    proj_rotate: bool = TileConfig.proj_rotate
     qkv_cross: bool = TileConfig.qkv_cross
     qkv_slices: int = TileConfig.qkv_slices
     max_registers: int = CompileOptions.max_registers
@@ -166,7 +167,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "km": {"attn_keys_m": True},
-            "kr": {"attn_rotate": True},
+            "kr": {"attn_rotate": True}, "rk": {"proj_rotate": True},
             "apr": {"attn_pairs": True, "attn_pair_ranges": True},
             "fc": {"fuse_combine": True}, "fs": {"fuse_reduce": True},
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
@@ -265,7 +266,7 @@ def _layout_flags(v: Variant) -> list:
     flags += [f"ag{v.attn_group}"] * (v.attn_group != TileConfig.attn_group)
     flags += ["apr"] * v.attn_pair_ranges + ["sp"] * v.attn_spill
     flags += [f"ar{v.attn_rows}"] * (v.attn_rows != TileConfig.attn_rows)
-    flags += ["km"] * v.attn_keys_m + ["kr"] * v.attn_rotate
+    flags += ["km"] * v.attn_keys_m + ["kr"] * v.attn_rotate + ["rk"] * v.proj_rotate
     flags += [f"sk{v.split_k}"] * (v.split_k != TileConfig.split_k)
     flags += ["kl"] * v.split_long + [f"ls{v.long_slices}"] * bool(v.long_slices)
     return flags

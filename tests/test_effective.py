@@ -182,6 +182,7 @@ def test_qkv_across_heads_and_attention_rows(ops, llama):
 
 
 PREFETCH = ["pn0", "pw0", "pf0", "pf128", "pa2", "pt50", "ps0", "fw", "pc", "pk"]
+assert not any("x" in flag for flag in SWITCHES)      # "x" separates a label's flags
 FLAGS = sorted(set(SWITCHES) - set(PREFETCH)) + [
     "s2", "sm200", "sw2", "kv32", "kv64", "q1", "q2", "qs2", "ag4", "sk1", "sk2", "ls2", "kb32",
     "at0", "ar8", "kn32", "bo100", "rg128", "tm16", "ru0", "fo1", "fr32", "as4"]

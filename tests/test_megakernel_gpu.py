@@ -248,6 +248,15 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
                                 norm_first=True, norm_sums=True, fuse_reduce=True),
                                 id="llama-3.2-1b-64-ap-ag4-ns-fs"),
+                            # projections' K loops each from a step of its own (rk)
+                            pytest.param("llama-3.2-1b", 64, TileConfig(
+                                attn_pairs=True, attn_group=4, kv_split=1024, kv_block=128,
+                                reduce_norm=True, proj_rotate=True),
+                                id="llama-3.2-1b-64-rn-ap-ag4-rk"),
+                            pytest.param("llama-3.2-1b", 24, TileConfig(
+                                attn_pairs=True, kv_split=1024, kv_block=128, norm_first=True,
+                                norm_sums=True, fuse_reduce=True, proj_rotate=True),
+                                id="llama-3.2-1b-24-ap-ns-fs-rk"),
                             # a head's q/k/v tasks as K slices finished by their last (tickets),
                             # the row RMS from sums of squares, or x normalised by the reduces
                             pytest.param("llama-3.2-1b", 24, TileConfig(

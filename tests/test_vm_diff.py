@@ -62,6 +62,10 @@ def inputs(model):
                                               attn_keys_m=True),
                                    TileConfig(attn_pairs=True, kv_split=64, kv_step=256,
                                               attn_rotate=True),
+                                   # projections' K loops each from a step of its own
+                                   TileConfig(block_k=16, proj_rotate=True),
+                                   TileConfig(split_k=2, block_k=16, qkv_cross=True,
+                                              fuse_reduce=True, proj_rotate=True),
                                    TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=16,
                                               kv_step=256, attn_tasks_per_worker=0),
                                    TileConfig(attn_pairs=True, attn_pair_ranges=True, kv_split=32,
