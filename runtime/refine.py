@@ -94,9 +94,11 @@ from .variant import Variant, stream_kv_split
 # The weights' L2 prefetches with evict_last priority (``CompileOptions.prefetch_last``, on by
 # default; against the H200 ledger's winners on an H100, ms: 24 rows 1.463 -> 1.440, 48 1.802 ->
 # 1.788, 64 1.977 -> 1.958) flip off.
+# Projection tasks' K loops each from a step of their own (``proj_rotate``; against the H200
+# ledger's winners on an H100, ms: 24 rows 1.445 -> 1.427, 64 rows 1.950 -> 1.969).
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
           "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m", "attn_rotate",
-          "prefetch_last")
+          "prefetch_last", "proj_rotate")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
@@ -152,7 +154,7 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams
 # at once, the dots' form how the warps share a step
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead",
-                  "attn_keys_m", "attn_rotate", "prefetch_last")
+                  "attn_keys_m", "attn_rotate", "prefetch_last", "proj_rotate")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
          "fuse_reduce": fused_reduce,
