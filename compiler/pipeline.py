@@ -83,10 +83,10 @@ class CompileOptions:
         its waits instead, 8 what ops with a prefetch body read of earlier steps, 16 what the
         next task's prefetch body reads, its first KV_AHEAD keys a unit, 32 those after the task's
         signal instead of before its waits, 64 the weights with evict_last priority, 128 the keys
-        and values so), BACKOFF ns
-        of sleep between polls, POLL 1 to poll with acquire loads, PF_START the ``prefetch_start``
-        percentage, STAGE the staging area's bytes (``staging``; in place under the
-        interpreter), BY_SM 1 where each program takes the queue of its SM (``queues_by_sm``)."""
+        and values with it), BACKOFF ns of sleep between polls, POLL 1 to poll with acquire
+        loads, PF_START the ``prefetch_start`` percentage, STAGE the staging area's bytes
+        (``staging``; in place under the interpreter), BY_SM 1 where each program takes the queue
+        of its SM (``queues_by_sm``)."""
         if not cuda:        # staging in place (``staging``): the same rows, read where they are
             return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0,
                         STAGE=STAGE_IN_PLACE if self.tile.staged_kib else 0, KV_AHEAD=0,

@@ -170,8 +170,8 @@ def _with_prior(plans: dict, prior: Ledger, model, max_seq_len: int, target: Tar
         raise FileNotFoundError(f"no earlier autotune ledger at {prior.path}")
     dtype, out = next(model.parameters()).dtype, {}
     for b, picks in plans.items():
-        ops, costs = op_graph(model.config, dtype, b, max_seq_len), op_costs(
-            model.config, dtype, b, max_seq_len)
+        ops = op_graph(model.config, dtype, b, max_seq_len)
+        costs = op_costs(model.config, dtype, b, max_seq_len)
         have, extra = {v.label for v, _ in picks}, []
         for label in prior.winners(b, model=base["model"], seq=max_seq_len):
             try:
