@@ -170,10 +170,14 @@ def _with_prior(plans: dict, prior: Ledger, model, max_seq_len: int, target: Tar
         raise FileNotFoundError(f"no earlier autotune ledger at {prior.path}")
     dtype, out = next(model.parameters()).dtype, {}
     for b, picks in plans.items():
+        labels = prior.winners(b, model=base["model"], seq=max_seq_len)
+        out[b] = picks
+        if not labels:                  # no op graph captured for a batch size it lacks
+            continue
         ops = op_graph(model.config, dtype, b, max_seq_len)
         costs = op_costs(model.config, dtype, b, max_seq_len)
         have, extra = {v.label for v, _ in picks}, []
-        for label in prior.winners(b, model=base["model"], seq=max_seq_len):
+        for label in labels:
             try:
                 v = effective(ops, parse_variant(label))
             except ValueError:          # a label that this compiler no longer parses or builds
