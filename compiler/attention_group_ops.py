@@ -9,8 +9,9 @@ table, the rows' positions; output the normalised attention [B, HQ * D].
 import triton
 import triton.language as tl
 
-from .attention_keys_m import (empty_states, loop_step, online_keys_m, step_block,
-                               step_blocks, step_rotation)
+from .attention_keys_m import (empty_states, full_step, kv_load, kv_mask, online_keys_m,
+                               softmax_weights, step_block, step_blocks, step_counts,
+                               step_rotation)
 from .ops import _dot
 from .rope_ops import block_slot, cache_slots
 
@@ -19,11 +20,11 @@ from .rope_ops import block_slot, cache_slots
 def load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, heads, B: tl.constexpr,
                   HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr,
-                  V_T: tl.constexpr = False, block=None):
+                  V_T: tl.constexpr = False, block=None, MASKED: tl.constexpr = True):
     """``attention_ops.load_kv`` of the kv heads ``heads`` [NH] of one row at once: keys and
     values [NH, CHUNK, BLOCK_D] (V_T: values transposed, [NH, BLOCK_D, CHUNK]; ``block``: the
     step's cache block where IN_BLOCK, ``attention_keys_m.step_block``, else one gathered
-    here)."""
+    here); not MASKED: every key is below ``hi``."""
     ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
     if IN_BLOCK and block is not None:
@@ -37,14 +38,15 @@ def load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, heads, B: tl.constex
         key = cache_slots(row, tl.minimum(ss, S - 1)[None, :], bt_ptr, layer, 0,
                           heads[:, None], B, HKV, S, D, BS)                      # [NH, CHUNK]
     offs = key[:, :, None] + ds[None, None, :]                         # [NH, CHUNK, BLOCK_D]
-    mask = (ss < hi)[None, :, None] & (ds[None, None, :] < D)
+    live = ss < hi
+    mask = kv_mask(live[None, :, None], ds[None, None, :] < D, MASKED, BLOCK_D != D)
     v_shift = B * HKV * S * D
     if V_T:
-        v = tl.load(cache_ptr + v_shift + key[:, None, :] + ds[None, :, None],
-                    mask=(ss < hi)[None, None, :] & (ds[None, :, None] < D), other=0.0)
+        v = kv_load(cache_ptr + v_shift + key[:, None, :] + ds[None, :, None],
+                    kv_mask(live[None, None, :], ds[None, :, None] < D, MASKED, BLOCK_D != D))
     else:
-        v = tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0)
-    return tl.load(cache_ptr + offs, mask=mask, other=0.0), v
+        v = kv_load(cache_ptr + offs + v_shift, mask)
+    return kv_load(cache_ptr + offs, mask), v
 
 
 @triton.jit
@@ -98,38 +100,54 @@ def group_steps(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B: tl.
     their running max and sum [NH, BLOCK_G] and unnormalised acc (KEYS_M: transposed, [NH,
     BLOCK_D, BLOCK_G], else [NH, BLOCK_G, BLOCK_D]) of queries q as ``attn_group_op`` loads
     them; ROTATE: from step ``rot`` on, wrapping around."""
-    DT: tl.constexpr = q.dtype
-    hs = tl.arange(0, NH)
-    ss = tl.arange(0, CHUNK)
     m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D, KEYS_M)
     HOISTED: tl.constexpr = KEYS_M and IN_BLOCK              # the steps' entries asked for first
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None
-    for i in tl.range(0, steps if PIECE else NCHUNK, num_stages=STAGES):
-        c = loop_step(i, rot, NCHUNK, ROTATE)
-        start = lo + c * CHUNK
-        k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + hs, B, HKV, S,
-                             D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M,
-                             step_block(blocks, c) if HOISTED else None)
-        valid = start + ss < hi
-        if KEYS_M:              # a head a group of online_keys_m
-            m, l, acc = online_keys_m(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m,
-                                     l, acc, scale, DT)
-        else:
-            m, l, acc = group_step(q, k, v, valid, m, l, acc, scale, DT)
+    n_full, n_any = step_counts(lo, hi, steps if PIECE else NCHUNK, CHUNK)
+    rot = rot % tl.maximum(n_full, 1)
+    for i in tl.range(0, n_full, num_stages=STAGES):          # no key masked: no masks
+        m, l, acc = group_step_at(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi,
+                                  full_step(i, rot, n_full, ROTATE), blocks, m, l, acc, scale, B,
+                                  HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, NH, KEYS_M, False)
+    for c in tl.range(n_full, n_any, num_stages=2):           # the last keys below hi
+        m, l, acc = group_step_at(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, c, blocks,
+                                  m, l, acc, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK,
+                                  NH, KEYS_M, True)
     return m, l, acc
 
 
 @triton.jit
-def group_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
+def group_step_at(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, c, blocks, m, l, acc,
+                  scale, B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+                  BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+                  IN_BLOCK: tl.constexpr, NH: tl.constexpr, KEYS_M: tl.constexpr,
+                  MASKED: tl.constexpr):
+    """``group_steps``'s step ``c`` (keys from lo + c * CHUNK) of NH kv heads from kv_head into
+    their running states (``blocks``: the steps' table entries, or None); not MASKED: every
+    key is below ``hi``."""
+    start = lo + c * CHUNK
+    k, v = load_kv_heads(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + tl.arange(0, NH),
+                         B, HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, KEYS_M,
+                         None if blocks is None else step_block(blocks, c), MASKED)
+    valid = start + tl.arange(0, CHUNK) < hi
+    if KEYS_M:              # a head a group of online_keys_m
+        m, l, acc = online_keys_m(q, k, v, tl.broadcast_to(valid[None, :], (NH, CHUNK)), m, l,
+                                  acc, scale, q.dtype, MASKED)
+    else:
+        m, l, acc = group_step(q, k, v, valid, m, l, acc, scale, q.dtype, MASKED)
+    return m, l, acc
+
+
+@triton.jit
+def group_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr,
+               MASKED: tl.constexpr = True):
     """``attention_ops.online_step`` of NH heads at once: keys and values [NH, CHUNK,
-    BLOCK_D] (``valid`` [CHUNK]) into m, l [NH, BLOCK_G] and acc [NH, BLOCK_G, BLOCK_D] of
-    queries q [NH, BLOCK_G, BLOCK_D], as one batch of score tiles (batched dots)."""
+    BLOCK_D] (``valid`` [CHUNK]; not MASKED: all keys) into m, l [NH, BLOCK_G] and acc [NH,
+    BLOCK_G, BLOCK_D] of queries q [NH, BLOCK_G, BLOCK_D], as one batch of score tiles."""
     scores = _dot(q, tl.permute(k.to(DT), (0, 2, 1)),
                   tl.zeros([q.shape[0], q.shape[1], k.shape[1]], tl.float32), DT)
-    scores = tl.where(valid[None, None, :], scores * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, axis=2))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
-    alpha = tl.exp(m - m_ref)
-    p = tl.exp(scores - m_ref[:, :, None])
+    if MASKED:
+        scores = tl.where(valid[None, None, :], scores, float("-inf"))
+    m_new, alpha, p = softmax_weights(scores, m, scale, 2)
     return m_new, l * alpha + tl.sum(p, axis=2), _dot(p.to(DT), v.to(DT),
                                                       acc * alpha[:, :, None], DT)

@@ -12,7 +12,8 @@ ranges of one (row, kv head) in consecutive slots.
 import triton
 import triton.language as tl
 
-from .attention_keys_m import loop_step, pair_steps_keys_m, step_rotation
+from .attention_keys_m import (full_step, kv_load, kv_mask, pair_steps_keys_m,
+                               softmax_weights, step_counts, step_rotation)
 from .ops import _dot
 from .rope_ops import cache_slots
 
@@ -20,13 +21,15 @@ from .rope_ops import cache_slots
 @triton.jit
 def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, HKV: tl.constexpr,
             S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
-            BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr = False):
+            BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr = False,
+            MASKED: tl.constexpr = True):
     """Keys and values [CHUNK, BLOCK_D] at positions [start, start + CHUNK), each through the
     block table (one gather, one memory latency); positions >= hi are not read. The table
     entries do not wait for hi (the row's length, itself a load): positions are only kept
     within the table's row (S), where every entry names a block of the cache. IN_BLOCK (the
     caller's promise: the step lies in one cache block, as where BS and start are multiples of
-    CHUNK): one table entry per step, the keys at fixed offsets from the first."""
+    CHUNK): one table entry per step, the keys at fixed offsets from the first. Not MASKED:
+    every key is below ``hi``."""
     ss = start + tl.arange(0, CHUNK)
     ds = tl.arange(0, BLOCK_D)
     if IN_BLOCK:
@@ -37,10 +40,9 @@ def load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B: tl.constexpr, 
         key = cache_slots(row, tl.minimum(ss, S - 1), bt_ptr, layer, 0, kv_head, B, HKV, S, D,
                           BS)
     offs = key[:, None] + ds[None, :]                                   # [CHUNK, BLOCK_D]
-    mask = (ss < hi)[:, None] & (ds[None, :] < D)
+    mask = kv_mask((ss < hi)[:, None], ds[None, :] < D, MASKED, BLOCK_D != D)
     v_shift = B * HKV * S * D                     # from the K plane to the V plane
-    return (tl.load(cache_ptr + offs, mask=mask, other=0.0),
-            tl.load(cache_ptr + offs + v_shift, mask=mask, other=0.0))
+    return kv_load(cache_ptr + offs, mask), kv_load(cache_ptr + offs + v_shift, mask)
 
 
 @triton.jit
@@ -62,15 +64,15 @@ def step_frame(G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D:
 
 
 @triton.jit
-def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr):
-    """One step of keys k and values v [CHUNK, BLOCK_D] (``valid`` [CHUNK]) into the running
-    max m and sum l [BLOCK_G] and the unnormalised output acc [BLOCK_G, BLOCK_D] of queries q."""
+def online_step(q, k, v, valid, m, l, acc, scale, DT: tl.constexpr,
+                MASKED: tl.constexpr = True):
+    """One step of keys k and values v [CHUNK, BLOCK_D] (``valid`` [CHUNK]; not MASKED: all
+    keys) into the running max m and sum l [BLOCK_G] and the unnormalised output acc [BLOCK_G,
+    BLOCK_D] of queries q."""
     scores = _dot(q, tl.trans(k.to(DT)), tl.zeros([q.shape[0], k.shape[0]], tl.float32), DT)
-    scores = tl.where(valid[None, :], scores * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
-    alpha = tl.exp(m - m_ref)
-    p = tl.exp(scores - m_ref[:, None])
+    if MASKED:
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new, alpha, p = softmax_weights(scores, m, scale, 1)
     return m_new, l * alpha + tl.sum(p, axis=1), _dot(p.to(DT), v.to(DT), acc * alpha[:, None], DT)
 
 
@@ -102,9 +104,14 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                 mask=qmask, other=0.0).to(DT)
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     NCHUNK: tl.constexpr = (KV_SPLIT + CHUNK - 1) // CHUNK
-    # a fixed count of CHUNK-key steps (keys >= hi are masked, never read), so that the
-    # pipeliner streams the next chunk while this one is used
-    for c in tl.range(0, NCHUNK, num_stages=STAGES):
+    # the steps whose keys all lie below hi without masks, pipelined (the next chunk streams
+    # while this one is used); then the last keys below hi, masked (keys >= hi never read)
+    n_full, n_any = step_counts(lo, hi, NCHUNK, CHUNK)
+    for c in tl.range(0, n_full, num_stages=STAGES):
+        k, v = load_kv(cache_ptr, bt_ptr, row, lo + c * CHUNK, hi, layer, kv_head, B, HKV, S,
+                       D, BS, CHUNK, BLOCK_D, IN_BLOCK, False)
+        m, l, acc = online_step(q, k, v, None, m, l, acc, scale, DT, False)
+    for c in tl.range(n_full, n_any, num_stages=2):
         start = lo + c * CHUNK
         k, v = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS,
                        CHUNK, BLOCK_D, IN_BLOCK)
@@ -153,8 +160,14 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
         ss = tl.arange(0, CHUNK)
         ma, la, acc_a = empty_state(BLOCK_G, BLOCK_D)
         mb, lb, acc_b = empty_state(BLOCK_G, BLOCK_D)
-        for i in tl.range(0, NCHUNK, num_stages=STAGES):
-            c = loop_step(i, rot, NCHUNK, ROTATE)
+        n_full, n_any = step_counts(lo, hi, NCHUNK, CHUNK)
+        rot = rot % tl.maximum(n_full, 1)
+        for i in tl.range(0, n_full, num_stages=STAGES):      # no key masked: no masks
+            ma, la, acc_a, mb, lb, acc_b = pair_step(
+                qa, qb, cache_ptr, bt_ptr, row, kv_head, layer,
+                lo + full_step(i, rot, n_full, ROTATE) * CHUNK, hi, ss, ma, la, acc_a, mb, lb,
+                acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, DT, False)
+        for c in tl.range(n_full, n_any, num_stages=2):       # the last keys below hi
             ma, la, acc_a, mb, lb, acc_b = pair_step(
                 qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo + c * CHUNK, hi, ss, ma, la,
                 acc_a, mb, lb, acc_b, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK, DT)
@@ -165,16 +178,17 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
 def pair_step(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, start, hi, ss, ma, la, acc_a, mb,
               lb, acc_b, scale, B: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-              IN_BLOCK: tl.constexpr, DT: tl.constexpr):
+              IN_BLOCK: tl.constexpr, DT: tl.constexpr, MASKED: tl.constexpr = True):
     """One step of keys [start, start + CHUNK) (ss: arange(CHUNK)) of kv heads kv_head and
-    kv_head + 1 of row ``row`` (keys >= hi masked) into both heads' running states."""
+    kv_head + 1 of row ``row`` (keys >= hi masked; not MASKED: none is) into both heads'
+    running states."""
     valid = start + ss < hi
     ka, va = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head, B, HKV, S, D, BS, CHUNK,
-                     BLOCK_D, IN_BLOCK)
+                     BLOCK_D, IN_BLOCK, MASKED)
     kb, vb = load_kv(cache_ptr, bt_ptr, row, start, hi, layer, kv_head + 1, B, HKV, S, D, BS,
-                     CHUNK, BLOCK_D, IN_BLOCK)
-    ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT)
-    mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT)
+                     CHUNK, BLOCK_D, IN_BLOCK, MASKED)
+    ma, la, acc_a = online_step(qa, ka, va, valid, ma, la, acc_a, scale, DT, MASKED)
+    mb, lb, acc_b = online_step(qb, kb, vb, valid, mb, lb, acc_b, scale, DT, MASKED)
     return ma, la, acc_a, mb, lb, acc_b
 
 

@@ -131,10 +131,12 @@ def paged_sdpa(q, layer_cache, table, bs: int, lengths: list[int]) -> torch.Tens
 def test_pair_op_matches_attention(bs, chunk, in_block, w, rotate):
     """``attn_pair_op``: each row's two kv heads over its keys in one loop (each step's keys in
     ``w`` groups with running states of their own; ``rotate``: from the task's own step on,
-    wrapping around, the short row's first steps past its length), rows of unequal length,
-    the second layer of a cache read through a shuffled block table, against SDPA."""
-    # rotated: 4 kv heads, so that tasks 1-3 (row 0's second pair, row 1's) start at steps 1-3
-    lengths, hq, hkv = ([S, 13], 4 * G, 4) if rotate else ([S - 21, S], HQ, HKV)
+    wrapping around its full steps), rows of unequal length (full steps and a masked last one,
+    or that one alone), the second layer of a cache read through a shuffled block table,
+    against SDPA."""
+    # rotated: 4 kv heads, so that tasks 1-3 (row 0's second pair, row 1's) start at later
+    # steps (row 0: 43 keys, 1 or 2 full steps and a masked one; row 1: 13 keys, the masked one)
+    lengths, hq, hkv = ([S - 21, 13], 4 * G, 4) if rotate else ([S - 21, S], HQ, HKV)
     q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths, hq, hkv)
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
@@ -165,7 +167,7 @@ def test_group_op_matches_attention(nh, hkv, bs, chunk, in_block, keys_m, rotate
     padded to 4 rows) as batched dots in one loop (or with the keys as their M; ``rotate``:
     from the task's own step on, wrapping around), rows of unequal length, the second layer of
     a cache read through a shuffled block table, against SDPA."""
-    lengths, hq = [S, 13] if rotate else [S - 21, S], 3 * hkv
+    lengths, hq = [S - 21, 13] if rotate else [S - 21, S], 3 * hkv
     q, cache, positions, table = paged_inputs(bs + chunk, bs, 2, lengths, hq, hkv)
     out = torch.full_like(q, float("nan"))
     args = [t.to(DEVICE) for t in (q, cache, positions, table, out)]
