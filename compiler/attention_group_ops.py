@@ -96,10 +96,11 @@ def group_steps(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B: tl.
                 KEYS_M: tl.constexpr, NCHUNK: tl.constexpr, ROTATE: tl.constexpr, rot,
                 steps=0, PIECE: tl.constexpr = False):
     """``attn_group_op``'s loop: NCHUNK steps of CHUNK keys from key ``lo`` (PIECE: ``steps``
-    of them, a unit's piece) of NH kv heads from kv_head of row ``row``, keys >= hi masked ->
-    their running max and sum [NH, BLOCK_G] and unnormalised acc (KEYS_M: transposed, [NH,
-    BLOCK_D, BLOCK_G], else [NH, BLOCK_G, BLOCK_D]) of queries q as ``attn_group_op`` loads
-    them; ROTATE: from step ``rot`` on, wrapping around."""
+    of them, a unit's piece) of NH kv heads from kv_head of row ``row``, those below hi (the
+    steps with every key below it unmasked, then the last one masked) -> their running max
+    and sum [NH, BLOCK_G] and unnormalised acc (KEYS_M: transposed, [NH, BLOCK_D, BLOCK_G],
+    else [NH, BLOCK_G, BLOCK_D]) of queries q as ``attn_group_op`` loads them; ROTATE: the
+    full steps from step ``rot`` on, wrapping around."""
     m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D, KEYS_M)
     HOISTED: tl.constexpr = KEYS_M and IN_BLOCK              # the steps' entries asked for first
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None

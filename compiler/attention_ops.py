@@ -143,11 +143,13 @@ def pair_steps(q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmas
                G: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                BLOCK_D: tl.constexpr, STAGES: tl.constexpr, IN_BLOCK: tl.constexpr,
                NCHUNK: tl.constexpr, W: tl.constexpr, ROTATE: tl.constexpr):
-    """Keys [lo, hi) of kv heads kv_head and kv_head + 1 of row ``row`` in NCHUNK CHUNK-key
-    steps, the two heads side by side in one pipelined loop (two independent chains of loads and
-    dots: one's arithmetic overlaps the other's loads), queries at q_ptr + offs (head a) and
-    + G * D (head b) -> (max, sum, unnormalised acc) of each head. ROTATE: the loop starts at
-    the task's own step and wraps around (``attention_keys_m.step_rotation``)."""
+    """Keys [lo, hi) of kv heads kv_head and kv_head + 1 of row ``row`` in CHUNK-key steps (at
+    most NCHUNK: those whose keys all lie below hi unmasked, then the last one masked,
+    ``attention_keys_m.step_counts``), the two heads side by side in one pipelined loop (two
+    independent chains of loads and dots: one's arithmetic overlaps the other's loads), queries
+    at q_ptr + offs (head a) and + G * D (head b) -> (max, sum, unnormalised acc) of each head.
+    ROTATE: the loop over the full steps starts at the task's own step and wraps around
+    (``attention_keys_m.step_rotation``)."""
     DT: tl.constexpr = q_ptr.dtype.element_ty
     qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
     qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
