@@ -133,6 +133,14 @@ def first_step(base, end, LIM: tl.constexpr, BLOCK_K: tl.constexpr, ROTATE: tl.c
 
 
 @triton.jit
+def loop_column(i, rot, LIM: tl.constexpr, BLOCK_K: tl.constexpr, ROTATE: tl.constexpr):
+    """The column a K loop over [0, LIM) in BLOCK_K steps reads at its trip from column i:
+    i, or (ROTATE) i from column ``rot`` (``first_step``) on, wrapping around, declared a
+    multiple of BLOCK_K (without it, sm_90 builds lose the loop's async copies)."""
+    return tl.multiple_of((i + rot) % LIM, BLOCK_K) if ROTATE else i
+
+
+@triton.jit
 def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: tl.constexpr,
                 K: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
                 BLOCK_N: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -159,7 +167,7 @@ def matmul_tile(x_ptr, nw_ptr, rstd, w_ptr, base, end, STRIDE: tl.constexpr, B: 
     if SR < BLOCK_N:
         rot = first_step(base, end, LIM, BLOCK_K, ROTATE)
         for i in tl.range(0, LIM, BLOCK_K, num_stages=STAGES):
-            k0 = tl.multiple_of((i + rot) % LIM, BLOCK_K) if ROTATE else i
+            k0 = loop_column(i, rot, LIM, BLOCK_K, ROTATE)
             a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, HAS_NORM, BLOCK_B, BLOCK_K, DT, FOLD,
                             KEND)
             w = load_w(w_ptr, base, end, STRIDE, k0, K, BLOCK_N, HALF, BLOCK_K, FOLD, KEND,
@@ -293,7 +301,7 @@ def gate_up_op(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ss_ptr, n0, n1, copy,
     if SR < BLOCK_N:
         rot = first_step(n0, n1 - n0, K, BLOCK_K, ROTATE)
         for i in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            k0 = tl.multiple_of((i + rot) % K, BLOCK_K) if ROTATE else i
+            k0 = loop_column(i, rot, K, BLOCK_K, ROTATE)
             a = load_normed(x_ptr, nw_ptr, rs, k0, B, K, IN_LOOP, BLOCK_B, BLOCK_K, DT, FOLD)
             # each weight's chunk loaded just before its use (both loads first: batch-32 stack
             # 352 bytes instead of 136 on sm_90)
