@@ -101,7 +101,7 @@ def group_steps(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B: tl.
     and sum [NH, BLOCK_G] and unnormalised acc (KEYS_M: transposed, [NH, BLOCK_D, BLOCK_G],
     else [NH, BLOCK_G, BLOCK_D]) of queries q as ``attn_group_op`` loads them; ROTATE: the
     full steps from step ``rot`` on, wrapping around."""
-    m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D, KEYS_M)
+    m, l, acc = empty_states(NH, BLOCK_G, BLOCK_D, KEYS_M, CHUNK)
     HOISTED: tl.constexpr = KEYS_M and IN_BLOCK              # the steps' entries asked for first
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if HOISTED else None
     n_full, n_any = step_counts(lo, hi, steps if PIECE else NCHUNK, CHUNK)
@@ -114,6 +114,8 @@ def group_steps(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, scale, B: tl.
         m, l, acc = group_step_at(q, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, c, blocks,
                                   m, l, acc, scale, B, HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK,
                                   NH, KEYS_M, True)
+    if KEYS_M:              # the per-key sums of online_keys_m
+        l = tl.sum(l, axis=1)
     return m, l, acc
 
 

@@ -88,12 +88,13 @@ def kv_load(ptr, mask):
 
 @triton.jit
 def empty_states(NH: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                 T: tl.constexpr = False):
-    """The running max and sum [NH, BLOCK_G] and unnormalised acc [NH, BLOCK_G, BLOCK_D] (T:
-    transposed, [NH, BLOCK_D, BLOCK_G], as ``online_keys_m`` holds it) of NH heads or key groups
-    before any key."""
+                 T: tl.constexpr = False, KEYS: tl.constexpr = 1):
+    """The running max [NH, BLOCK_G], sum [NH, BLOCK_G] and unnormalised acc [NH, BLOCK_G,
+    BLOCK_D] of NH heads or key groups before any key; T: as ``online_keys_m`` holds them, the
+    acc transposed [NH, BLOCK_D, BLOCK_G] and the sum per key of a step, [NH, KEYS, BLOCK_G]."""
     shape: tl.constexpr = [NH, BLOCK_D, BLOCK_G] if T else [NH, BLOCK_G, BLOCK_D]
-    return (tl.full([NH, BLOCK_G], float("-inf"), tl.float32), tl.zeros([NH, BLOCK_G], tl.float32),
+    sums: tl.constexpr = [NH, KEYS, BLOCK_G] if T else [NH, BLOCK_G]
+    return (tl.full([NH, BLOCK_G], float("-inf"), tl.float32), tl.zeros(sums, tl.float32),
             tl.zeros(shape, tl.float32))
 
 
@@ -143,8 +144,10 @@ def softmax_weights(raw, m, scale, AXIS: tl.constexpr):
 def online_keys_m(qt, k, vt, valid, m, l, acc_t, scale, DT: tl.constexpr,
                   MASKED: tl.constexpr = True):
     """``online_step`` over a step's keys in W groups (``load_kv_groups``: k [W, CW, BLOCK_D],
-    vt [W, BLOCK_D, CW], valid [W, CW]), each with its own running max m and sum l
-    [W, BLOCK_G] and acc, held transposed: acc_t [W, BLOCK_D, BLOCK_G]; qt [W, BLOCK_D,
+    vt [W, BLOCK_D, CW], valid [W, CW]), each with its own running max m [W, BLOCK_G], sum
+    l and acc, the sum kept per key, l [W, CW, BLOCK_G] (the adds of a step's weights run
+    within each thread, the reduction over keys once after the loop), and the acc held
+    transposed: acc_t [W, BLOCK_D, BLOCK_G]; qt [W, BLOCK_D,
     BLOCK_G] the queries transposed (and broadcast, or a group's own). Batches of W dots spread
     over the warps, so that no reduction over keys crosses a warp, with the keys (and the head
     dim) as their M and the few query rows as N (padded to 8): half the tensor-core steps and
@@ -155,17 +158,18 @@ def online_keys_m(qt, k, vt, valid, m, l, acc_t, scale, DT: tl.constexpr,
     if MASKED:
         scores = tl.where(valid[:, :, None], scores, float("-inf"))
     m_new, alpha, p = softmax_weights(scores, m, scale, 1)
-    return (m_new, l * alpha + tl.sum(p, axis=1),
+    return (m_new, l * alpha[:, None, :] + p,
             _dot(vt.to(DT), p.to(DT), acc_t * alpha[:, None, :], DT))
 
 
 @triton.jit
 def merge_groups(m, l, acc_t):
-    """``online_keys_m``'s W groups, m, l [W, BG] and acc_t [W, BD, BG] -> one max and sum [BG]
-    and acc [BG, BD]."""
+    """``online_keys_m``'s W groups, m [W, BG], per-key sums l [W, CW, BG] and acc_t [W, BD,
+    BG] -> one max and sum [BG] and acc [BG, BD]."""
     m_all = tl.max(m, axis=0)
     w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])     # [W, BG]
-    return m_all, tl.sum(l * w, axis=0), tl.trans(tl.sum(acc_t * w[:, None, :], axis=0))
+    return (m_all, tl.sum(tl.sum(l, axis=1) * w, axis=0),
+            tl.trans(tl.sum(acc_t * w[:, None, :], axis=0)))
 
 
 @triton.jit
@@ -184,8 +188,8 @@ def pair_steps_keys_m(qa, qb, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, sc
     ss = tl.arange(0, W)[:, None] * CW + tl.arange(0, CW)[None, :]               # [W, CW]
     qa3 = tl.broadcast_to(tl.trans(qa)[None, :, :], (W, BLOCK_D, BLOCK_G))
     qb3 = tl.broadcast_to(tl.trans(qb)[None, :, :], (W, BLOCK_D, BLOCK_G))
-    ma, la, acc_a = empty_states(W, BLOCK_G, BLOCK_D, True)
-    mb, lb, acc_b = empty_states(W, BLOCK_G, BLOCK_D, True)
+    ma, la, acc_a = empty_states(W, BLOCK_G, BLOCK_D, True, CW)
+    mb, lb, acc_b = empty_states(W, BLOCK_G, BLOCK_D, True, CW)
     blocks = step_blocks(row, lo, bt_ptr, S, BS, CHUNK, NCHUNK) if IN_BLOCK else None
     n_full, n_any = step_counts(lo, hi, steps if PIECE else NCHUNK, CHUNK)
     rot = rot % tl.maximum(n_full, 1)
