@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -24,6 +25,7 @@ from megakernel.compiler.cost import H200
 from megakernel.models import load_model
 from megakernel.runtime import get_backend
 from megakernel.runtime import variant
+from megakernel.runtime.ledger import Ledger
 from megakernel.runtime.megakernel import megakernel_backend
 
 
@@ -63,13 +65,17 @@ def sweep_batch(model, batch: int, context: int, variants: list[str], baseline: 
 
 
 def winner_variants(ledger: str, batch: int, flags: list[str]) -> list[str]:
-    """The fastest variant of ``batch`` without an error in an autotune ledger, then it with
-    each flag added (labels as parsed: a flag it already has adds nothing)."""
+    """The variant an autotune ledger picked for ``batch`` (its last final round's winner, the
+    kernel the tuned folder holds; without a final round, the fastest variant timed without an
+    error), then it with each flag added (labels as parsed: a flag it already has adds
+    nothing)."""
+    finals = Ledger(Path(ledger)).winners(batch)
     with open(ledger) as f:
         rows = [r for r in json.load(f)["runs"] if r["batch"] == batch and not r.get("error")]
-    if not rows:
+    if not rows and not finals:
         raise ValueError(f"{ledger} holds no timed variant of batch {batch}")
-    best = variant.parse_variant(min(rows, key=lambda r: r["ms"])["variant"]).label
+    best = variant.parse_variant(finals[-1] if finals
+                                 else min(rows, key=lambda r: r["ms"])["variant"]).label
     labels = [variant.parse_variant(best + "".join(f"x{f}" for f in flag.split("+"))).label
               for flag in flags]
     return list(dict.fromkeys([best, *labels]))

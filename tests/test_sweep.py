@@ -38,6 +38,15 @@ def test_sweep_tries_flags_on_each_batch_sizes_autotune_winner(tmp_path):
         "32x64x4x1xs1xkv64", "32x64x4x1xs1xkv64xfo1", "32x64x4x1xs1xkv64xafxar16"]
     with pytest.raises(ValueError, match="no timed variant of batch 3"):
         winner_variants(str(ledger), 3, [])
+    # a final round picks the kernel the tuned folder holds, though an earlier round timed
+    # another variant faster once
+    data = json.loads(ledger.read_text())
+    data["finals"] = {json.dumps({"batch": 1}): {"32x64x4x1xs2xkv64": 2.5,
+                                                "32x64x4x1xs1xkv64": 2.6}}
+    picked = tmp_path / "picked.json"
+    picked.write_text(json.dumps(data))
+    assert winner_variants(str(picked), 1, ["fo1"]) == ["32x64x4x1xs2xkv64",
+                                                        "32x64x4x1xs2xkv64xfo1"]
     out = tmp_path / "sweep.json"
     assert main(["--model", "tiny-llama", "--device", "cpu", "--baseline", "eager",
                  "--batch-sizes", "2", "--context", "32", "--iters", "1", "--json", str(out),
