@@ -69,9 +69,11 @@ def winner_variants(ledger: str, batch: int, flags: list[str]) -> list[str]:
     kernel the tuned folder holds; without a final round, the fastest variant timed without an
     error), then it with each flag added (labels as parsed: a flag it already has adds
     nothing)."""
-    finals = Ledger(Path(ledger)).winners(batch)
-    with open(ledger) as f:
-        rows = [r for r in json.load(f)["runs"] if r["batch"] == batch and not r.get("error")]
+    if not Path(ledger).is_file():
+        raise FileNotFoundError(f"no autotune ledger at {ledger}")
+    book = Ledger(Path(ledger))                  # the file read once: its runs and final rounds
+    finals = book.winners(batch)
+    rows = [r for r in book.rows if r["batch"] == batch and not r.get("error")]
     if not rows and not finals:
         raise ValueError(f"{ledger} holds no timed variant of batch {batch}")
     best = variant.parse_variant(finals[-1] if finals
