@@ -113,10 +113,11 @@ def queue_tables(enc, by_sm: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
     return table, table[:2 * w].view(w, 2)
 
 
-def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:
+def build_ahead(compiled, dtype: torch.dtype, device="cuda", source: str | None = None) -> None:
     """Build the kernel for this GPU without launching it, from stand-in arguments of a launch's
     dtypes and alignment, so that a later launch (here or in another process) finds it in
-    Triton's cache. Nothing to build under the interpreter."""
+    Triton's cache (``source``: a changed copy of the generated module instead). Nothing to
+    build under the interpreter."""
     from types import SimpleNamespace
 
     if torch.device(device).type != "cuda":
@@ -128,7 +129,7 @@ def build_ahead(compiled, dtype: torch.dtype, device="cuda") -> None:
                                f32=small(torch.float32), inputs=(i64, i64), block_table=i32,
                                epoch=1, spin_limit=1, stamps=small(torch.int64))
     args, kwargs = launch_args(stand_in, small(dtype), compiled.options, 0)
-    kernel = load_kernel(compiled.kernel.source, compiled.kernel.kernel_name)
+    kernel = load_kernel(source or compiled.kernel.source, compiled.kernel.kernel_name)
     kernel.warmup(*args, grid=(1,), **kwargs)
 
 
