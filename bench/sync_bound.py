@@ -72,25 +72,46 @@ def form_source(source: str, form: str, folder: Path) -> str:
 
 
 def _build(job) -> str | None:
-    """In a worker process: compile the variant and build one form's kernel into Triton's cache;
-    the error, if any."""
+    """In a worker process: compile the variant and build its kernel (``release``), or build one
+    changed form of a kernel compiled already into Triton's cache; the error, if any."""
     from megakernel.compiler.artifact import compile_cached
     from megakernel.models.weights import empty_model
     from megakernel.runtime.autotune import _prepare
     from megakernel.runtime.megakernel import build_ahead
 
     cfg, dtype, opts, root, form, folder = job
-    err = _prepare((cfg, dtype, cfg.arch, opts, root, "cuda"))
-    if err is None and form != "release":
+    if form == "release":
+        return _prepare((cfg, dtype, cfg.arch, opts, root, "cuda"))
+    try:
         compiled, _ = compile_cached(empty_model(cfg).to(dtype), opts, cfg.arch, Path(root))
         build_ahead(compiled, dtype, "cuda", form_source(compiled.kernel.source, form, folder))
-    return err
+        return None
+    except Exception as err:  # reported, then that form fails again where it is timed
+        return f"{form}: {type(err).__name__}: {err}"[:300]
+
+
+def build_forms(model, labels: dict[int, str], context: int, forms: list[str], folder: Path,
+                jobs: int) -> None:
+    """Build every batch size's kernel and its changed forms in ``jobs`` processes: first each
+    variant once as built (compiled into the artifact cache), then the other forms from it, so
+    that no two processes compile the same variant."""
+    from megakernel.bench.sweep import parse_variant
+    from megakernel.compiler.pipeline import CompileOptions
+    from megakernel.runtime.megakernel import cache_dir
+
+    root, dtype = str(cache_dir() / "artifacts"), next(model.parameters()).dtype
+    job = lambda b, f: (model.config, dtype, CompileOptions(
+        b, context, target="h200", **parse_variant(labels[b])), root, f, folder)
+    for stage in (["release"], [f for f in forms if f != "release"]):
+        for err in filter(None, fan_out(_build, [job(b, f) for b in labels for f in stage],
+                                        jobs)):
+            print(f"build failed: {err}", flush=True)
 
 
 def time_forms(model, label: str, batch: int, context: int, forms: list[str], rounds: int,
                iters: int, folder: Path) -> list[dict]:
-    """Rows of one batch size: each form's median ms over the rounds, its ratio to
-    ``release``'s, and its logits' distance from eager's."""
+    """Rows of one batch size: each form's median ms over the rounds, its ratio to the first
+    form's (``release`` by default), and its logits' distance from eager's."""
     from megakernel.bench.decode import decode_state, median_step_ms
     from megakernel.bench.sweep import parse_variant, rel_err
     from megakernel.runtime.megakernel import load_kernel, megakernel_backend
@@ -119,8 +140,7 @@ def time_forms(model, label: str, batch: int, context: int, forms: list[str], ro
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megakernel.bench.sweep import parse_variant, winner_variants
-    from megakernel.compiler.pipeline import CompileOptions
+    from megakernel.bench.sweep import winner_variants
     from megakernel.models import load_model
     from megakernel.runtime.megakernel import cache_dir
 
@@ -147,12 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = {b: winner_variants(args.winners, b, [])[0] if args.winners else args.variant
               for b in batches}
     if args.jobs > 1 and args.device == "cuda":
-        root, dt = str(cache_dir() / "artifacts"), next(model.parameters()).dtype
-        errs = fan_out(_build, [(model.config, dt, CompileOptions(
-            b, args.context, target="h200", **parse_variant(labels[b])), root, f, folder)
-            for b in batches for f in forms], args.jobs)
-        for err in filter(None, errs):
-            print(f"build failed: {err}", flush=True)
+        build_forms(model, labels, args.context, forms, folder, args.jobs)
     rows = []
     for b in batches:
         for row in time_forms(model, labels[b], b, args.context, forms, args.rounds,
