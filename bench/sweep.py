@@ -83,18 +83,18 @@ def winner_variants(ledger: str, batch: int, flags: list[str]) -> list[str]:
     return list(dict.fromkeys([best, *labels]))
 
 
-def build_all(model, plan: dict[int, list[str]], context: int, jobs: int) -> None:
+def build_all(model, plan: dict[int, list[str]], context: int, jobs: int) -> list[str | None]:
     """Compile every (batch size, variant) of ``plan`` and build its kernel into Triton's cache
     in ``jobs`` worker processes, so that the timing loop only loads them (a failure shows
-    there again)."""
+    there again); each job's error, if any."""
     from megakernel.compiler.pipeline import CompileOptions
     from megakernel.runtime.autotune import _prepare, fan_out
     from megakernel.runtime.megakernel import cache_dir
 
     dtype, root = next(model.parameters()).dtype, str(cache_dir() / "artifacts")
-    fan_out(_prepare, [(model.config, dtype, model.config.arch,
-                        CompileOptions(b, context, target="h200", **parse_variant(v)), root, "cuda")
-                       for b, variants in plan.items() for v in variants], jobs)
+    return fan_out(_prepare, [(model.config, dtype, model.config.arch,
+                               CompileOptions(b, context, target="h200", **parse_variant(v)), root,
+                               "cuda") for b, variants in plan.items() for v in variants], jobs)
 
 
 def describe(model_name: str, row: dict, baseline: str, max_rel_err: float) -> str:

@@ -71,17 +71,14 @@ def form_source(source: str, form: str, folder: Path) -> str:
     return source.replace(line, f"{line}\nimport {form_module(form, folder)} as kernel_loop", 1)
 
 
-def _build(job) -> str | None:
-    """In a worker process: compile the variant and build its kernel (``release``), or build one
-    changed form of a kernel compiled already into Triton's cache; the error, if any."""
+def _build_form(job) -> str | None:
+    """In a worker process: build one changed form of a kernel compiled already (into the
+    artifact cache) into Triton's cache; the error, if any."""
     from megakernel.compiler.artifact import compile_cached
     from megakernel.models.weights import empty_model
-    from megakernel.runtime.autotune import _prepare
     from megakernel.runtime.megakernel import build_ahead
 
     cfg, dtype, opts, root, form, folder = job
-    if form == "release":
-        return _prepare((cfg, dtype, cfg.arch, opts, root, "cuda"))
     try:
         compiled, _ = compile_cached(empty_model(cfg).to(dtype), opts, cfg.arch, Path(root))
         build_ahead(compiled, dtype, "cuda", form_source(compiled.kernel.source, form, folder))
@@ -93,19 +90,19 @@ def _build(job) -> str | None:
 def build_forms(model, labels: dict[int, str], context: int, forms: list[str], folder: Path,
                 jobs: int) -> None:
     """Build every batch size's kernel and its changed forms in ``jobs`` processes: first each
-    variant once as built (compiled into the artifact cache), then the other forms from it, so
-    that no two processes compile the same variant."""
-    from megakernel.bench.sweep import parse_variant
+    variant once as built (``sweep.build_all``: compiled into the artifact cache), then the
+    other forms from it, so that no two processes compile the same variant."""
+    from megakernel.bench.sweep import build_all, parse_variant
     from megakernel.compiler.pipeline import CompileOptions
     from megakernel.runtime.megakernel import cache_dir
 
     root, dtype = str(cache_dir() / "artifacts"), next(model.parameters()).dtype
-    job = lambda b, f: (model.config, dtype, CompileOptions(
+    errs = build_all(model, {b: [label] for b, label in labels.items()}, context, jobs)
+    errs += fan_out(_build_form, [(model.config, dtype, CompileOptions(
         b, context, target="h200", **parse_variant(labels[b])), root, f, folder)
-    for stage in (["release"], [f for f in forms if f != "release"]):
-        for err in filter(None, fan_out(_build, [job(b, f) for b in labels for f in stage],
-                                        jobs)):
-            print(f"build failed: {err}", flush=True)
+        for b in labels for f in forms if f != "release"], jobs)
+    for err in filter(None, errs):
+        print(f"build failed: {err}", flush=True)
 
 
 def time_forms(model, label: str, batch: int, context: int, forms: list[str], rounds: int,
