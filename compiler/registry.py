@@ -292,7 +292,9 @@ def _stream_keys_m(t: Task, d: Dims, c: TileConfig, heads: int) -> dict:
 
 def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
     args = _stream_keys_m(t, d, c, 2)
-    return args | dict(W=_key_groups(args["CHUNK"])) if c.attn_keys_m else args
+    if c.attn_keys_m:
+        return args | dict(W=_key_groups(args["CHUNK"]))
+    return args | (dict(STACK=t.args["units"], STEPS=t.args["steps"]) if c.attn_stack else {})
 
 
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:

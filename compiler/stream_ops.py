@@ -17,6 +17,7 @@ from .attention_group_ops import group_step, group_steps, load_kv_heads
 from .attention_keys_m import empty_states, pair_steps_keys_m
 from .attention_ops import (attn_combine_op, empty_state, last_ticket, pair_step, step_frame,
                             second_cut, store_partial, stream_rows, stream_step)
+from .stacked_stream import pair_stream_stacked
 
 
 @triton.jit
@@ -185,11 +186,13 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
                         BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROWS: tl.constexpr,
                         FUSED: tl.constexpr = False, BLOCK_SPLIT: tl.constexpr = 1,
-                        W: tl.constexpr = 1):
+                        W: tl.constexpr = 1, STACK: tl.constexpr = 0, STEPS: tl.constexpr = 0):
     """``attn_group_stream_op`` over units of a row's pairs of kv heads, the two heads as two
     independent chains of loads and dots (``attention_ops.pair_steps``'s form: one's
     arithmetic overlaps the other's loads) instead of a batch of score tiles. W > 1: the keys
-    as the dots' M in W groups, a loop a unit's piece (``pair_stream_pieces_keys_m``)."""
+    as the dots' M in W groups, a loop a unit's piece (``pair_stream_pieces_keys_m``). STACK
+    (the most units a stream touches; STEPS its most steps): the units' queries stacked as the
+    dots' rows (``stacked_stream``)."""
     NCH: tl.constexpr = S // CHUNK
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
@@ -197,6 +200,10 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
         pair_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                   c0, c1, layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS,
                                   CHUNK, BLOCK_G, BLOCK_D, STAGES, W)
+    elif STACK > 0:
+        pair_stream_stacked(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                            layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_D,
+                            STAGES, ROWS, STACK, STEPS)
     else:
         pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
                           layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,

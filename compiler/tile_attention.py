@@ -246,6 +246,7 @@ def tile_attention_stream(t: Tiler, op) -> None:
     fused = t.cfg.fuse_combine and nh > 1
     tickets = {u: t.tickets + k for k, u in enumerate(slots)} if fused else {}
     most, rows = max(map(len, slots.values()), default=0), rows_spanned(streams, s, per_row)
+    units, steps = max(map(len, pieces)), max(f1 - f0 for f0, f1 in streams) // step
     for i, ((f0, f1), ps) in enumerate(zip(streams, pieces)):
         reads, writes = [Region("positions", ((0, d.batch),))], []
         for u, lo, hi in ps:
@@ -257,7 +258,8 @@ def tile_attention_stream(t: Tiler, op) -> None:
             writes += [heads(u)] if slot is None else slot_boxes(slot)
         args = dict(q=q.name, out=out.name, acc=acc.name if n else None,
                     ml=ml.name if n else None, f0=f0, f1=f1, layer=layer, slot0=slot0s[i],
-                    step=step, rows=rows) | (dict(nslots=n, heads=nh) if nh > 1 else {})
+                    step=step, rows=rows, units=units, steps=steps) | (
+                        dict(nslots=n, heads=nh) if nh > 1 else {})
         cuts = [u for u, _, _ in ps if (i, u) in slot_of]
         if tickets and cuts:
             args |= merge_args(cuts, slots, tickets, slot0s[i], most, heads)

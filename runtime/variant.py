@@ -108,6 +108,7 @@ class Variant:
     attn_balance: bool = TileConfig.attn_balance
     attn_stream: bool = TileConfig.attn_stream
     attn_pairs: bool = TileConfig.attn_pairs
+    attn_stack: bool = TileConfig.attn_stack
     fuse_combine: bool = TileConfig.fuse_combine
     fuse_reduce: bool = TileConfig.fuse_reduce
     attn_group: int = TileConfig.attn_group
@@ -168,6 +169,7 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "bal": {"balance": True},
             "ab": {"attn_balance": True}, "af": {"attn_stream": True},
             "ap": {"attn_pairs": True}, "km": {"attn_keys_m": True},
+            "sq": {"attn_stack": True},
             "kr": {"attn_rotate": True}, "rk": {"proj_rotate": True},
             "apr": {"attn_pairs": True, "attn_pair_ranges": True},
             "fc": {"fuse_combine": True}, "fs": {"fuse_reduce": True},
@@ -263,7 +265,7 @@ def _layout_flags(v: Variant) -> list:
     flags += [] if v.norm_first is None else ["nf" if v.norm_first else "nf0"]
     flags += ["rn"] * v.reduce_norm + ["ns"] * v.norm_sums + ["fs"] * v.fuse_reduce
     flags += ["ab"] * v.attn_balance + ["af"] * v.attn_stream
-    flags += ["ap"] * v.attn_pairs + ["fc"] * v.fuse_combine
+    flags += ["ap"] * v.attn_pairs + ["sq"] * v.attn_stack + ["fc"] * v.fuse_combine
     flags += [f"ag{v.attn_group}"] * (v.attn_group != TileConfig.attn_group)
     flags += ["apr"] * v.attn_pair_ranges + ["sp"] * v.attn_spill
     flags += [f"ar{v.attn_rows}"] * (v.attn_rows != TileConfig.attn_rows)

@@ -307,11 +307,13 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
                          B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                          D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, STEP: tl.constexpr,
                          NH: tl.constexpr, CHAINS: tl.constexpr, FUSED: tl.constexpr,
-                         REVERSE: tl.constexpr, ROWS: tl.constexpr, W: tl.constexpr = 1):
+                         REVERSE: tl.constexpr, ROWS: tl.constexpr, W: tl.constexpr = 1,
+                         STACK: tl.constexpr = 0, STEPS: tl.constexpr = 0):
     """The streams (REVERSE: the last first; FUSED: stream i's ticket words at merge_ptr + 4 i,
     each cut unit merged by its last piece, tickets at epoch 1), then (not FUSED) the combine
     of each cut unit (row, first kv head, first slot, count at merge_ptr + 4 j). W > 1: the
-    keys as the dots' M (pairs' steps in W groups, a group's heads one a group)."""
+    keys as the dots' M (pairs' steps in W groups, a group's heads one a group). STACK: pairs
+    with their units' queries stacked (STEPS steps a stream at most)."""
     for k in range(nstreams):
         i = nstreams - 1 - k if REVERSE else k
         f0, f1, slot0 = tl.load(f_ptr + i), tl.load(f_ptr + i + 1), tl.load(slot0_ptr + i)
@@ -322,7 +324,8 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
             stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                            out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr, 1,
                                            ticket, first, count_a, count_b, D ** -0.5, B, HQ,
-                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4, W)
+                                           HKV, S, D, G, BS, STEP, G, D, 2, ROWS, FUSED, 4, W,
+                                           STACK, STEPS)
         else:
             stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                             out_ptr, f0, f1, layer, slot0, nslots, tickets_ptr,
@@ -345,7 +348,7 @@ def group_streams_kernel(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out
     (2, 4, 48, True, True, 80, False), (2, 4, 48, True, True, 80, True),
     (4, 4, 48, False, True, 80, True), (2, 4, 208, True, False, S, False)])
 def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reverse, w=1,
-                                            bs=BS):
+                                            bs=BS, stack=False):
     """Streams over units of ``nh`` kv heads of a row, laid end to end and cut every ``cut``
     keys (units in pieces, streams holding pieces of two units, whole units too), rows of
     unequal length through a shuffled block table, the second layer of the cache; head h of a
@@ -355,7 +358,8 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
     ``reverse``, so that a unit's first piece merges it). Pairs as two chains (``chains``; cut
     every 208 keys, a stream over three whole units and a piece of a fourth) or as a batch of
     two score tiles. ``w`` > 1: pairs' keys as the dots' M in ``w`` groups (steps of 16 w keys,
-    in ``bs``-key blocks)."""
+    in ``bs``-key blocks). ``stack``: pairs with their units' queries stacked as the dots'
+    rows (``stacked_stream``)."""
     from megakernel.compiler.tile_attention import (first_slots, merge_args, rows_spanned,
                                                     stream_plan, unit_slots)
 
@@ -382,7 +386,9 @@ def test_grouped_streams_merge_to_attention(nh, hkv, cut, chains, fused, s, reve
                                    torch.zeros(len(slots) + 1, dtype=torch.int32))]
     group_streams_kernel[(1,)](*args, len(edges) - 1, n, len(merge), 1, B, hq, hkv, s, D, G, bs,
                                16 * w, nh, chains, fused, reverse,
-                               rows_spanned(streams, s, hkv // nh), w)
+                               rows_spanned(streams, s, hkv // nh), w,
+                               max(map(len, pieces)) if stack else 0,
+                               max(f1 - f0 for f0, f1 in streams) // (16 * w))
     torch.testing.assert_close(args[6].cpu(), paged_sdpa(q, cache[1], table, bs, lengths),
                                atol=1e-5, rtol=1e-5)
     if fused:                   # every cut unit's ticket taken by each of its pieces
@@ -407,3 +413,15 @@ def test_group_streams_with_keys_as_m_merge_to_attention(cut, fused, s, reverse,
     """Streams over groups of 4 kv heads with the keys as the dots' M (a head a group, steps
     of 32 keys), a loop a unit's piece: cut units, fused merges, whole units between pieces."""
     test_grouped_streams_merge_to_attention(4, 4, cut, False, fused, s, reverse, 2, bs)
+
+
+@pytest.mark.parametrize("hkv,cut,fused,s,reverse,bs", [
+    (2, 16, False, S, False, 16), (2, 48, False, S, False, 16), (4, 80, False, S, False, 32),
+    (2, 16, True, S, False, 16), (4, 48, True, 80, False, 16), (4, 48, True, 80, True, 16),
+    (2, 48, True, S, True, 32), (4, 208, False, S, False, 8)])
+def test_stacked_pair_streams_merge_to_attention(hkv, cut, fused, s, reverse, bs):
+    """Pair streams with their units' queries stacked as the dots' rows: units in four pieces,
+    streams over pieces of two units and over two rows, three whole units and a piece of a
+    fourth, fused merges from either end; steps in single cache blocks (their entries asked
+    for before the loop) or across two (``bs`` 8: through the table key by key)."""
+    test_grouped_streams_merge_to_attention(2, hkv, cut, True, fused, s, reverse, 1, bs, True)
