@@ -199,21 +199,22 @@ def _head_norm_rope(t: Task, d: Dims, c: TileConfig) -> dict:
 # key groups of a pair's step with the keys as the dots' M (``TileConfig.attn_keys_m``): one a
 # warp of 4
 KEY_GROUPS = 4
-# shared memory the keys-as-M loops' steps in flight may fill where their steps lie in single
-# cache blocks: with the block-table entries asked for before the loop, its pipeline keeps
-# STAGES - 1 steps of keys and values in shared memory (of the H200's 227 KiB a block)
-KEYS_M_STAGE_KIB = 192
+# shared memory the attention loops with their block-table entries asked for before the loop
+# (keys as M, stacked pair streams) may fill where their steps lie in single cache blocks: their
+# pipeline then keeps STAGES - 1 steps of keys and values in shared memory (of the H200's 227
+# KiB a block)
+HELD_STAGE_KIB = 192
 
 
-def keys_m_stages(d: Dims, c: TileConfig, chunk: int, heads: int, stages: int,
-                  in_block: bool) -> int:
-    """The pipeline stages of a keys-as-M attention loop over steps of ``chunk`` keys of
-    ``heads`` kv heads: ``stages`` (the others'), at most as many as KEYS_M_STAGE_KIB holds
-    steps in flight where each step lies in one cache block."""
-    if not (c.attn_keys_m and in_block):
+def held_stages(d: Dims, chunk: int, heads: int, stages: int, held: bool) -> int:
+    """The pipeline stages of an attention loop over steps of ``chunk`` keys of ``heads`` kv
+    heads: ``stages`` (the others'), or where the loop holds its steps' block-table entries
+    from before it (``held``: each step in one cache block), at most as many as
+    HELD_STAGE_KIB holds steps in flight."""
+    if not held:
         return stages
     step = 2 * heads * chunk * p2(d.head_dim) * d.itemsize               # keys and values
-    return max(2, min(stages, 1 + KEYS_M_STAGE_KIB * 1024 // step))
+    return max(2, min(stages, 1 + HELD_STAGE_KIB * 1024 // step))
 
 
 def kv_chunk(t: Task, d: Dims, c: TileConfig) -> int:
@@ -254,7 +255,8 @@ def _attn_pair(t: Task, d: Dims, c: TileConfig) -> dict:
     groups, body = _key_groups(chunk) if c.attn_keys_m else 1, _attn_body(d, c, chunk)
     in_block = c.kv_block % chunk == 0
     return body | dict(IN_BLOCK=in_block, W=groups, ROTATE=c.attn_rotate,
-                       STAGES=keys_m_stages(d, c, chunk, 2, body["STAGES"], in_block))
+                       STAGES=held_stages(d, chunk, 2, body["STAGES"],
+                                          c.attn_keys_m and in_block))
 
 
 def _attn_pair_part(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -270,7 +272,8 @@ def _attn_group(t: Task, d: Dims, c: TileConfig) -> dict:
     body, in_block = _attn_body(d, c, chunk), c.kv_block % chunk == 0
     return body | dict(IN_BLOCK=in_block, NH=c.attn_group, KEYS_M=c.attn_keys_m,
                        ROTATE=c.attn_rotate,
-                       STAGES=keys_m_stages(d, c, chunk, c.attn_group, body["STAGES"], in_block))
+                       STAGES=held_stages(d, chunk, c.attn_group, body["STAGES"],
+                                          c.attn_keys_m and in_block))
 
 
 def _attn_stream(t: Task, d: Dims, c: TileConfig) -> dict:
@@ -282,23 +285,23 @@ def _stream_merges(t: Task) -> dict:
     return dict(FUSED=fused, BLOCK_SPLIT=p2(t.args["nsplit"], 1) if fused else 1)
 
 
-def _stream_keys_m(t: Task, d: Dims, c: TileConfig, heads: int) -> dict:
-    """A stream's arguments as its kind takes them; with the keys as M the stages their steps
-    in flight leave room for (``keys_m_stages``)."""
+def _stream_held(t: Task, d: Dims, c: TileConfig, heads: int) -> dict:
+    """A stream's arguments as its kind takes them; where its loop holds its steps' table
+    entries (keys as M, or stacked pairs), the stages their steps in flight leave room for
+    (``held_stages``)."""
     args = _attn_stream(t, d, c) | _stream_merges(t)
-    return args | dict(STAGES=keys_m_stages(d, c, args["CHUNK"], heads, args["STAGES"],
-                                            c.kv_block % args["CHUNK"] == 0))
+    held = (c.attn_keys_m or c.attn_stack and heads == 2) and c.kv_block % args["CHUNK"] == 0
+    return args | dict(STAGES=held_stages(d, args["CHUNK"], heads, args["STAGES"], held))
 
 
 def _attn_pair_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    args = _stream_keys_m(t, d, c, 2)
-    if c.attn_keys_m:
-        return args | dict(W=_key_groups(args["CHUNK"]))
+    args = _stream_held(t, d, c, 2)
+    args |= dict(W=_key_groups(args["CHUNK"])) if c.attn_keys_m else {}
     return args | (dict(STACK=t.args["units"], STEPS=t.args["steps"]) if c.attn_stack else {})
 
 
 def _attn_group_stream(t: Task, d: Dims, c: TileConfig) -> dict:
-    args = _stream_keys_m(t, d, c, t.args["heads"]) | dict(NH=t.args["heads"])
+    args = _stream_held(t, d, c, t.args["heads"]) | dict(NH=t.args["heads"])
     return args | dict(KEYS_M=True) if c.attn_keys_m else args
 
 

@@ -16,8 +16,9 @@ masked stores, no branch.
 import triton
 import triton.language as tl
 
-from .attention_keys_m import LOG2E, kv_load, kv_mask, step_block
-from .attention_ops import load_kv, stream_rows
+from .attention_keys_m import (LOG2E, empty_states, kv_load, kv_mask, load_kv_groups,
+                               merge_groups, step_block)
+from .attention_ops import empty_state, load_kv, stream_rows
 from .ops import _dot
 from .rope_ops import block_slot, cache_block
 
@@ -84,49 +85,107 @@ def stacked_step(q, k, v, live, cur, m, l, acc, scale, DT: tl.constexpr):
 
 
 @triton.jit
-def pair_stream_stacked(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
-                        layer, slot0, nslots, scale, B: tl.constexpr, HQ: tl.constexpr,
-                        HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                        BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-                        STAGES: tl.constexpr, ROWS: tl.constexpr, STACK: tl.constexpr,
-                        STEPS: tl.constexpr):
-    """``attn_pair_stream_op``'s steps [c0, c1) (at most STEPS, over at most STACK units) with
-    the units' queries stacked (the module's form) -> each piece's output or partials."""
-    DT: tl.constexpr = q_ptr.dtype.element_ty
-    NCH: tl.constexpr = S // CHUNK
-    UNITS: tl.constexpr = HKV // 2
-    IN_BLOCK: tl.constexpr = BS % CHUNK == 0                  # steps start at CHUNK multiples
-    BLOCK_R: tl.constexpr = max(16, triton.next_power_of_2(STACK * G))
-    ks, gs, urow, ukv, live = stacked_rows(c0, c1, G, NCH, UNITS, BLOCK_R, STACK)
-    ds = tl.arange(0, BLOCK_D)
-    qmask = live[:, None] & (ds[None, :] < D)
-    offs = (urow * HQ + ukv * G + gs)[:, None] * D + ds[None, :]      # head a's [BR, BD]
-    qa = tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT)
-    qb = tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT)
-    blocks = stream_blocks(bt_ptr, c0, c1, B, S, BS, CHUNK, NCH, UNITS, STEPS) if IN_BLOCK \
-        else None
-    rows = stream_rows(c0, pos_ptr, B, NCH, UNITS)
-    ma = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    la = tl.zeros([BLOCK_R], tl.float32)
-    acc_a = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    mb, lb, acc_b = ma, la, acc_a
-    for i in tl.range(0, c1 - c0, num_stages=STAGES):
-        c = c0 + i
-        row = c // NCH // UNITS
-        kv0 = c // NCH % UNITS * 2
-        start = c % NCH * CHUNK
-        if ROWS <= 2:
-            row_a, hi_a, hi_b = rows
-            hi = tl.where(row == row_a, hi_a, hi_b)
-        else:
-            hi = tl.load(pos_ptr + row).to(tl.int32) + 1
-        cur = ks == c // NCH - c0 // NCH
+def stacked_step_keys_m(qt, k, vt, live, cur, m, l, acc_t, scale, DT: tl.constexpr):
+    """``stacked_step`` with the keys as the dots' M in W groups (``attention_keys_m``'s
+    ``online_keys_m``: k [W, CW, BLOCK_D], vt [W, BLOCK_D, CW], key j of group w the step's
+    w * CW + j; qt [W, BLOCK_D, BLOCK_R]; m [W, BLOCK_R], per-key sums l [W, CW, BLOCK_R],
+    acc_t [W, BLOCK_D, BLOCK_R]), only the rows ``cur`` [BLOCK_R] changed."""
+    zeros = tl.zeros([k.shape[0], k.shape[1], qt.shape[2]], tl.float32)
+    raw = _dot(k.to(DT), qt, zeros, DT)                                   # [W, CW, BR]
+    key = tl.arange(0, k.shape[0])[:, None] * k.shape[1] + tl.arange(0, k.shape[1])[None, :]
+    raw = tl.where((key < live)[:, :, None], raw, float("-inf"))
+    m_new = tl.where(cur[None, :], tl.maximum(m, tl.max(raw, axis=1) * scale), m)  # [W, BR]
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.where(cur[None, :], tl.exp2((m - m_ref) * LOG2E), 1.0)
+    p = tl.exp2(raw * (scale * LOG2E) -
+                tl.where(cur[None, :], m_ref * LOG2E, float("inf"))[:, None, :])
+    return (m_new, l * alpha[:, None, :] + p,
+            _dot(vt.to(DT), p.to(DT), acc_t * alpha[:, None, :], DT))
+
+
+@triton.jit
+def stacked_pair_step(qa, qb, cache_ptr, bt_ptr, blocks, i, row, kv0, start, hi, layer, cur, ma,
+                      la, acc_a, mb, lb, acc_b, scale, B: tl.constexpr, HKV: tl.constexpr,
+                      S: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, CHUNK: tl.constexpr,
+                      BLOCK_D: tl.constexpr, IN_BLOCK: tl.constexpr, W: tl.constexpr):
+    """The loop's i-th step (keys [start, start + CHUNK) of kv heads kv0 and kv0 + 1 of
+    ``row``) into both heads' stacked states: W > 1, the keys as the dots' M in W groups."""
+    DT: tl.constexpr = qa.dtype
+    if W > 1:
+        block = step_block(blocks, i) if IN_BLOCK else None
+        ka, va = load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv0, B, HKV, S, D,
+                                BS, CHUNK, BLOCK_D, W, IN_BLOCK, block)
+        kb, vb = load_kv_groups(cache_ptr, bt_ptr, row, start, hi, layer, kv0 + 1, B, HKV, S,
+                                D, BS, CHUNK, BLOCK_D, W, IN_BLOCK, block)
+        ma, la, acc_a = stacked_step_keys_m(qa, ka, va, hi - start, cur, ma, la, acc_a, scale, DT)
+        mb, lb, acc_b = stacked_step_keys_m(qb, kb, vb, hi - start, cur, mb, lb, acc_b, scale, DT)
+    else:
         ka, va = load_step_kv(cache_ptr, bt_ptr, blocks, i, row, start, hi, layer, kv0, B, HKV,
                               S, D, BS, CHUNK, BLOCK_D, IN_BLOCK)
         kb, vb = load_step_kv(cache_ptr, bt_ptr, blocks, i, row, start, hi, layer, kv0 + 1, B,
                               HKV, S, D, BS, CHUNK, BLOCK_D, IN_BLOCK)
         ma, la, acc_a = stacked_step(qa, ka, va, hi - start, cur, ma, la, acc_a, scale, DT)
         mb, lb, acc_b = stacked_step(qb, kb, vb, hi - start, cur, mb, lb, acc_b, scale, DT)
+    return ma, la, acc_a, mb, lb, acc_b
+
+
+@triton.jit
+def stacked_states(qa, qb, W: tl.constexpr, CHUNK: tl.constexpr):
+    """Before the loop: both heads' stacked queries [BLOCK_R, BLOCK_D] as the steps take them
+    (W > 1: transposed and broadcast over the W key groups) and their empty running states."""
+    BLOCK_R: tl.constexpr = qa.shape[0]
+    BLOCK_D: tl.constexpr = qa.shape[1]
+    if W > 1:
+        qa = tl.broadcast_to(tl.trans(qa)[None, :, :], (W, BLOCK_D, BLOCK_R))
+        qb = tl.broadcast_to(tl.trans(qb)[None, :, :], (W, BLOCK_D, BLOCK_R))
+        m, l, acc = empty_states(W, BLOCK_R, BLOCK_D, True, CHUNK // W)
+    else:
+        m, l, acc = empty_state(BLOCK_R, BLOCK_D)
+    return qa, qb, m, l, acc
+
+
+@triton.jit
+def pair_stream_stacked(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                        layer, slot0, nslots, scale, B: tl.constexpr, HQ: tl.constexpr,
+                        HKV: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                        BS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
+                        STAGES: tl.constexpr, ROWS: tl.constexpr, STACK: tl.constexpr,
+                        STEPS: tl.constexpr, W: tl.constexpr):
+    """``attn_pair_stream_op``'s steps [c0, c1) (at most STEPS, over at most STACK units) with
+    the units' queries stacked (the module's form; W > 1: the keys as the dots' M in W groups,
+    the stacked rows as N) -> each piece's output or partials."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    NCH: tl.constexpr = S // CHUNK
+    UNITS: tl.constexpr = HKV // 2
+    IN_BLOCK: tl.constexpr = BS % CHUNK == 0                  # steps start at CHUNK multiples
+    # the dots' least rows as M (16) or as N (8): no row padded by copies of others
+    BLOCK_R: tl.constexpr = max(8 if W > 1 else 16, triton.next_power_of_2(STACK * G))
+    ks, gs, urow, ukv, live = stacked_rows(c0, c1, G, NCH, UNITS, BLOCK_R, STACK)
+    ds = tl.arange(0, BLOCK_D)
+    qmask = live[:, None] & (ds[None, :] < D)
+    offs = (urow * HQ + ukv * G + gs)[:, None] * D + ds[None, :]      # head a's [BR, BD]
+    qa, qb, ma, la, acc_a = stacked_states(
+        tl.load(q_ptr + offs, mask=qmask, other=0.0).to(DT),
+        tl.load(q_ptr + offs + G * D, mask=qmask, other=0.0).to(DT), W, CHUNK)
+    mb, lb, acc_b = ma, la, acc_a
+    blocks = stream_blocks(bt_ptr, c0, c1, B, S, BS, CHUNK, NCH, UNITS, STEPS) if IN_BLOCK \
+        else None
+    rows = stream_rows(c0, pos_ptr, B, NCH, UNITS)
+    for i in tl.range(0, c1 - c0, num_stages=STAGES):
+        c = c0 + i
+        row = c // NCH // UNITS
+        if ROWS <= 2:
+            row_a, hi_a, hi_b = rows
+            hi = tl.where(row == row_a, hi_a, hi_b)
+        else:
+            hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+        ma, la, acc_a, mb, lb, acc_b = stacked_pair_step(
+            qa, qb, cache_ptr, bt_ptr, blocks, i, row, c // NCH % UNITS * 2, c % NCH * CHUNK, hi,
+            layer, ks == c // NCH - c0 // NCH, ma, la, acc_a, mb, lb, acc_b, scale, B, HKV, S,
+            D, BS, CHUNK, BLOCK_D, IN_BLOCK, W)
+    if W > 1:
+        ma, la, acc_a = merge_groups(ma, la, acc_a)
+        mb, lb, acc_b = merge_groups(mb, lb, acc_b)
     whole = live & (c0 <= (c0 // NCH + ks) * NCH) & ((c0 // NCH + ks + 1) * NCH <= c1)
     slot = slot0 + ((ks > 0) & (c0 % NCH != 0)).to(tl.int32)       # a cut piece's slot
     end_stacked(out_ptr, acc_ptr, ml_ptr, offs, whole, live & ~whole, slot * G + gs, ma, la,

@@ -192,18 +192,18 @@ def attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
     arithmetic overlaps the other's loads) instead of a batch of score tiles. W > 1: the keys
     as the dots' M in W groups, a loop a unit's piece (``pair_stream_pieces_keys_m``). STACK
     (the most units a stream touches; STEPS its most steps): the units' queries stacked as the
-    dots' rows (``stacked_stream``)."""
+    dots' rows (W > 1: as N), one loop (``stacked_stream``)."""
     NCH: tl.constexpr = S // CHUNK
     c0 = f0 // CHUNK
     c1 = f1 // CHUNK
-    if W > 1:
+    if STACK > 0:
+        pair_stream_stacked(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
+                            layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_D,
+                            STAGES, ROWS, STACK, STEPS, W)
+    elif W > 1:
         pair_stream_pieces_keys_m(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
                                   c0, c1, layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS,
                                   CHUNK, BLOCK_G, BLOCK_D, STAGES, W)
-    elif STACK > 0:
-        pair_stream_stacked(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
-                            layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_D,
-                            STAGES, ROWS, STACK, STEPS)
     else:
         pair_stream_steps(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, c0, c1,
                           layer, slot0, nslots, scale, B, HQ, HKV, S, D, G, BS, CHUNK, BLOCK_G,

@@ -43,10 +43,10 @@ class TileConfig:
                                # pipelined loop across its units (see tile_attention); with
                                # attn_pairs, units of attn_group kv heads (Tiler.stream_heads)
     attn_stack: bool = False   # pair streams (attn_stream with attn_pairs): the queries of
-                               # the units a stream touches stacked as its dots' rows, loaded
-                               # once, and the block-table entries of its steps asked for
-                               # before its loop; each piece stored after the loop
-                               # (``stacked_stream``)
+                               # the units a stream touches stacked as its dots' rows (with
+                               # attn_keys_m: as N), loaded once, and the block-table entries
+                               # of its steps asked for before its one loop; each piece stored
+                               # after the loop (``stacked_stream``)
     attn_pairs: bool = False   # where each unit's keys are one task's: a task per row and pair
                                # of kv heads, both heads' steps in one loop (Tiler.attn_pairs)
     attn_group: int = 2        # kv heads per such task (2: attn_pair; more: attn_group, their

@@ -123,7 +123,7 @@ def _attention_layout(ops, v: Variant, tiler: Tiler) -> Variant | None:
     if v.attn_keys_m and not (tiler.attn_pairs() and tiler.whole_units()
                               or tiler.stream_heads() > 1):      # whole units, grouped streams
         return replace(v, attn_keys_m=False)
-    if v.attn_stack and (v.attn_keys_m or not v.attn_stream or tiler.stream_heads() != 2):
+    if v.attn_stack and not (v.attn_stream and tiler.stream_heads() == 2):
         return replace(v, attn_stack=False)                  # pair streams' own loop
     if v.attn_rotate and not (tiler.attn_pairs() and tiler.whole_units()):
         return replace(v, attn_rotate=False)

@@ -415,13 +415,18 @@ def test_group_streams_with_keys_as_m_merge_to_attention(cut, fused, s, reverse,
     test_grouped_streams_merge_to_attention(4, 4, cut, False, fused, s, reverse, 2, bs)
 
 
-@pytest.mark.parametrize("hkv,cut,fused,s,reverse,bs", [
-    (2, 16, False, S, False, 16), (2, 48, False, S, False, 16), (4, 80, False, S, False, 32),
-    (2, 16, True, S, False, 16), (4, 48, True, 80, False, 16), (4, 48, True, 80, True, 16),
-    (2, 48, True, S, True, 32), (4, 208, False, S, False, 8)])
-def test_stacked_pair_streams_merge_to_attention(hkv, cut, fused, s, reverse, bs):
+@pytest.mark.parametrize("hkv,cut,fused,s,reverse,bs,w", [
+    (2, 16, False, S, False, 16, 1), (2, 48, False, S, False, 16, 1),
+    (4, 80, False, S, False, 32, 1), (2, 16, True, S, False, 16, 1),
+    (4, 48, True, 80, False, 16, 1), (4, 48, True, 80, True, 16, 1), (2, 48, True, S, True, 32, 1),
+    (4, 208, False, S, False, 8, 1), (2, 32, False, S, False, 32, 2),
+    (4, 96, False, S, False, 32, 2), (4, 96, True, S, True, 32, 2),
+    (4, 448, False, 128, False, 64, 4), (4, 64, True, 96, False, 16, 2)])
+def test_stacked_pair_streams_merge_to_attention(hkv, cut, fused, s, reverse, bs, w):
     """Pair streams with their units' queries stacked as the dots' rows: units in four pieces,
     streams over pieces of two units and over two rows, three whole units and a piece of a
     fourth, fused merges from either end; steps in single cache blocks (their entries asked
-    for before the loop) or across two (``bs`` 8: through the table key by key)."""
-    test_grouped_streams_merge_to_attention(2, hkv, cut, True, fused, s, reverse, 1, bs, True)
+    for before the loop) or across two (``bs`` 8 or 16 with 32-key steps: through the table
+    key by key); ``w`` > 1: the keys as the dots' M in ``w`` groups (steps of 16 w keys), the
+    stacked rows as N."""
+    test_grouped_streams_merge_to_attention(2, hkv, cut, True, fused, s, reverse, w, bs, True)

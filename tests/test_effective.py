@@ -89,11 +89,11 @@ def test_attention_layouts_only_where_they_apply(ops):
     assert effective(ops, replace(grouped, attn_keys_m=True)).attn_keys_m
     assert effective(ops, replace(paired, attn_keys_m=True)).attn_keys_m
     assert effective(ops, replace(streamed, attn_keys_m=True)) == streamed
-    # stacked queries: pair streams' own loop, not with the keys as M
+    # stacked queries: pair streams' own loop (with the keys as M too)
     stacked = effective(ops, replace(grouped, attn_stack=True))
     assert stacked.attn_stack and parse_variant(stacked.label) == stacked
     assert effective(ops, replace(streamed, attn_stack=True)) == streamed
-    assert not effective(ops, replace(grouped, attn_stack=True, attn_keys_m=True)).attn_stack
+    assert effective(ops, replace(grouped, attn_stack=True, attn_keys_m=True)).attn_stack
     assert effective(ops, replace(paired, attn_stack=True)) == paired
     # groups of 4 kv heads: not with 2 kv heads (tiny-qwen3), and the size means nothing alone
     assert effective(ops, replace(v, attn_pairs=True, attn_group=4, kv_split=64)) == \

@@ -283,8 +283,8 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                                 attn_stream=True, attn_pairs=True, fuse_combine=True,
                                 kv_split=128, kv_block=128), id="llama-3.2-1b-24-af-ap-fc-kb128"),
                             # ... with their units' queries stacked as the dots' rows (48
-                            # rows: streams over three units; 17: blocks of 16 keys, steps
-                            # through the table key by key)
+                            # rows: streams of 12 steps over two units; 17: blocks of 16 keys,
+                            # steps through the table key by key), or as N (keys as M)
                             pytest.param("llama-3.2-1b", 24, TileConfig(
                                 attn_stream=True, attn_pairs=True, attn_stack=True,
                                 fuse_combine=True, kv_split=128, kv_block=128),
@@ -295,6 +295,10 @@ def teacher_forced(name, batch, steps=None, with_compile=False, **options):
                             pytest.param("llama-3.2-1b", 17, TileConfig(
                                 attn_stream=True, attn_pairs=True, attn_stack=True),
                                 id="llama-3.2-1b-17-af-ap-sq"),
+                            pytest.param("llama-3.2-1b", 24, TileConfig(
+                                attn_stream=True, attn_pairs=True, attn_stack=True,
+                                attn_keys_m=True, fuse_combine=True, kv_split=128,
+                                kv_block=128), id="llama-3.2-1b-24-af-ap-sq-km-fc-kb128"),
                             pytest.param("llama-3.2-1b", 48, TileConfig(
                                 attn_stream=True, attn_pairs=True, attn_group=4, kv_split=128,
                                 kv_block=128, norm_first=True, norm_sums=True, fuse_reduce=True,

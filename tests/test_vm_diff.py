@@ -91,6 +91,8 @@ def test_kernel_equals_vm_with_groups_of_kv_heads(tiles):
 @pytest.mark.parametrize("name,tiles", [
     ("tiny-llama", TileConfig(attn_stream=True, attn_pairs=True, kv_step=256)),
     ("tiny-llama", TileConfig(attn_stream=True, attn_pairs=True, attn_stack=True, kv_step=256)),
+    ("tiny-llama", TileConfig(attn_stream=True, attn_pairs=True, attn_stack=True, kv_step=1024,
+                              kv_block=64, attn_keys_m=True)),
     ("tiny-llama", TileConfig(attn_stream=True, attn_pairs=True, kv_step=1024, kv_block=32,
                               attn_keys_m=True)),
     ("tiny-llama", TileConfig(attn_stream=True, attn_pairs=True, kv_step=1024, kv_block=64,
@@ -105,7 +107,8 @@ def test_kernel_equals_vm_with_grouped_streams(name, tiles):
     batched dots (the interpreter's one worker takes each layer's keys in one stream: units cut
     between streams are the next test's); pairs and groups also as a loop per unit's piece;
     pairs and groups with the keys as the dots' M, steps of 64 keys in 32-key blocks or in one
-    each (a group's of 32 keys); pairs with their units' queries stacked as the dots' rows."""
+    each (a group's of 32 keys); pairs with their units' queries stacked as the dots' rows (or
+    as N, with the keys as M)."""
     kinds = check_kernel_against_vm(name, tiles)
     assert ("attn_group_stream" if tiles.attn_group > 2 else "attn_pair_stream") in kinds
     assert not {"attn_stream", "attn_pair", "attn_group"} & set(kinds)
