@@ -3,7 +3,7 @@ arithmetic and with the megakernel's attention bodies: separates the memory syst
 that pattern from the bodies' own.
 
     python -m megakernel.bench.kv_probe --batch-sizes 24,48,64 [--bodies 2:4:128:4:4] [--stamps]
-        [--forms plain,polling] [--unit-streams 2:4:128:4,4:4:128:4]
+        [--forms plain,polling] [--unit-streams 2:4:128:4,4:4:128:4,2:4:128:4:1]
 
 Programs walk tasks of (row, NH consecutive kv heads) over the cache [L, 2, B, Hkv, S, D]
 (bf16), every layer's tasks in one launch (the layers one after another in each program, no
@@ -120,10 +120,12 @@ def stream_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, sl
                  cut, total, layers, B: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  S: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr,
                  CHUNK: tl.constexpr, BLOCK_G: tl.constexpr, STAGES: tl.constexpr,
-                 ROWS: tl.constexpr, NH: tl.constexpr, W: tl.constexpr):
+                 ROWS: tl.constexpr, NH: tl.constexpr, W: tl.constexpr,
+                 STACK: tl.constexpr = 0, STEPS: tl.constexpr = 0):
     """``body_tasks`` as streams: program t takes keys [t * cut, (t + 1) * cut) of the units of
     NH kv heads laid end to end (``stream_ops``' pair or group streams; W > 1: the keys as the
-    dots' M), every layer one after another; cut units' pieces left in their slots."""
+    dots' M; STACK: pairs with their units' queries stacked, ``stacked_stream``), every layer
+    one after another; cut units' pieces left in their slots."""
     t = tl.program_id(0)
     f0 = t * cut
     f1 = tl.minimum(f0 + cut, total)
@@ -133,7 +135,8 @@ def stream_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, sl
             stream_ops.attn_pair_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                            out_ptr, f0, f1, layer, slot0, nslots, slot0_ptr, 0,
                                            0, 0, 0, 0, D ** -0.5, B, HQ, HKV, S, D, G, BS,
-                                           CHUNK, BLOCK_G, D, STAGES, ROWS, False, 1, W)
+                                           CHUNK, BLOCK_G, D, STAGES, ROWS, False, 1, W,
+                                           STACK, STEPS)
         else:
             stream_ops.attn_group_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr,
                                             out_ptr, f0, f1, layer, slot0, nslots, slot0_ptr, 0,
@@ -142,10 +145,11 @@ def stream_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, sl
 
 
 def stream_probe(q, cache, pos, table, programs: int, nh: int, w: int, chunk: int,
-                 stages: int, warps: int = 4):
+                 stages: int, warps: int = 4, stack: bool = False):
     """(launch, outputs) of ``stream_tasks`` over ``programs`` equal shares of whole steps (of
-    ``chunk`` keys for a pair, as many keys x heads for a group): outputs() the last layer's
-    attention, its cut units merged from their slots on the host."""
+    ``chunk`` keys for a pair, as many keys x heads for a group; ``stack``: pairs with their
+    units' queries stacked): outputs() the last layer's attention, its cut units merged from
+    their slots on the host."""
     layers, _, b, hkv, s, d = cache.shape
     g, units = q.shape[1] // d // hkv, b * hkv // nh
     step, cut = stream_shares(units * s, s, programs, chunk * 2 // max(2, nh))
@@ -153,7 +157,9 @@ def stream_probe(q, cache, pos, table, programs: int, nh: int, w: int, chunk: in
     launch = lambda: stream_tasks[(len(streams),)](
         q, cache, pos, table, acc, ml, out, slot0, n, cut, units * s, layers, b, q.shape[1] // d,
         hkv, s, d, g, s // table.shape[1], step, p2(g, TileConfig.attn_rows), stages,
-        rows_spanned(streams, s, hkv // nh), nh, w, num_warps=warps)
+        rows_spanned(streams, s, hkv // nh), nh, w,
+        max((f1 - 1) // s - f0 // s + 1 for f0, f1 in streams) if stack else 0,
+        max(f1 - f0 for f0, f1 in streams) // step, num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv, nh)
 
 
@@ -203,19 +209,22 @@ def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms:
 
 
 def time_unit_streams(cache: torch.Tensor, specs: list[tuple[int, ...]], sms: int) -> None:
-    """Each stream body (kv heads a unit, key groups W, keys a step of a pair, stages) over
-    every layer on ``sms`` programs (``stream_probe``), checked against SDPA."""
+    """Each stream body (kv heads a unit, key groups W, keys a step of a pair, stages, and
+    optionally 1: pairs with their units' queries stacked) over every layer on ``sms``
+    programs (``stream_probe``), checked against SDPA."""
     layers, _, b, hkv, s, d = cache.shape
     q, pos, table = body_inputs(cache)
     ref = sdpa(q, cache[layers - 1:], hkv)
-    for nh, w, chunk, st in specs:
-        launch, outputs = stream_probe(q, cache, pos, table, sms, nh, w, chunk, st)
+    for nh, w, chunk, st, *stack in specs:
+        launch, outputs = stream_probe(q, cache, pos, table, sms, nh, w, chunk, st,
+                                       stack=bool(stack and stack[0]))
         try:
             ms = time_ms(launch)
         except Exception as err:
             print(f"B={b} streams heads/unit {nh} W {w}: {type(err).__name__}")
             continue
-        print(f"B={b} streams heads/unit {nh} W {w} keys {chunk} stages {st} programs {sms}: "
+        print(f"B={b} streams heads/unit {nh} W {w} keys {chunk} stages {st} programs {sms}"
+              f"{' stacked' * bool(stack and stack[0])}: "
               f"{ms * 1e3:7.1f} us  {cache.numel() * 2 / ms / 1e9:5.2f} TB/s  rel err "
               f"{rel_err(outputs(), ref):.1e}", flush=True)
 
@@ -336,7 +345,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="also each body task's time by row and by SM (stamp_summary)")
     p.add_argument("--unit-streams", default="",
                    help="also streams over every SM: kv heads a unit:key groups W:keys a step "
-                        "of a pair:stages, e.g. 2:4:128:4,4:4:128:4 (W > 1: keys as M)")
+                        "of a pair:stages[:1 stacked], e.g. 2:4:128:4,2:1:128:4:1 (W > 1: keys "
+                        "as M)")
     p.add_argument("--forms", default="",
                    help="bodies' forms timed, e.g. plain,polling (default: every form)")
     a = p.parse_args(argv)

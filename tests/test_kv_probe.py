@@ -65,18 +65,21 @@ def test_stamp_summary_means_by_row_and_by_sm():
     assert by_sm == "  by SM: 3:5.5 5:7.5 7:9.5 9:11.5"
 
 
-@pytest.mark.parametrize("heads,groups", [(2, 1), (2, 2), (4, 1), (4, 2)])
-def test_unit_streams_match_sdpa(heads, groups):
+@pytest.mark.parametrize("heads,groups,stack", [(2, 1, False), (2, 2, False), (4, 1, False),
+                                               (4, 2, False), (2, 1, True), (2, 2, True)])
+def test_unit_streams_match_sdpa(heads, groups, stack):
     """``stream_probe``: streams of pairs (or groups of 4) of kv heads over 3 programs, every
-    layer in one launch, the keys as the dots' M where ``groups`` > 1; the last layer's
-    attention with its cut units merged equals SDPA's (rows of unequal length)."""
+    layer in one launch, the keys as the dots' M where ``groups`` > 1, pairs' queries of their
+    units stacked (``stack``); the last layer's attention with its cut units merged equals
+    SDPA's (rows of unequal length)."""
     s = 96                                     # 3 steps of 32 keys a unit: units cut
     gen = torch.Generator().manual_seed(4)
     cache, q = torch.randn(L, 2, B, HKV, s, D, generator=gen), torch.randn(B, HQ * D, generator=gen)
     pos = torch.tensor([s - 1, s - 40], dtype=torch.int32)
     table = torch.arange(B * s // 16, dtype=torch.int32).view(B, s // 16)
     cache, q, pos, table = (t.to(DEVICE) for t in (cache, q, pos, table))
-    launch, outputs = kv_probe.stream_probe(q, cache, pos, table, 3, heads, groups, 32, 2)
+    launch, outputs = kv_probe.stream_probe(q, cache, pos, table, 3, heads, groups, 32, 2,
+                                            stack=stack)
     launch()
     lengths = (pos + 1).tolist()
     ref = torch.cat([sdpa(q[r:r + 1], cache[L - 1:, :, r:r + 1, :, :lengths[r]], HKV)
