@@ -199,13 +199,15 @@ def time_ms(fn, iters: int = 30) -> float:
 
 def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms: int,
                 bodies: list[tuple[int, ...]], streams: bool, stamps: bool = False,
-                only: tuple[str, ...] = (), unit_streams: list[tuple[int, ...]] = ()) -> None:
+                only: tuple[str, ...] = (), unit_streams: list[tuple[int, ...]] = (),
+                stream_programs: tuple[int, ...] = ()) -> None:
     cache = torch.randn(layers, 2, b, hkv, s, d, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(max(sms, b * hkv) * 128 * d, dtype=torch.float32, device="cuda")
     if streams:
         time_streams(cache, out, stages, sms)
     time_bodies(cache, bodies, sms, stamps, only)
-    time_unit_streams(cache, unit_streams, sms)
+    for programs in stream_programs or (sms,):
+        time_unit_streams(cache, unit_streams, programs)
 
 
 def time_unit_streams(cache: torch.Tensor, specs: list[tuple[int, ...]], sms: int) -> None:
@@ -347,6 +349,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also streams over every SM: kv heads a unit:key groups W:keys a step "
                         "of a pair:stages[:1 stacked], e.g. 2:4:128:4,2:1:128:4:1 (W > 1: keys "
                         "as M)")
+    p.add_argument("--stream-programs", default="",
+                   help="the unit streams on these many programs each, e.g. 96,132 (default: "
+                        "one an SM)")
     p.add_argument("--forms", default="",
                    help="bodies' forms timed, e.g. plain,polling (default: every form)")
     a = p.parse_args(argv)
@@ -358,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     for b in (int(x) for x in a.batch_sizes.split(",")):
         probe_batch(b, a.layers, 8, 1024, 64, a.stages, sms, bodies, not a.no_streams,
                     a.stamps, only, [tuple(int(x) for x in spec.split(":"))
-                                     for spec in a.unit_streams.split(",") if spec])
+                                     for spec in a.unit_streams.split(",") if spec],
+                    tuple(int(x) for x in a.stream_programs.split(",") if x))
 
 
 if __name__ == "__main__":
