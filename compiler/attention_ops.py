@@ -315,6 +315,19 @@ def stream_rows(c0, pos_ptr, B: tl.constexpr, NCH: tl.constexpr, UNITS: tl.const
 
 
 @triton.jit
+def row_length(row, pos_ptr, rows, ROWS: tl.constexpr):
+    """The length of a stream's row ``row``: with ROWS (the most rows a stream of the op
+    spans) up to 2, picked from ``rows`` (``stream_rows``), so that no load in the loop waits on
+    another; more, loaded here."""
+    if ROWS <= 2:
+        row_a, hi_a, hi_b = rows
+        hi = tl.where(row == row_a, hi_a, hi_b)
+    else:
+        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+    return hi
+
+
+@triton.jit
 def second_cut(u, c0, NCH: tl.constexpr):
     """1 where unit u's piece is the second cut piece of a stream from step c0 (NCH steps a
     unit: the stream began inside another unit), else 0; its slot is then slot0 + 1."""
@@ -333,11 +346,7 @@ def stream_step(c, c0, c1, pos_ptr, rows, NCH: tl.constexpr, UNITS: tl.constexpr
     load in the loop waits on another (the keys' masks on the length); more, loaded here."""
     u = c // NCH
     row = u // UNITS
-    if ROWS <= 2:
-        row_a, hi_a, hi_b = rows
-        hi = tl.where(row == row_a, hi_a, hi_b)
-    else:
-        hi = tl.load(pos_ptr + row).to(tl.int32) + 1
+    hi = row_length(row, pos_ptr, rows, ROWS)
     unit_end = c % NCH == NCH - 1
     second = second_cut(u, c0, NCH)
     return (row, (u % UNITS) * NH, (c % NCH) * CHUNK, hi, unit_end | (c == c1 - 1),

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .attention_keys_m import (LOG2E, empty_states, kv_load, kv_mask, load_kv_groups,
                                merge_groups, step_block)
-from .attention_ops import empty_state, load_kv, stream_rows
+from .attention_ops import empty_state, load_kv, row_length, stream_rows
 from .ops import _dot
 from .rope_ops import block_slot, cache_block
 
@@ -68,6 +68,20 @@ def load_step_kv(cache_ptr, bt_ptr, blocks, i, row, start, hi, layer, kv_head, B
 
 
 @triton.jit
+def stacked_weights(raw, m, cur, scale, AXIS: tl.constexpr):
+    """``attention_keys_m.softmax_weights`` of a step's raw scores (the keys along AXIS) for
+    the rows ``cur`` (broadcast to m's shape) only: the others keep their max, rescale by 1
+    and weigh every key exp2(-inf) = 0 (their max as +inf in the weights' one subtraction, not
+    a select over the scores)."""
+    m_new = tl.where(cur, tl.maximum(m, tl.max(raw, axis=AXIS) * scale), m)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
+    alpha = tl.where(cur, tl.exp2((m - m_ref) * LOG2E), 1.0)
+    p = tl.exp2(raw * (scale * LOG2E) -
+                tl.expand_dims(tl.where(cur, m_ref * LOG2E, float("inf")), AXIS))
+    return m_new, alpha, p
+
+
+@triton.jit
 def stacked_step(q, k, v, live, cur, m, l, acc, scale, DT: tl.constexpr):
     """One step of keys k and values v [CHUNK, BLOCK_D] (the first ``live`` of them below the
     row's length) into the running max m and sum l [BLOCK_R] and acc [BLOCK_R, BLOCK_D] of the
@@ -76,10 +90,7 @@ def stacked_step(q, k, v, live, cur, m, l, acc, scale, DT: tl.constexpr):
     # the keys' mask made here, in the scores' layout (one shared with the loads' masks would
     # be converted between layouts through shared memory every step)
     raw = tl.where(tl.arange(0, k.shape[0])[None, :] < live, raw, float("-inf"))
-    m_new = tl.where(cur, tl.maximum(m, tl.max(raw, axis=1) * scale), m)
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key yet: adds nothing
-    alpha = tl.where(cur, tl.exp2((m - m_ref) * LOG2E), 1.0)
-    p = tl.exp2(raw * (scale * LOG2E) - tl.where(cur, m_ref * LOG2E, float("inf"))[:, None])
+    m_new, alpha, p = stacked_weights(raw, m, cur, scale, 1)
     return m_new, l * alpha + tl.sum(p, axis=1), _dot(p.to(DT), v.to(DT),
                                                       acc * alpha[:, None], DT)
 
@@ -94,11 +105,7 @@ def stacked_step_keys_m(qt, k, vt, live, cur, m, l, acc_t, scale, DT: tl.constex
     raw = _dot(k.to(DT), qt, zeros, DT)                                   # [W, CW, BR]
     key = tl.arange(0, k.shape[0])[:, None] * k.shape[1] + tl.arange(0, k.shape[1])[None, :]
     raw = tl.where((key < live)[:, :, None], raw, float("-inf"))
-    m_new = tl.where(cur[None, :], tl.maximum(m, tl.max(raw, axis=1) * scale), m)  # [W, BR]
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.where(cur[None, :], tl.exp2((m - m_ref) * LOG2E), 1.0)
-    p = tl.exp2(raw * (scale * LOG2E) -
-                tl.where(cur[None, :], m_ref * LOG2E, float("inf"))[:, None, :])
+    m_new, alpha, p = stacked_weights(raw, m, tl.broadcast_to(cur[None, :], m.shape), scale, 1)
     return (m_new, l * alpha[:, None, :] + p,
             _dot(vt.to(DT), p.to(DT), acc_t * alpha[:, None, :], DT))
 
@@ -174,13 +181,9 @@ def pair_stream_stacked(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_
     for i in tl.range(0, c1 - c0, num_stages=STAGES):
         c = c0 + i
         row = c // NCH // UNITS
-        if ROWS <= 2:
-            row_a, hi_a, hi_b = rows
-            hi = tl.where(row == row_a, hi_a, hi_b)
-        else:
-            hi = tl.load(pos_ptr + row).to(tl.int32) + 1
         ma, la, acc_a, mb, lb, acc_b = stacked_pair_step(
-            qa, qb, cache_ptr, bt_ptr, blocks, i, row, c // NCH % UNITS * 2, c % NCH * CHUNK, hi,
+            qa, qb, cache_ptr, bt_ptr, blocks, i, row, c // NCH % UNITS * 2, c % NCH * CHUNK,
+            row_length(row, pos_ptr, rows, ROWS),
             layer, ks == c // NCH - c0 // NCH, ma, la, acc_a, mb, lb, acc_b, scale, B, HKV, S,
             D, BS, CHUNK, BLOCK_D, IN_BLOCK, W)
     if W > 1:
