@@ -3,7 +3,7 @@ arithmetic and with the megakernel's attention bodies: separates the memory syst
 that pattern from the bodies' own.
 
     python -m megakernel.bench.kv_probe --batch-sizes 24,48,64 [--bodies 2:4:128:4:4] [--stamps]
-        [--forms plain,polling] [--unit-streams 2:4:128:4,4:4:128:4,2:4:128:4:1]
+        [--forms plain,polling] [--unit-streams 2:4:128:4,4:4:128:4,2:4:128:4:1] [--hot-rows 1]
 
 Programs walk tasks of (row, NH consecutive kv heads) over the cache [L, 2, B, Hkv, S, D]
 (bf16), every layer's tasks in one launch (the layers one after another in each program, no
@@ -18,7 +18,9 @@ program an SM with the busy ones spread over the grid, and with the idle ones po
 counter the tasks signal (as megakernel workers waiting on attention's outputs do);
 ``stream_tasks``: the bodies as streams of units over every SM (``stream_ops``, each program
 an equal share of whole steps, with the keys as M where W > 1). Prints TB/s of the cache (and
-with --stamps each task's time by row and by SM).
+with --stamps each task's time by row and by SM). With --hot-rows N the bodies and streams do the
+same work from N rows' cache (block tables pointing there): with few layers it stays in L2, and
+what they reach is their own rate rather than the memory's.
 """
 from __future__ import annotations
 
@@ -200,23 +202,24 @@ def time_ms(fn, iters: int = 30) -> float:
 def probe_batch(b: int, layers: int, hkv: int, s: int, d: int, stages: int, sms: int,
                 bodies: list[tuple[int, ...]], streams: bool, stamps: bool = False,
                 only: tuple[str, ...] = (), unit_streams: list[tuple[int, ...]] = (),
-                stream_programs: tuple[int, ...] = ()) -> None:
+                stream_programs: tuple[int, ...] = (), hot: int = 0) -> None:
     cache = torch.randn(layers, 2, b, hkv, s, d, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(max(sms, b * hkv) * 128 * d, dtype=torch.float32, device="cuda")
     if streams:
         time_streams(cache, out, stages, sms)
-    time_bodies(cache, bodies, sms, stamps, only)
+    time_bodies(cache, bodies, sms, stamps, only, hot)
     for programs in stream_programs or (sms,):
-        time_unit_streams(cache, unit_streams, programs)
+        time_unit_streams(cache, unit_streams, programs, hot)
 
 
-def time_unit_streams(cache: torch.Tensor, specs: list[tuple[int, ...]], sms: int) -> None:
+def time_unit_streams(cache: torch.Tensor, specs: list[tuple[int, ...]], sms: int,
+                      hot: int = 0) -> None:
     """Each stream body (kv heads a unit, key groups W, keys a step of a pair, stages, and
     optionally 1: pairs with their units' queries stacked) over every layer on ``sms``
-    programs (``stream_probe``), checked against SDPA."""
+    programs (``stream_probe``), checked against SDPA (``hot``: ``body_inputs``')."""
     layers, _, b, hkv, s, d = cache.shape
-    q, pos, table = body_inputs(cache)
-    ref = sdpa(q, cache[layers - 1:], hkv)
+    q, pos, table = body_inputs(cache, hot=hot)
+    ref = sdpa(q, read_rows(cache, hot)[layers - 1:], hkv)
     for nh, w, chunk, st, *stack in specs:
         launch, outputs = stream_probe(q, cache, pos, table, sms, nh, w, chunk, st,
                                        stack=bool(stack and stack[0]))
@@ -273,14 +276,29 @@ def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int,
             "  by SM: " + " ".join(f"{k}:{x:.1f}" for k, x in by_sm.items())]
 
 
-def body_inputs(cache: torch.Tensor, hq: int = 32):
+def body_inputs(cache: torch.Tensor, hq: int = 32, hot: int = 0, block: int = 128):
     """What the bodies read besides the cache [L, 2, B, Hkv, S, D]: random queries [B, hq * D]
-    (bf16), every row at its last position, and the block table of 128-key blocks in order."""
+    (of the cache's dtype), every row at its last position, and the block table of ``block``-key
+    blocks in order; ``hot`` > 0: row r's table points at row r % hot's blocks, from its block
+    r % blocks on (wrapping around), so that the bodies do the same work from only ``hot`` rows'
+    cache (``read_rows``), which stays in L2 where it is small, and rows side by side read
+    different blocks at once."""
     _, _, b, _, s, d = cache.shape
-    q = torch.randn(b, hq * d, device=cache.device, dtype=torch.bfloat16)
-    pos = torch.full((b,), s - 1, device=cache.device, dtype=torch.int32)
-    table = torch.arange(b * s // 128, device=cache.device, dtype=torch.int32).view(b, s // 128)
+    nb, dev = s // block, cache.device
+    q = torch.randn(b, hq * d, device=dev, dtype=cache.dtype)
+    pos = torch.full((b,), s - 1, device=dev, dtype=torch.int32)
+    table = torch.arange(b * nb, device=dev, dtype=torch.int32).view(b, nb)
+    if hot:
+        r, j = torch.arange(b, device=dev)[:, None], torch.arange(nb, device=dev)[None, :]
+        table = ((r % hot) * nb + (j + r) % nb).to(torch.int32)
     return q, pos, table
+
+
+def read_rows(cache: torch.Tensor, hot: int = 0) -> torch.Tensor:
+    """The cache [L, 2, B, Hkv, S, D] as ``body_inputs``' table of ``hot`` rows reads it (the
+    keys of a row in another order, which attention over all of them does not see)."""
+    b = cache.shape[2]
+    return cache[:, :, torch.arange(b, device=cache.device) % hot] if hot else cache
 
 
 # the bodies' forms (``time_bodies``): the last three only where tasks are fewer than SMs
@@ -288,14 +306,14 @@ FORMS = ("plain", "across", "rotated", "spread", "polling", "sleeping")
 
 
 def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
-                stamps: bool = False, only: tuple[str, ...] = ()) -> None:
+                stamps: bool = False, only: tuple[str, ...] = (), hot: int = 0) -> None:
     """Each body (heads a task, key groups W, keys a step, stages, warps) over every layer, in
-    each form (``only``: those of FORMS named);
+    each form (``only``: those of FORMS named; ``hot``: ``body_inputs``');
     ``stamps``: then once more with each task's start, end and SM stamped (``stamp_summary``)."""
     layers, _, b, hkv, s, d = cache.shape
     nbytes = cache.numel() * 2
     hq, g = 32, 4
-    q, pos, table = body_inputs(cache, hq)
+    q, pos, table = body_inputs(cache, hq, hot)
     att = torch.empty_like(q)
     for nh, w, chunk, st, warps in bodies:
         ntasks = b * hkv // nh
@@ -354,6 +372,9 @@ def main(argv: list[str] | None = None) -> None:
                         "one an SM)")
     p.add_argument("--forms", default="",
                    help="bodies' forms timed, e.g. plain,polling (default: every form)")
+    p.add_argument("--hot-rows", type=int, default=0,
+                   help="the bodies and streams read only this many rows' cache (the same work; "
+                        "from L2 where small: their own rate, not the memory's)")
     a = p.parse_args(argv)
     only = tuple(f for f in a.forms.split(",") if f)
     if set(only) - set(FORMS):
@@ -364,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         probe_batch(b, a.layers, 8, 1024, 64, a.stages, sms, bodies, not a.no_streams,
                     a.stamps, only, [tuple(int(x) for x in spec.split(":"))
                                      for spec in a.unit_streams.split(",") if spec],
-                    tuple(int(x) for x in a.stream_programs.split(",") if x))
+                    tuple(int(x) for x in a.stream_programs.split(",") if x), a.hot_rows)
 
 
 if __name__ == "__main__":

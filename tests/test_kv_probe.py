@@ -85,3 +85,21 @@ def test_unit_streams_match_sdpa(heads, groups, stack):
     ref = torch.cat([sdpa(q[r:r + 1], cache[L - 1:, :, r:r + 1, :, :lengths[r]], HKV)
                      for r in range(B)])
     torch.testing.assert_close(outputs().cpu(), ref.cpu(), atol=1e-5, rtol=1e-5)
+
+
+def test_hot_rows_read_one_rows_cache_in_each_rows_order():
+    """``body_inputs`` with ``hot``: each row's table points at row r % hot's blocks from its
+    own block on, so a body over all rows gives SDPA over ``read_rows``' cache (one row's
+    keys, in another order a row), and no other row's cache is read (made NaN here)."""
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(L, 2, 3, HKV, S, D, generator=gen).to(DEVICE)
+    q, pos, table = kv_probe.body_inputs(cache, HQ, hot=1, block=16)
+    assert table.tolist() == [[0, 1], [1, 0], [0, 1]]
+    cache[:, :, 1:] = float("nan")
+    out = torch.full_like(q, float("nan"))
+    ntasks = 3 * HKV // 2
+    kv_probe.body_tasks[(ntasks,)](q, cache, pos, table, out, ntasks, L, 3, HQ, HKV, S, D,
+                                   HQ // HKV, 16, 16, 4, 2, 2, 1, 1)
+    ref = sdpa(q, kv_probe.read_rows(cache, 1)[L - 1:], HKV)
+    assert not ref.isnan().any()
+    torch.testing.assert_close(out.cpu(), ref.cpu(), atol=1e-5, rtol=1e-5)
