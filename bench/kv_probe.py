@@ -38,6 +38,10 @@ from megakernel.compiler.registry import p2
 from megakernel.compiler.tile import TileConfig
 from megakernel.compiler.tile_attention import rows_spanned, stream_shares, unit_slots
 
+# a body task's stamps (``body_tasks``): start and end (ns), SM, SM clock cycles between them
+FIELDS = 4
+STAMP_FIELDS = tl.constexpr(FIELDS)
+
 
 @triton.jit
 def kv_tasks(cache_ptr, out_ptr, ntasks, layers, B: tl.constexpr, HKV: tl.constexpr,
@@ -74,7 +78,8 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
     groups; NH 4: ``attn_group_op``, keys as M where W > 1) in place of the sums. SPREAD (one
     round, fewer tasks than programs): task t on program t * programs // tasks, the busy
     programs spread over the grid instead of its first ones. STAMPS (2 on the GPU, 1 under the
-    interpreter): each task's start, end and SM into stamp_ptr [layers, tasks, 3]. SPIN (one
+    interpreter): each task's start, end, SM and SM clock cycles into stamp_ptr [layers, tasks,
+    FIELDS]. SPIN (one
     round): each task signals done_ptr[layer] (release) and the programs without a task poll it
     (acquire, as the megakernel's waits do; SPIN > 1: sleeping SPIN ns between polls) until
     the layer's tasks are done, as workers waiting on attention's outputs do. ACROSS: task t is
@@ -93,8 +98,10 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
             else:
                 row, g = t // (HKV // NH), (t % (HKV // NH)) * NH
             if STAMPS:
-                stamp = stamp_ptr + (layer * ntasks + t) * 3
-                tl.store(stamp, kernel_loop.clock(stamp_ptr + layers * ntasks * 3, STAMPS))
+                stamp = stamp_ptr + (layer * ntasks + t) * STAMP_FIELDS
+                tick = stamp_ptr + layers * ntasks * STAMP_FIELDS
+                tl.store(stamp, kernel_loop.clock(tick, STAMPS))
+                c0 = cycles(STAMPS)
             if NH == 2:
                 attention_ops.attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, g,
                                            layer, D ** -0.5, B, HQ, HKV, S, D, G, BS, CHUNK,
@@ -105,8 +112,9 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
                                                   G, BS, CHUNK, BLOCK_G, D, STAGES, True, NH,
                                                   W > 1, ROTATE)
             if STAMPS:
-                tl.store(stamp + 1, kernel_loop.clock(stamp_ptr + layers * ntasks * 3, STAMPS))
+                tl.store(stamp + 1, kernel_loop.clock(tick, STAMPS))
                 tl.store(stamp + 2, sm_id(STAMPS))
+                tl.store(stamp + 3, cycles(STAMPS) - c0)
             if SPIN:
                 kernel_loop.signal_counter(done_ptr, layer)
         elif SPIN:
@@ -163,6 +171,17 @@ def stream_probe(q, cache, pos, table, programs: int, nh: int, w: int, chunk: in
         max((f1 - 1) // s - f0 // s + 1 for f0, f1 in streams) if stack else 0,
         max(f1 - f0 for f0, f1 in streams) // step, num_warps=warps)
     return launch, lambda: merge_slots(out, acc, ml, unit_slots(slot_of), hkv, nh)
+
+
+@triton.jit
+def cycles(STAMPS: tl.constexpr):
+    """The SM's clock counter (%clock64; 0 under the interpreter): cycles over a task's
+    nanoseconds give the SM's clock rate while it ran."""
+    if STAMPS == 2:
+        return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return tl.zeros([], tl.int64)
 
 
 @triton.jit
@@ -257,8 +276,9 @@ def time_streams(cache: torch.Tensor, out: torch.Tensor, stages: int, sms: int) 
 
 def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int,
                   across: int = 0) -> list[str]:
-    """Lines on ``body_tasks``'s stamps [layers, tasks, 3] (the first and last layer left out):
-    a layer's span and its tasks' times, and the tasks' mean time by row and by SM (%smid);
+    """Lines on ``body_tasks``'s stamps [layers, tasks, FIELDS] (the first and last layer left
+    out): a layer's span, its tasks' times and the SMs' clock rate over them (where cycles were
+    counted), and the tasks' mean time by row and by SM (%smid);
     ``across``: the batch's rows where tasks go across them
     (``body_tasks``' ACROSS)."""
     st = stamps[1:-1].double()
@@ -270,8 +290,10 @@ def stamp_summary(stamps: torch.Tensor, heads_per_task: int, hkv: int,
     sm = st[..., 2].long()
     by_sm = {k: dur[sm == k].mean().item() for k in sm.unique().tolist()}
     q = torch.quantile(dur.flatten(), torch.tensor([0.1, 0.5, 0.9], dtype=dur.dtype))
+    ticks = st[..., 3].sum()
+    clock = f"; SM clock {ticks / dur.sum():.0f} MHz" if ticks > 0 else ""     # cycles a us
     return [f"  layer span {span.mean():.1f} us; task mean {dur.mean():.1f}, p10 {q[0]:.1f}, "
-            f"median {q[1]:.1f}, p90 {q[2]:.1f}, max {dur.max():.1f}",
+            f"median {q[1]:.1f}, p90 {q[2]:.1f}, max {dur.max():.1f}{clock}",
             "  by row: " + " ".join(f"{x:.1f}" for x in by_row),
             "  by SM: " + " ".join(f"{k}:{x:.1f}" for k, x in by_sm.items())]
 
@@ -346,9 +368,10 @@ def time_bodies(cache: torch.Tensor, bodies: list[tuple[int, ...]], sms: int,
                 continue
             print(f"{name}: {ms * 1e3:7.1f} us  {nbytes / ms / 1e9:5.2f} TB/s", flush=True)
             if stamps:
-                marks = torch.zeros(layers * ntasks * 3 + 1, dtype=torch.int64, device="cuda")
+                marks = torch.zeros(layers * ntasks * FIELDS + 1, dtype=torch.int64,
+                                    device="cuda")
                 run(marks)
-                summary = stamp_summary(marks[:-1].view(layers, ntasks, 3).cpu(), nh, hkv,
+                summary = stamp_summary(marks[:-1].view(layers, ntasks, FIELDS).cpu(), nh, hkv,
                                         b if across else 0)
                 print("\n".join(summary), flush=True)
 

@@ -38,7 +38,7 @@ def test_bodies_match_sdpa(heads, groups, across, spin, rotate):
     cache, q, pos, table = inputs(2)
     out = torch.full_like(q, float("nan"))
     ntasks = B * HKV // heads
-    stamps = torch.zeros(L * ntasks * 3 + 1, dtype=torch.int64, device=DEVICE)
+    stamps = torch.zeros(L * ntasks * kv_probe.FIELDS + 1, dtype=torch.int64, device=DEVICE)
     done = torch.zeros(L, dtype=torch.int32, device=DEVICE)
     programs = ntasks + 2                                  # two idle programs
     kv_probe.body_tasks[(programs,)](q, cache, pos, table, out, ntasks, L, B, HQ, HKV, S, D,
@@ -47,7 +47,7 @@ def test_bodies_match_sdpa(heads, groups, across, spin, rotate):
                                      rotate)
     torch.testing.assert_close(out.cpu(), sdpa(q, cache[L - 1:], HKV).cpu(), atol=1e-5,
                                rtol=1e-5)
-    marks = stamps[:-1].view(L, ntasks, 3).cpu()
+    marks = stamps[:-1].view(L, ntasks, kv_probe.FIELDS).cpu()
     assert (marks[..., 1] > marks[..., 0]).all()           # every task stamped, end after start
     if spin:
         assert done.tolist() == [ntasks] * L
@@ -56,13 +56,15 @@ def test_bodies_match_sdpa(heads, groups, across, spin, rotate):
 def test_stamp_summary_means_by_row_and_by_sm():
     """4 layers (the first and last left out) of 8 tasks, 4 a row (2 of 8 kv heads a task),
     task i taking 5 + i us on SM 3 + 2 * (i // 2): rows 0 and 1, and each SM, averaged alone."""
-    stamps = torch.zeros(4, 8, 3, dtype=torch.int64)
+    stamps = torch.zeros(4, 8, kv_probe.FIELDS, dtype=torch.int64)
     stamps[..., 1] = torch.arange(8) * 1000 + 5000
     stamps[..., 2] = 3 + 2 * (torch.arange(8) // 2)
     span, by_row, by_sm = kv_probe.stamp_summary(stamps, 2, 8)
-    assert span.startswith("  layer span 12.0 us; task mean 8.5")
+    assert span.startswith("  layer span 12.0 us; task mean 8.5") and "clock" not in span
     assert by_row == "  by row: 6.5 10.5"
     assert by_sm == "  by SM: 3:5.5 5:7.5 7:9.5 9:11.5"
+    stamps[..., 3] = (stamps[..., 1] - stamps[..., 0]) * 3 // 2         # 1.5 cycles a ns
+    assert kv_probe.stamp_summary(stamps, 2, 8)[0].endswith("; SM clock 1500 MHz")
 
 
 @pytest.mark.parametrize("heads,groups,stack", [(2, 1, False), (2, 2, False), (4, 1, False),
