@@ -96,15 +96,9 @@ from .variant import Variant, stream_kv_split
 # 1.788, 64 1.977 -> 1.958) flip off.
 # Projection tasks' K loops each from a step of their own (``proj_rotate``; against the H200
 # ledger's winners on an H100, ms: 24 rows 1.445 -> 1.427, 64 rows 1.950 -> 1.969).
-# Whole pairs as pair streams with their units' queries stacked (``attn_stack``: 749 sm_90
-# instructions a trip of 128 keys at 24 rows, 560 with the keys as M, against the streams'
-# 1058; they spread the keys over the 36 workers whole pairs leave idle at 24 rows). On an
-# H100, where that phase is bound by the memory, they lost (ms: 24 rows 1.417 -> 1.463, 48
-# 1.688 -> 2.263); the H200's attention bodies may be bound by their instructions, so the flip
-# lets its tune decide.
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
           "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m", "attn_rotate",
-          "prefetch_last", "proj_rotate", "attn_stack")
+          "prefetch_last", "proj_rotate")
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
@@ -146,16 +140,6 @@ def other_norm(v: Variant, seq: int) -> Variant:
     return replace(v, norm_sums=True, norm_first=True)
 
 
-def stacked_streams(v: Variant, seq: int) -> Variant:
-    """Pair streams with their units' queries stacked where ``v`` has whole pairs (not groups),
-    whole pairs (the context's keys a task) where it has those streams, else ``v``."""
-    if v.attn_stack:
-        return replace(v, attn_stream=False, attn_stack=False, kv_split=seq)
-    if v.attn_pairs and v.attn_group == 2 and not v.attn_stream:
-        return replace(v, attn_stream=True, attn_stack=True)
-    return v
-
-
 def fused_reduce(v: Variant, seq: int) -> Variant:
     """K slices reducing their column groups themselves where ``v``'s do not (their reduce by
     rows with the norm, ``reduce_norm``, then the norm from sums of squares: a fused reduce
@@ -170,10 +154,10 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams
 # at once, the dots' form how the warps share a step
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead",
-                  "attn_keys_m", "attn_rotate", "prefetch_last", "proj_rotate", "attn_stack")
+                  "attn_keys_m", "attn_rotate", "prefetch_last", "proj_rotate")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
 FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
-         "fuse_reduce": fused_reduce, "attn_stack": stacked_streams,
+         "fuse_reduce": fused_reduce,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),

@@ -34,15 +34,6 @@ def test_refinements_flip_a_knob_unless_that_variant_was_timed():
     ops = refine.op_graph(cfg, torch.float32, 2, 64)
     assert effective(ops, replace(pairs, attn_keys_m=True)).attn_keys_m
     assert not effective(ops, replace(v, attn_keys_m=True)).attn_keys_m
-    # whole pairs as stacked pair streams and back (the context's keys a task); groups of more
-    # kv heads and streams without stacked queries stay as they are
-    stacked = refine.flip(pairs, "attn_stack", 64)
-    assert stacked == replace(pairs, attn_stream=True, attn_stack=True)
-    assert effective(ops, stacked).attn_stack and effective(ops, stacked).attn_stream
-    assert refine.flip(stacked, "attn_stack", 64) == pairs
-    groups, streams = replace(pairs, attn_group=4), replace(pairs, attn_stream=True)
-    assert refine.flip(groups, "attn_stack", 64) == groups
-    assert refine.flip(streams, "attn_stack", 64) == streams
     # q/k/v in 2 K slices and back; as built, only where x is normalised first (tiny-llama's
     # hidden 96 in slices of 48 columns)
     first = replace(v, norm_first=True)
