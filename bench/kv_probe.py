@@ -79,13 +79,12 @@ def body_tasks(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, ntasks, layers, B: tl
     round, fewer tasks than programs): task t on program t * programs // tasks, the busy
     programs spread over the grid instead of its first ones. STAMPS (2 on the GPU, 1 under the
     interpreter): each task's start, end, SM and SM clock cycles into stamp_ptr [layers, tasks,
-    FIELDS]. SPIN (one
-    round): each task signals done_ptr[layer] (release) and the programs without a task poll it
-    (acquire, as the megakernel's waits do; SPIN > 1: sleeping SPIN ns between polls) until
-    the layer's tasks are done, as workers waiting on attention's outputs do. ACROSS: task t is
-    row t % B's (t // B)-th group of heads (tasks side by side read different rows), else row
-    t // (HKV // NH)'s (t % (HKV // NH))-th, as the tiler orders them. ROTATE: each task's
-    key loop from its own step on (``TileConfig.attn_rotate``)."""
+    FIELDS]. SPIN (one round): each task signals done_ptr[layer] (release) and the programs
+    without a task poll it (acquire, as the megakernel's waits do; SPIN > 1: sleeping SPIN ns
+    between polls) until the layer's tasks are done, as workers waiting on attention's outputs
+    do. ACROSS: task t is row t % B's (t // B)-th group of heads (tasks side by side read
+    different rows), else row t // (HKV // NH)'s (t % (HKV // NH))-th, as the tiler orders
+    them. ROTATE: each task's key loop from its own step on (``TileConfig.attn_rotate``)."""
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     for i in range(0, layers * ROUNDS):
         layer, t = i // ROUNDS, pid + (i % ROUNDS) * nprog

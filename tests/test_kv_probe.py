@@ -49,6 +49,7 @@ def test_bodies_match_sdpa(heads, groups, across, spin, rotate):
                                rtol=1e-5)
     marks = stamps[:-1].view(L, ntasks, kv_probe.FIELDS).cpu()
     assert (marks[..., 1] > marks[..., 0]).all()           # every task stamped, end after start
+    assert (marks[..., 3] > 0).all() == (DEVICE == "cuda")  # SM clock cycles on the GPU only
     if spin:
         assert done.tolist() == [ntasks] * L
 
