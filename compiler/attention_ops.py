@@ -121,7 +121,7 @@ def attn_partial_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr,
         out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
         tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
     else:
-        store_partial(acc_ptr, ml_ptr, slot, m, l, acc, G, D, BLOCK_G, BLOCK_D)
+        store_partial(acc_ptr, ml_ptr, slot, m, l, acc, G, D, BLOCK_G)
         if FUSED:
             if last_ticket(counters_ptr + ticket, count, epoch):
                 attn_combine_op(acc_ptr, ml_ptr, out_ptr, row, kv_head, first, count, HQ, D, G,
@@ -223,15 +223,21 @@ def attn_pair_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, out_ptr, row, kv_head, layer
 
 @triton.jit
 def store_partial(acc_ptr, ml_ptr, slot, m, l, acc, G: tl.constexpr, D: tl.constexpr,
-                  BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_G: tl.constexpr):
     """A key range's acc [G, D] and (max, sum) [G, 2] into partial slot ``slot``."""
     gs = tl.arange(0, BLOCK_G)
-    ds = tl.arange(0, BLOCK_D)
-    part = slot * G + gs
+    store_partial_rows(acc_ptr, ml_ptr, slot * G + gs, gs < G, m, l, acc, D)
+
+
+@triton.jit
+def store_partial_rows(acc_ptr, ml_ptr, part, rows, m, l, acc, D: tl.constexpr):
+    """Rows ``rows`` [R] of acc [R, BLOCK_D] and (max, sum) [R] into partial rows ``part`` [R]
+    (acc [P, D], ml [P, 2])."""
+    ds = tl.arange(0, acc.shape[1])
     tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc,
-             mask=(gs[:, None] < G) & (ds[None, :] < D))
-    tl.store(ml_ptr + part * 2, m, mask=gs < G)
-    tl.store(ml_ptr + part * 2 + 1, l, mask=gs < G)
+             mask=rows[:, None] & (ds[None, :] < D))
+    tl.store(ml_ptr + part * 2, m, mask=rows)
+    tl.store(ml_ptr + part * 2 + 1, l, mask=rows)
 
 
 @triton.jit
@@ -258,8 +264,8 @@ def attn_pair_part_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_pt
         q_ptr, cache_ptr, bt_ptr, row, kv_head, layer, lo, hi, offs, qmask, scale, B, HKV, S, D,
         G, BS, CHUNK, BLOCK_G, BLOCK_D, STAGES, IN_BLOCK, (KV_SPLIT + CHUNK - 1) // CHUNK, 1,
         False)
-    store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G, BLOCK_D)
-    store_partial(acc_ptr, ml_ptr, slot + count, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
+    store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G)
+    store_partial(acc_ptr, ml_ptr, slot + count, mb, lb, acc_b, G, D, BLOCK_G)
     if FUSED:
         if last_ticket(counters_ptr + ticket, count, epoch):
             for h in tl.static_range(2):
@@ -301,7 +307,7 @@ def attn_stream_op(q_ptr, cache_ptr, pos_ptr, bt_ptr, acc_ptr, ml_ptr, out_ptr, 
                 out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
                 tl.store(out_ptr + heads[:, None] * D + ds[None, :], out.to(DT), mask=qmask)
             else:
-                store_partial(acc_ptr, ml_ptr, slot0 + second, m, l, acc, G, D, BLOCK_G, BLOCK_D)
+                store_partial(acc_ptr, ml_ptr, slot0 + second, m, l, acc, G, D, BLOCK_G)
             m, l, acc = empty_state(BLOCK_G, BLOCK_D)
 
 

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .attention_keys_m import (LOG2E, empty_states, kv_load, kv_mask, load_kv_groups,
                                merge_groups, step_block)
-from .attention_ops import empty_state, load_kv, row_length, stream_rows
+from .attention_ops import empty_state, load_kv, row_length, store_partial_rows, stream_rows
 from .ops import _dot
 from .rope_ops import block_slot, cache_block
 
@@ -203,9 +203,7 @@ def end_stacked(out_ptr, acc_ptr, ml_ptr, offs, whole, cut, part, m, l, acc, G: 
     """One head's stacked rows after the loop: rows of whole units normalised into out + offs,
     rows of cut units into partial rows ``part`` [BLOCK_R] (acc [P * G, D], ml [P * G, 2])."""
     ds = tl.arange(0, acc.shape[1])
-    dmask = ds[None, :] < D
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=whole[:, None] & dmask)
-    tl.store(acc_ptr + part[:, None] * D + ds[None, :], acc, mask=cut[:, None] & dmask)
-    tl.store(ml_ptr + part * 2, m, mask=cut)
-    tl.store(ml_ptr + part * 2 + 1, l, mask=cut)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty),
+             mask=whole[:, None] & (ds[None, :] < D))
+    store_partial_rows(acc_ptr, ml_ptr, part, cut, m, l, acc, D)

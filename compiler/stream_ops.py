@@ -288,8 +288,8 @@ def end_pair_piece(out_ptr, acc_ptr, ml_ptr, offs, qmask, whole, slot, nslots, m
         tl.store(out_ptr + offs + G * D, (acc_b / tl.where(lb == 0.0, 1.0, lb)[:, None]).to(DT),
                  mask=qmask)
     else:
-        store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G, BLOCK_D)
-        store_partial(acc_ptr, ml_ptr, slot + nslots, mb, lb, acc_b, G, D, BLOCK_G, BLOCK_D)
+        store_partial(acc_ptr, ml_ptr, slot, ma, la, acc_a, G, D, BLOCK_G)
+        store_partial(acc_ptr, ml_ptr, slot + nslots, mb, lb, acc_b, G, D, BLOCK_G)
 
 
 @triton.jit
