@@ -54,6 +54,20 @@ def median_step_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
     return statistics.median(timer.gaps_ms())
 
 
+def mean_step_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
+    """``median_step_ms``'s figure from one span: ``iters`` steps back to back with nothing
+    recorded between them (a step launched as a programmatic dependent launch may then start
+    before the previous one ends), their total over ``iters``."""
+    for _ in range(warmup):
+        fn()
+    timer = Timer(device)
+    timer.stamp()
+    for _ in range(iters):
+        fn()
+    timer.stamp()
+    return timer.gaps_ms()[0] / iters
+
+
 def copy_bandwidth_TBps(device: torch.device) -> float:
     nbytes = 1 << 31 if device.type == "cuda" else 1 << 26
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()

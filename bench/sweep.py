@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from megakernel.bench.decode import decode_state, median_step_ms, step_bytes
+from megakernel.bench.decode import decode_state, mean_step_ms, median_step_ms, step_bytes
 from megakernel.compiler.cost import H200
 from megakernel.models import load_model
 from megakernel.runtime import get_backend
@@ -39,20 +39,26 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm()).item()
 
 
+TIMINGS = {"median": median_step_ms, "mean": mean_step_ms}
+
+
 def sweep_batch(model, batch: int, context: int, variants: list[str], baseline: str,
-                iters: int) -> list[dict]:
+                iters: int, timing: str = "median") -> list[dict]:
     """Rows of one batch size: each variant's ms/token, TB/s, ratio to the baseline, and its
-    logits' distance from eager's on the same step (or the error that stopped it)."""
+    logits' distance from eager's on the same step (or the error that stopped it). ``timing``:
+    the median gap between steps, or the mean of steps launched back to back (``TIMINGS``)."""
     tokens, positions, cache = decode_state(model, batch, context)
     nbytes, dev = step_bytes(model, batch, context), cache.device
     ref_step = get_backend(baseline)(model, cache)
-    base = median_step_ms(lambda: ref_step(tokens, positions, cache), dev, 10, iters)
+    step_ms = TIMINGS[timing]
+    base = step_ms(lambda: ref_step(tokens, positions, cache), dev, 10, iters)
     rows = []
     for text in variants:
-        row = {"batch": batch, "variant": text, "baseline": baseline, "baseline_ms": base}
+        row = {"batch": batch, "variant": text, "baseline": baseline, "baseline_ms": base,
+               "timing": timing}
         try:
             step = megakernel_backend(model, cache, **parse_variant(text))
-            ms = median_step_ms(lambda: step(tokens, positions, cache), dev, 5, iters)
+            ms = step_ms(lambda: step(tokens, positions, cache), dev, 5, iters)
             expected = model(tokens, positions, cache)    # same step, same cache slot written
             err = rel_err(step(tokens, positions, cache), expected)
             step.synchronize()      # a watchdog trip in the last steps: an error, not NaNs
@@ -123,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="an autotune.json: each batch size's winner instead of --variants")
     p.add_argument("--flags", default="",
                    help="with --winners: flags each also timed with, e.g. ar16,af+ar16")
+    p.add_argument("--timing", default="median", choices=sorted(TIMINGS),
+                   help="ms/token as the median gap between steps, or the mean of steps "
+                        "launched back to back")
     args = p.parse_args(argv)
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     model = load_model(args.model, device=args.device, dtype=dtype, progress=False).model
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         for batch in batches:
             for row in sweep_batch(model, batch, args.context, plan[batch], args.baseline,
-                                   args.iters):
+                                   args.iters, args.timing):
                 print(describe(args.model, row, args.baseline, args.max_rel_err), flush=True)
                 rows.append(row)
             if args.json:  # after each batch size: a run cut short keeps what it timed

@@ -19,7 +19,7 @@ POINTERS = {
     "block_table_ptr": "*i32", "epoch": "i32", "spin_limit": "i32", "trace_ptr": "*i64",
     "NWORDS": "constexpr", "PREFETCH": "constexpr", "TRACE": "constexpr", "BACKOFF": "constexpr",
     "POLL": "constexpr", "PF_START": "constexpr", "STAGE": "constexpr", "KV_AHEAD": "constexpr",
-    "BY_SM": "constexpr",
+    "BY_SM": "constexpr", "PDL": "constexpr",
 }
 DEFAULT_SWITCHES = CompileOptions(1, 16).switches()      # those of the default options
 

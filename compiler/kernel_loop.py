@@ -1,7 +1,7 @@
 """Primitives of the persistent loop (``templates/megakernel.py.jinja``), apart from the op
 bodies of ``ops``: acquire-waits on the per-tile counters with a bounded spin and an error word,
-the release signal, L2 prefetches (a task's weights, the next instruction's words) and trace
-stamps."""
+the release signal, L2 prefetches (a task's weights, the next instruction's words), the
+hand-over between steps of a programmatic dependent launch and trace stamps."""
 import triton
 import triton.language as tl
 
@@ -236,3 +236,22 @@ def clock(tick_ptr, CLOCK: tl.constexpr):
                                          is_pure=False, pack=1)
     else:
         return tl.atomic_add(tick_ptr, 1).to(tl.int64)
+
+
+@triton.jit
+def launch_dependents():
+    """Let the next launch in the stream start its programs (programmatic dependent launch,
+    sm_90; GPU only): each one takes an SM as soon as one of this launch's programs leaves it,
+    instead of after the whole grid has ended and the launch's own latency."""
+    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def grid_wait():
+    """Block until the previous launch in the stream has ended and its writes are visible
+    (GPU only; at once where the launch was not a dependent one). A program started early by
+    ``launch_dependents`` reads nothing an earlier step wrote (counters, activations, the KV
+    cache) before it; L2 prefetches of weights may go first."""
+    tl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)

@@ -76,6 +76,10 @@ class CompileOptions:
     queues_by_sm: bool = False           # a program runs the queue of the SM it is on (%smid;
                                          # GPU, one worker per SM), the queues placed by
                                          # ``placement`` over the target's SM groups
+    dependent_launch: bool = False       # each step a programmatic dependent launch (GPU,
+                                         # sm_90): its programs start as the previous step's
+                                         # leave their SMs, ask L2 for their first task's
+                                         # weights, then wait for that step's end
 
     def switches(self, cuda: bool = True) -> dict:
         """The kernel's switches (0 under the interpreter but STAGE): PREFETCH bits (1 each task's
@@ -86,18 +90,20 @@ class CompileOptions:
         and values with it), BACKOFF ns of sleep between polls, POLL 1 to poll with acquire
         loads, PF_START the ``prefetch_start`` percentage, STAGE the staging area's bytes
         (``staging``; in place under the interpreter), BY_SM 1 where each program takes the queue
-        of its SM (``queues_by_sm``)."""
+        of its SM (``queues_by_sm``), PDL 1 for a programmatic dependent launch
+        (``dependent_launch``; the launch itself passes ``launch_pdl``)."""
         if not cuda:        # staging in place (``staging``): the same rows, read where they are
             return dict(PREFETCH=0, BACKOFF=0, POLL=0, PF_START=0,
                         STAGE=STAGE_IN_PLACE if self.tile.staged_kib else 0, KV_AHEAD=0,
-                        BY_SM=0)
+                        BY_SM=0, PDL=0)
         weights = 4 if self.prefetch_wait else 1
         return dict(PREFETCH=weights * self.prefetch | 2 * (self.prefetch and self.prefetch_next)
                     | 8 * self.prefetch_kv | 64 * self.prefetch_last | 128 * self.prefetch_kv_last
                     | (32 if self.prefetch_kv_late else 16) * bool(self.prefetch_kv_ahead),
                     BACKOFF=self.spin_backoff_ns, POLL=int(self.poll_load),
                     PF_START=self.prefetch_start, STAGE=self.stage_bytes,
-                    KV_AHEAD=self.prefetch_kv_ahead, BY_SM=int(self.queues_by_sm))
+                    KV_AHEAD=self.prefetch_kv_ahead, BY_SM=int(self.queues_by_sm),
+                    PDL=int(self.dependent_launch))
 
     @property
     def stage_bytes(self) -> int:

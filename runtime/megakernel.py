@@ -100,7 +100,9 @@ def launch_args(s, kv_cache: torch.Tensor, options, trace_mode: int) -> tuple[tu
             dict(NWORDS=NUM_WORDS, TRACE=trace_mode, num_warps=options.num_warps,
                  **options.switches(kv_cache.is_cuda),
                  **({"maxnreg": options.max_registers}
-                    if kv_cache.is_cuda and options.max_registers else {})))
+                    if kv_cache.is_cuda and options.max_registers else {}),
+                 **({"launch_pdl": True} if kv_cache.is_cuda and options.dependent_launch
+                    else {})))
 
 
 def queue_tables(enc, by_sm: bool, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -50,7 +50,8 @@ cache blocks (the block table's unit) of N tokens (default 16; where a block hol
 attention steps each step reads one table entry), ``rgN`` at
 most N registers per thread, ``ni`` each op body a function of its own (a call: its own registers,
 not the whole dispatch's), ``tmN`` each projection task's first weight rows, up to N KiB, copied
-into the worker's shared memory before its waits (``compiler.staging``).
+into the worker's shared memory before its waits (``compiler.staging``), ``dl`` each step a
+programmatic dependent launch (its programs start as the previous step's leave their SMs).
 """
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ class Variant:
     max_registers: int = CompileOptions.max_registers
     noinline: bool = CompileOptions.noinline
     staged_kib: int = TileConfig.staged_kib
+    dependent_launch: bool = CompileOptions.dependent_launch
 
     @property
     def label(self) -> str:
@@ -153,7 +155,8 @@ OPTION_FIELDS = {"prefetch": "prefetch", "prefetch_kb": "prefetch_kb",
                  "prefetch_columns": "prefetch_columns", "prefetch_last": "prefetch_last",
                  "backoff_ns": "spin_backoff_ns", "poll_load": "poll_load",
                  "prefetch_start": "prefetch_start", "max_registers": "max_registers",
-                 "noinline": "noinline", "queues_by_sm": "queues_by_sm"}
+                 "noinline": "noinline", "queues_by_sm": "queues_by_sm",
+                 "dependent_launch": "dependent_launch"}
 
 
 # label flags: fixed settings, and prefixes of a number (-> Variant fields)
@@ -176,7 +179,8 @@ SWITCHES = {"g": {"gemv": True}, "t": {"swap_ab": True}, "hn": {"split_head_norm
             "qc": {"qkv_cross": True}, "sp": {"attn_spill": True},
             "rn": {"reduce_norm": True}, "ns": {"norm_sums": True}, "kl": {"split_long": True},
             "nf": {"norm_first": True}, "np": {"prefetch": False},
-            "pf": {"prefetch": True}, "ni": {"noinline": True}, "ni0": {"noinline": False}}
+            "pf": {"prefetch": True}, "ni": {"noinline": True}, "ni0": {"noinline": False},
+            "dl": {"dependent_launch": True}}
 NUMBERS = {"s": lambda n: {"stages": n}, "sm": lambda n: {"stage_kib": n},
            "sw": lambda n: {"step_weights": n},
            "kv": lambda n: {"kv_split": n},
@@ -278,5 +282,5 @@ def _layout_flags(v: Variant) -> list:
 def _build_flags(v: Variant) -> list:
     flags = [f"bo{v.backoff_ns}"] * bool(v.backoff_ns)
     flags += [f"rg{v.max_registers}"] * bool(v.max_registers)
-    flags += [f"tm{v.staged_kib}"] * bool(v.staged_kib)
+    flags += [f"tm{v.staged_kib}"] * bool(v.staged_kib) + ["dl"] * v.dependent_launch
     return flags + ["ni" if v.noinline else "ni0"] * (v.noinline != CompileOptions.noinline)

@@ -218,6 +218,12 @@ kernel = load_kernel(c.kernel.source, c.kernel.kernel_name)
 by_sm = compile_for_hopper(kernel, switches=opts.switches()).asm["ptx"]
 assert "%smid" in by_sm and "exch" in by_sm and "exch" not in plain
 print("tiny-llama", 2, "queues by SM sm_90 ok")
+# each step a programmatic dependent launch (GPU switch PDL): the hand-over between steps
+opts = CompileOptions(2, 64, target="h200", dependent_launch=True)
+dl = compile_for_hopper(kernel, switches=opts.switches()).asm["ptx"]
+for needle in ("griddepcontrol.launch_dependents", "griddepcontrol.wait"):
+    assert needle in dl and needle not in plain and needle not in by_sm, needle
+print("tiny-llama", 2, "dependent launch sm_90 ok")
 # streams of pairs and of groups of 4 kv heads with the keys as M: a loop a unit's piece
 from dataclasses import replace
 for group, kv in ((2, PRESETS["tiny-llama"].num_kv_heads), (4, 4)):
@@ -245,7 +251,7 @@ def run_without_interpreter(script: str, cache) -> str:
 
 
 def test_generated_kernels_compile_for_sm90(tmp_path):
-    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 14
+    assert run_without_interpreter(HOPPER_SCRIPT, tmp_path).count("sm_90 ok") == 15
 
 
 MASK_SCRIPT = """

@@ -350,6 +350,37 @@ def test_no_watchdog_trip_in_1000_steps():
     assert step.epoch == 1000
 
 
+def test_dependent_launch_steps_back_to_back():
+    """Steps launched back to back as programmatic dependent launches (each one's programs
+    start as the previous step's leave their SMs) write the cache and logits that plain
+    launches write: no step reads what the one before writes until that one has ended (the
+    new keys and values are NaN until written)."""
+    model = load_model("llama-3.2-1b", device="cuda", dtype="bfloat16", progress=False).model
+    batch, steps = 8, 16
+    start = CONTEXT - steps
+    base = allocate_kv_cache(model.config, batch, CONTEXT, dtype=torch.bfloat16, device="cuda")
+    base[:, :, :, :, :start].normal_(generator=torch.Generator("cuda").manual_seed(1))
+    base[:, :, :, :, start:] = float("nan")
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    tokens = torch.randint(0, model.config.vocab_size, (steps, batch, 1), device="cuda",
+                           generator=gen)
+    positions = torch.arange(start, CONTEXT, device="cuda").view(steps, 1, 1).repeat(1, batch, 1)
+    out = {}
+    with torch.inference_mode():
+        for pdl in (False, True):
+            cache = base.clone()
+            step = get_backend("megakernel")(model, cache, dependent_launch=pdl)
+            assert step._args(cache)[1].get("launch_pdl", False) is pdl
+            for i in range(steps):                  # nothing launched between the steps
+                step(tokens[i], positions[i], cache)
+            step.synchronize()
+            out[pdl] = (cache, step.logits.clone())
+    (cache, logits), (cache_pdl, logits_pdl) = out[False], out[True]
+    assert not cache_pdl.isnan().any() and not logits_pdl.isnan().any()
+    assert rel(cache_pdl.float(), cache.float()) < 1e-3
+    assert rel(logits_pdl.float(), logits.float()) < 1e-2
+
+
 @pytest.mark.parametrize("fault", ["dropped signal", "dropped producer"])
 def test_fault_raises_watchdog_quickly(fault):
     step, tokens, positions, cache = _tiny_step()

@@ -265,3 +265,28 @@ def test_profile_counts_overlapping_gpu_activity_once():
     assert busy_us([(0, 2), (1, 3), (5, 6)]) == 4
     assert busy_us([(0, 10), (2, 3), (4, 12)]) == 12
     assert busy_us([]) == 0
+
+
+def test_dependent_launch_is_a_launch_switch():
+    """The flag ``dl`` sets ``dependent_launch``: the kernel's PDL switch on the GPU (off under
+    the interpreter), and a launch with ``launch_pdl`` there only (its sm_90 build:
+    ``test_artifacts``; steps back to back on the GPU: ``test_megakernel_gpu``)."""
+    from types import SimpleNamespace
+
+    from megakernel.compiler.pipeline import CompileOptions
+    from megakernel.runtime.megakernel import launch_args
+    from megakernel.runtime.variant import parse_variant
+
+    v = parse_variant("64x256x4x132xs3xdl")
+    assert "dl" in v.label.split("x") and v.options(132)["dependent_launch"]
+    assert "dl" not in parse_variant("64x256x4x132xs3").label.split("x")
+    opts = CompileOptions(2, 64, **v.options(132))
+    assert (opts.switches()["PDL"], opts.switches(cuda=False)["PDL"]) == (1, 0)
+    assert CompileOptions(2, 64).switches()["PDL"] == 0
+    t = torch.zeros(1)
+    step = SimpleNamespace(ins=t, waits=t, queues=t, counters=t, error=t, weights=t, act=t,
+                           f32=t, inputs=(t, t), block_table=t, epoch=1, spin_limit=1, stamps=t)
+    gpu = SimpleNamespace(is_cuda=True)
+    assert launch_args(step, gpu, opts, 0)[1]["launch_pdl"] is True
+    assert "launch_pdl" not in launch_args(step, t, opts, 0)[1]
+    assert "launch_pdl" not in launch_args(step, gpu, CompileOptions(2, 64), 0)[1]

@@ -22,6 +22,7 @@ def test_sweep_times_and_checks_every_variant(tmp_path, capsys):
             assert "unknown flag" in r["error"]
         else:
             assert r["rel_err"] < 1e-4 and r["ms_per_token"] > 0 and r["baseline"] == "eager"
+            assert r["timing"] == "median"
     assert "WRONG" not in capsys.readouterr().out
 
 
@@ -50,10 +51,11 @@ def test_sweep_tries_flags_on_each_batch_sizes_autotune_winner(tmp_path):
     out = tmp_path / "sweep.json"
     assert main(["--model", "tiny-llama", "--device", "cpu", "--baseline", "eager",
                  "--batch-sizes", "2", "--context", "32", "--iters", "1", "--json", str(out),
-                 "--winners", str(ledger), "--flags", "fo1"]) == 0
+                 "--winners", str(ledger), "--flags", "fo1,dl", "--timing", "mean"]) == 0
     rows = json.loads(out.read_text())
-    assert [r["variant"] for r in rows] == ["16x64x4x1xs1xkv64", "16x64x4x1xs1xkv64xfo1"]
-    assert all(r["rel_err"] < 1e-4 for r in rows)
+    assert [r["variant"] for r in rows] == ["16x64x4x1xs1xkv64", "16x64x4x1xs1xkv64xfo1",
+                                            "16x64x4x1xs1xkv64xdl"]
+    assert all(r["rel_err"] < 1e-4 and r["timing"] == "mean" for r in rows)
 
 
 def test_ncu_summary_adds_up_stall_samples_by_reason_instruction_and_region():
