@@ -32,3 +32,28 @@ def test_forms_timed_side_by_side_agree_with_eager_on_the_interpreter(tmp_path):
     assert [r["form"] for r in rows] == ["release", "no-barrier"]
     assert all(len(r["ms_rounds"]) == 2 and r["rel_err"] < 1e-4 for r in rows)
     assert rows[0]["vs_first"] == 1.0
+
+
+def test_one_row_x_form_reads_row_zero_for_every_row():
+    """``x_bound``'s form: inside ``one_row_form`` every projection reads row 0's x in every
+    row, so a batch of two different rows gets wrong logits; outside it the kernel is right
+    again."""
+    import torch
+
+    from megakernel.bench.decode import decode_state
+    from megakernel.bench.x_bound import one_row_form
+    from megakernel.models import load_model
+    from megakernel.runtime.megakernel import megakernel_backend
+
+    model = load_model("tiny-llama", progress=False).model
+    tokens, positions, cache = decode_state(model, 2, 32)
+    tokens[1] = (tokens[0] + 1) % model.config.vocab_size
+    step = megakernel_backend(model, cache, num_workers=1)
+    with torch.inference_mode():
+        expected = model(tokens, positions, cache).float()
+        assert torch.allclose(step(tokens, positions, cache).float(), expected, atol=1e-4)
+        with one_row_form():
+            wrong = step(tokens, positions, cache).clone()
+        assert torch.allclose(step(tokens, positions, cache).float(), expected, atol=1e-4)
+    assert not torch.allclose(wrong, expected, atol=1e-2)
+    assert not torch.allclose(expected[0], expected[1], atol=1e-2)

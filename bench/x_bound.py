@@ -1,0 +1,137 @@
+"""How much of a decode step the projections' reads of their input rows (x) cost, bounded from
+above: one compiled kernel timed as built and with every projection step reading one row of x
+in place of its B rows, side by side in one process.
+
+    python -m megakernel.bench.x_bound --winners autotune.json --batch-sizes 24,64 --rounds 3
+
+Every projection task (q/k/v, o, gate_up, down, lm_head; ``norm_ops.load_x``) reads its x
+columns for all B rows in every step of its K loop, from L2: at 24-64 rows as many bytes as its
+weights or more. The ``one-row`` form reads row 0 for every row (a broadcast, 1/B of the bytes),
+so its logits are wrong by design (their distance from eager's is printed beside) and only its
+time means anything: the most that sharing x between the tasks of an SM, or of a cluster, could
+save. Rounds alternate the forms on one step's state; each form's figure is its median (on
+the GPU: the interpreter runs whatever ``load_x`` is bound when a step runs, so there the form
+holds only inside ``one_row_form``, where its logits are checked).
+
+The form is built by swapping ``norm_ops.load_x`` for ``one_row_x`` while a fresh copy of the
+generated module compiles (every ``megakernel.compiler`` JIT function's memoised hash cleared
+around it, so that Triton's cache keys see the swap), then putting the original back.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from megakernel.compiler import norm_ops
+from megakernel.compiler.norm_ops import step_index
+
+
+@triton.jit
+def one_row_x(x_ptr, nw_ptr, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
+              BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1,
+              KEND: tl.constexpr = 0):
+    """``norm_ops.load_x`` with row 0's columns in every row: the same shapes and weights
+    read, x's bytes from L2 cut to one row's."""
+    LIM: tl.constexpr = KEND if KEND > 0 else K
+    rows, ks = step_index(k0, BLOCK_B, BLOCK_K, FOLD)
+    x = tl.load(x_ptr + rows[:, None] * 0 + ks, mask=(rows[:, None] < B) & (ks < LIM),
+                other=0.0)
+    w = 1.0
+    if HAS_NORM:
+        w = tl.load(nw_ptr + ks, mask=ks < LIM, other=0.0).to(tl.float32)
+    return x, w
+
+
+def _clear_hashes() -> None:
+    """Forget every compiler JIT function's memoised cache key (recomputed on the next build)."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("megakernel.compiler") and module is not None:
+            for value in vars(module).values():
+                if isinstance(value, triton.runtime.JITFunction):
+                    value.hash = None
+
+
+@contextmanager
+def one_row_form():
+    """While inside: projections built from here on read one row of x (``one_row_x``)."""
+    original = norm_ops.load_x
+    norm_ops.load_x = one_row_x
+    _clear_hashes()
+    try:
+        yield
+    finally:
+        norm_ops.load_x = original
+        _clear_hashes()
+
+
+def time_forms(model, label: str, batch: int, context: int, rounds: int, iters: int) -> list:
+    """Rows of one batch size: each form's median ms over the rounds, its ratio to the kernel as
+    built, and its logits' distance from eager's."""
+    from megakernel.bench.decode import decode_state, median_step_ms
+    from megakernel.bench.sweep import parse_variant, rel_err
+    from megakernel.runtime.megakernel import load_kernel, megakernel_backend
+
+    tokens, positions, cache = decode_state(model, batch, context)
+    step = megakernel_backend(model, cache, **parse_variant(label))
+    kernels = {"as-built": step.kernel}
+    with torch.inference_mode():
+        expected = model(tokens, positions, cache)
+        errs = {"as-built": rel_err(step(tokens, positions, cache), expected)}   # built first
+        with one_row_form():
+            step.kernel = kernels["one-row"] = load_kernel(step.compiled.kernel.source,
+                                                           step.compiled.kernel.kernel_name)
+            errs["one-row"] = rel_err(step(tokens, positions, cache), expected)
+        step.synchronize()
+        times = {f: [] for f in kernels}
+        for _ in range(rounds):
+            for f, kernel in kernels.items():
+                step.kernel = kernel
+                times[f].append(median_step_ms(lambda: step(tokens, positions, cache),
+                                               cache.device, 5, iters))
+        step.synchronize()
+    base = statistics.median(times["as-built"])
+    return [{"batch": batch, "variant": label, "form": f, "ms": statistics.median(t),
+             "ms_rounds": t, "vs_built": statistics.median(t) / base, "rel_err": errs[f]}
+            for f, t in times.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from megakernel.bench.sweep import winner_variants
+    from megakernel.models import load_model
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="llama-3.2-1b")
+    p.add_argument("--batch-sizes", "--batch-size", default="24")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--winners", default=None, help="an autotune.json: each batch size's winner")
+    p.add_argument("--variant", default="64x256x4x132xs3", help="without --winners")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    model = load_model(args.model, device=args.device, dtype=dtype, progress=False).model
+    rows = []
+    for b in (int(b) for b in args.batch_sizes.split(",")):
+        label = winner_variants(args.winners, b, [])[0] if args.winners else args.variant
+        for row in time_forms(model, label, b, args.context, args.rounds, args.iters):
+            print(f"{args.model} B={b} {row['form']:<9} {row['ms']:7.3f} ms  "
+                  f"x{row['vs_built']:.3f} of as-built  rel err {row['rel_err']:.1e}  "
+                  f"rounds {' '.join(f'{t:.3f}' for t in row['ms_rounds'])}", flush=True)
+            rows.append(row)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
