@@ -6,14 +6,14 @@ in place of its B rows, side by side in one process.
 
 Every projection task (q/k/v, o, gate_up, down, lm_head; ``norm_ops.load_x``) reads its x
 columns for all B rows in every step of its K loop, from L2: at 24-64 rows as many bytes as its
-weights or more. The ``one-row`` form reads row 0 for every row (a broadcast, 1/B of the bytes),
-so its logits are wrong by design (their distance from eager's is printed beside) and only its
-time means anything: the most that sharing x between the tasks of an SM, or of a cluster, could
-save. Rounds alternate the forms on one step's state; each form's figure is its median (on
+weights or more. Forms (``FORMS``): ``no-x`` loads no x at all (ones in its place), ``one-row``
+reads row 0 for every row (the same loads, all rows at one address). Their logits are wrong by
+design (their distance from eager's is printed beside) and only their time means anything:
+``no-x`` bounds what sharing x between the tasks of an SM, or of a cluster, could save. Rounds alternate the forms on one step's state; each form's figure is its median (on
 the GPU: the interpreter runs whatever ``load_x`` is bound when a step runs, so there the form
-holds only inside ``one_row_form``, where its logits are checked).
+holds only inside ``x_form``, where its logits are checked).
 
-The form is built by swapping ``norm_ops.load_x`` for ``one_row_x`` while a fresh copy of the
+A form is built by swapping ``norm_ops.load_x`` for its stand-in while a fresh copy of the
 generated module compiles (every ``megakernel.compiler`` JIT function's memoised hash cleared
 around it, so that Triton's cache keys see the swap), then putting the original back.
 """
@@ -50,6 +50,20 @@ def one_row_x(x_ptr, nw_ptr, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.
     return x, w
 
 
+@triton.jit
+def no_x(x_ptr, nw_ptr, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
+         BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr = 1,
+         KEND: tl.constexpr = 0):
+    """``norm_ops.load_x`` with ones in place of x: the same shapes and weights read, no byte of
+    x (nor of the norm weight) read at all."""
+    rows, ks = step_index(k0, BLOCK_B, BLOCK_K, FOLD)
+    x = (rows[:, None] * 0 + ks * 0 + 1).to(x_ptr.dtype.element_ty)
+    return x, 1.0
+
+
+FORMS = {"one-row": one_row_x, "no-x": no_x}     # form -> what stands for norm_ops.load_x
+
+
 def _clear_hashes() -> None:
     """Forget every compiler JIT function's memoised cache key (recomputed on the next build)."""
     for name, module in list(sys.modules.items()):
@@ -60,10 +74,10 @@ def _clear_hashes() -> None:
 
 
 @contextmanager
-def one_row_form():
-    """While inside: projections built from here on read one row of x (``one_row_x``)."""
+def x_form(form: str):
+    """While inside: projections built from here on load x as ``FORMS[form]`` does."""
     original = norm_ops.load_x
-    norm_ops.load_x = one_row_x
+    norm_ops.load_x = FORMS[form]
     _clear_hashes()
     try:
         yield
@@ -72,9 +86,10 @@ def one_row_form():
         _clear_hashes()
 
 
-def time_forms(model, label: str, batch: int, context: int, rounds: int, iters: int) -> list:
-    """Rows of one batch size: each form's median ms over the rounds, its ratio to the kernel as
-    built, and its logits' distance from eager's."""
+def time_forms(model, label: str, batch: int, context: int, forms: list[str], rounds: int,
+               iters: int) -> list:
+    """Rows of one batch size: the kernel as built and each of ``forms``: its median ms over the
+    rounds, its ratio to the kernel as built, and its logits' distance from eager's."""
     from megakernel.bench.decode import decode_state, median_step_ms
     from megakernel.bench.sweep import parse_variant, rel_err
     from megakernel.runtime.megakernel import load_kernel, megakernel_backend
@@ -85,10 +100,11 @@ def time_forms(model, label: str, batch: int, context: int, rounds: int, iters: 
     with torch.inference_mode():
         expected = model(tokens, positions, cache)
         errs = {"as-built": rel_err(step(tokens, positions, cache), expected)}   # built first
-        with one_row_form():
-            step.kernel = kernels["one-row"] = load_kernel(step.compiled.kernel.source,
-                                                           step.compiled.kernel.kernel_name)
-            errs["one-row"] = rel_err(step(tokens, positions, cache), expected)
+        for form in forms:
+            with x_form(form):
+                step.kernel = kernels[form] = load_kernel(step.compiled.kernel.source,
+                                                          step.compiled.kernel.kernel_name)
+                errs[form] = rel_err(step(tokens, positions, cache), expected)
         step.synchronize()
         times = {f: [] for f in kernels}
         for _ in range(rounds):
@@ -113,18 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--winners", default=None, help="an autotune.json: each batch size's winner")
     p.add_argument("--variant", default="64x256x4x132xs3", help="without --winners")
+    p.add_argument("--forms", default="no-x,one-row", help=f"of {', '.join(FORMS)}")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    forms = args.forms.split(",")
+    for f in forms:
+        if f not in FORMS:
+            raise SystemExit(f"form {f!r} unknown; choose from {', '.join(FORMS)}")
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     model = load_model(args.model, device=args.device, dtype=dtype, progress=False).model
     rows = []
     for b in (int(b) for b in args.batch_sizes.split(",")):
         label = winner_variants(args.winners, b, [])[0] if args.winners else args.variant
-        for row in time_forms(model, label, b, args.context, args.rounds, args.iters):
-            print(f"{args.model} B={b} {row['form']:<9} {row['ms']:7.3f} ms  "
+        for row in time_forms(model, label, b, args.context, forms, args.rounds, args.iters):
+            print(f"{args.model} B={b} {row['form']:<8} {row['ms']:7.3f} ms  "
                   f"x{row['vs_built']:.3f} of as-built  rel err {row['rel_err']:.1e}  "
                   f"rounds {' '.join(f'{t:.3f}' for t in row['ms_rounds'])}", flush=True)
             rows.append(row)

@@ -34,14 +34,15 @@ def test_forms_timed_side_by_side_agree_with_eager_on_the_interpreter(tmp_path):
     assert rows[0]["vs_first"] == 1.0
 
 
-def test_one_row_x_form_reads_row_zero_for_every_row():
-    """``x_bound``'s form: inside ``one_row_form`` every projection reads row 0's x in every
-    row, so a batch of two different rows gets wrong logits; outside it the kernel is right
+@pytest.mark.parametrize("form", ["one-row", "no-x"])
+def test_x_forms_hold_only_inside_their_context(form):
+    """``x_bound``'s forms: inside ``x_form`` every projection reads row 0's x in every row, or
+    ones, so a batch of two different rows gets wrong logits; outside it the kernel is right
     again."""
     import torch
 
     from megakernel.bench.decode import decode_state
-    from megakernel.bench.x_bound import one_row_form
+    from megakernel.bench.x_bound import x_form
     from megakernel.models import load_model
     from megakernel.runtime.megakernel import megakernel_backend
 
@@ -52,7 +53,7 @@ def test_one_row_x_form_reads_row_zero_for_every_row():
     with torch.inference_mode():
         expected = model(tokens, positions, cache).float()
         assert torch.allclose(step(tokens, positions, cache).float(), expected, atol=1e-4)
-        with one_row_form():
+        with x_form(form):
             wrong = step(tokens, positions, cache).clone()
         assert torch.allclose(step(tokens, positions, cache).float(), expected, atol=1e-4)
     assert not torch.allclose(wrong, expected, atol=1e-2)
