@@ -129,3 +129,12 @@ def test_a_watchdog_trip_in_the_last_steps_is_the_rows_error(tmp_path, monkeypat
                  "--variants", "32x64x4x1xs1"]) == 0
     [row] = json.loads(out.read_text())
     assert "watchdog" in row["error"] and "rel_err" not in row
+
+
+def test_l2_persist_bench_needs_a_gpu():
+    from megakernel.bench.l2_persist import main as l2_main
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the bench runs")
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        l2_main(["--winners", "autotune.json"])
