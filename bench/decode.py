@@ -43,29 +43,29 @@ class Timer:
         return [(b - a) * 1e3 for a, b in zip(self.stamps, self.stamps[1:])]
 
 
-def median_step_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
+def _stamped(fn, device: torch.device, warmup: int, iters: int, each: bool) -> Timer:
+    """``warmup`` calls of ``fn``, then ``iters`` stamped ones: a stamp before the first and
+    after each of them (``each``) or after the last only."""
     for _ in range(warmup):
         fn()
     timer = Timer(device)
     timer.stamp()
-    for _ in range(iters):
+    for i in range(iters):
         fn()
-        timer.stamp()
-    return statistics.median(timer.gaps_ms())
+        if each or i == iters - 1:
+            timer.stamp()
+    return timer
+
+
+def median_step_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
+    return statistics.median(_stamped(fn, device, warmup, iters, each=True).gaps_ms())
 
 
 def mean_step_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
     """``median_step_ms``'s figure from one span: ``iters`` steps back to back with nothing
     recorded between them (a step launched as a programmatic dependent launch may then start
     before the previous one ends), their total over ``iters``."""
-    for _ in range(warmup):
-        fn()
-    timer = Timer(device)
-    timer.stamp()
-    for _ in range(iters):
-        fn()
-    timer.stamp()
-    return timer.gaps_ms()[0] / iters
+    return _stamped(fn, device, warmup, iters, each=False).gaps_ms()[0] / iters
 
 
 def copy_bandwidth_TBps(device: torch.device) -> float:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import statistics
-from pathlib import Path
 
 import torch
 
@@ -76,19 +74,13 @@ def time_batch(model, batch: int, context: int, labels: list[str], sizes: list[i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megakernel.bench.sweep import build_all, winner_variants
+    from megakernel.bench.sweep import (build_all, collect_rows, round_args, rounds_text,
+                                        winner_variants)
     from megakernel.models import load_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="llama-3.2-1b")
-    p.add_argument("--batch-sizes", "--batch-size", default="24")
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--winners", required=True, help="an autotune.json: each batch size's winner")
+    round_args(p, winners_required=True)
     p.add_argument("--flags", default="", help="flags each also timed with, e.g. pf128,pf0")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--jobs", type=int, default=1, help="build the kernels in this many processes")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("l2_persist needs a CUDA GPU: L2's set-aside is the driver's")
@@ -103,16 +95,12 @@ def main(argv: list[str] | None = None) -> int:
           f"(granted {set_aside(sizes[1]) / 2**20:.1f}); L2 "
           f"{torch.cuda.get_device_properties(0).L2_cache_size / 2**20:.0f} MiB", flush=True)
     set_aside(0)
-    rows = []
-    for b in batches:
-        for row in time_batch(model, b, args.context, plan[b], sizes, args.rounds, args.iters):
-            print(f"{args.model} B={b} {row['variant']:<60} set-aside "
-                  f"{row['set_aside'] / 2**20:5.1f} MiB {row['ms']:7.3f} ms  rel err "
-                  f"{row['rel_err']:.1e}  rounds {' '.join(f'{t:.3f}' for t in row['ms_rounds'])}",
-                  flush=True)
-            rows.append(row)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
+    collect_rows(batches, lambda b: time_batch(model, b, args.context, plan[b], sizes,
+                                               args.rounds, args.iters),
+                 lambda row: f"{args.model} B={row['batch']} {row['variant']:<60} set-aside "
+                             f"{row['set_aside'] / 2**20:5.1f} MiB {row['ms']:7.3f} ms  "
+                             f"rel err {row['rel_err']:.1e}  {rounds_text(row['ms_rounds'])}",
+                 args.json)
     return 0
 
 

@@ -103,6 +103,38 @@ def build_all(model, plan: dict[int, list[str]], context: int, jobs: int) -> lis
                                "cuda") for b, variants in plan.items() for v in variants], jobs)
 
 
+def round_args(p: argparse.ArgumentParser, winners_required: bool = False) -> None:
+    """The options of the benches that time forms of one kernel in rounds (``sync_bound``,
+    ``x_bound``, ``l2_persist``): model, batch sizes, context, an autotune ledger whose winner
+    each batch size times, rounds, steps a timing, build processes and a JSON file."""
+    p.add_argument("--model", default="llama-3.2-1b")
+    p.add_argument("--batch-sizes", "--batch-size", default="24")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--winners", default=None, required=winners_required,
+                   help="an autotune.json: each batch size's winner")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--jobs", type=int, default=1, help="build the kernels in this many processes")
+    p.add_argument("--json", default=None)
+
+
+def collect_rows(batches: list[int], rows_of, line_of, json_path: str | None) -> list[dict]:
+    """Each batch size's rows (``rows_of(batch)``), each printed as ``line_of(row)``; all of
+    them written to ``json_path`` after each batch size (a run cut short keeps what it timed)."""
+    rows = []
+    for b in batches:
+        for row in rows_of(b):
+            print(line_of(row), flush=True)
+            rows.append(row)
+        if json_path:
+            Path(json_path).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def rounds_text(times: list[float]) -> str:
+    return "rounds " + " ".join(f"{t:.3f}" for t in times)
+
+
 def describe(model_name: str, row: dict, baseline: str, max_rel_err: float) -> str:
     head = f"{model_name} B={row['batch']} {row['variant']:<18}"
     if "error" in row:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -137,22 +136,15 @@ def time_forms(model, label: str, batch: int, context: int, forms: list[str], ro
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megakernel.bench.sweep import winner_variants
+    from megakernel.bench.sweep import collect_rows, round_args, rounds_text, winner_variants
     from megakernel.models import load_model
     from megakernel.runtime.megakernel import cache_dir
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="llama-3.2-1b")
-    p.add_argument("--batch-sizes", "--batch-size", default="24")
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--winners", default=None, help="an autotune.json: each batch size's winner")
+    round_args(p)
     p.add_argument("--variant", default="64x256x4x132xs3", help="without --winners")
     p.add_argument("--forms", default="release,relaxed,relaxed-polls")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--iters", type=int, default=50)
     p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
-    p.add_argument("--jobs", type=int, default=1, help="build the kernels in this many processes")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     forms = args.forms.split(",")
     folder = cache_dir() / "sync_forms"
@@ -165,16 +157,12 @@ def main(argv: list[str] | None = None) -> int:
               for b in batches}
     if args.jobs > 1 and args.device == "cuda":
         build_forms(model, labels, args.context, forms, folder, args.jobs)
-    rows = []
-    for b in batches:
-        for row in time_forms(model, labels[b], b, args.context, forms, args.rounds,
-                              args.iters, folder):
-            print(f"{args.model} B={b} {row['form']:<14} {row['ms']:7.3f} ms  "
-                  f"x{row['vs_first']:.3f} of {forms[0]}  rel err {row['rel_err']:.1e}  "
-                  f"rounds {' '.join(f'{t:.3f}' for t in row['ms_rounds'])}", flush=True)
-            rows.append(row)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
+    collect_rows(batches, lambda b: time_forms(model, labels[b], b, args.context, forms,
+                                               args.rounds, args.iters, folder),
+                 lambda row: f"{args.model} B={row['batch']} {row['form']:<14} "
+                             f"{row['ms']:7.3f} ms  x{row['vs_first']:.3f} of {forms[0]}  "
+                             f"rel err {row['rel_err']:.1e}  {rounds_text(row['ms_rounds'])}",
+                 args.json)
     return 0
 
 

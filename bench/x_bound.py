@@ -20,11 +20,9 @@ around it, so that Triton's cache keys see the swap), then putting the original 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 import triton
@@ -120,20 +118,15 @@ def time_forms(model, label: str, batch: int, context: int, forms: list[str], ro
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megakernel.bench.sweep import winner_variants
+    from megakernel.bench.sweep import (build_all, collect_rows, round_args, rounds_text,
+                                        winner_variants)
     from megakernel.models import load_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="llama-3.2-1b")
-    p.add_argument("--batch-sizes", "--batch-size", default="24")
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--winners", default=None, help="an autotune.json: each batch size's winner")
+    round_args(p)
     p.add_argument("--variant", default="64x256x4x132xs3", help="without --winners")
     p.add_argument("--forms", default="no-x,one-row", help=f"of {', '.join(FORMS)}")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--iters", type=int, default=50)
     p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     forms = args.forms.split(",")
     for f in forms:
@@ -141,16 +134,17 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"form {f!r} unknown; choose from {', '.join(FORMS)}")
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     model = load_model(args.model, device=args.device, dtype=dtype, progress=False).model
-    rows = []
-    for b in (int(b) for b in args.batch_sizes.split(",")):
-        label = winner_variants(args.winners, b, [])[0] if args.winners else args.variant
-        for row in time_forms(model, label, b, args.context, forms, args.rounds, args.iters):
-            print(f"{args.model} B={b} {row['form']:<8} {row['ms']:7.3f} ms  "
-                  f"x{row['vs_built']:.3f} of as-built  rel err {row['rel_err']:.1e}  "
-                  f"rounds {' '.join(f'{t:.3f}' for t in row['ms_rounds'])}", flush=True)
-            rows.append(row)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    labels = {b: winner_variants(args.winners, b, [])[0] if args.winners else args.variant
+              for b in batches}
+    if args.jobs > 1 and args.device == "cuda":      # the kernels as built; the forms later
+        build_all(model, {b: [v] for b, v in labels.items()}, args.context, args.jobs)
+    collect_rows(batches, lambda b: time_forms(model, labels[b], b, args.context, forms,
+                                               args.rounds, args.iters),
+                 lambda row: f"{args.model} B={row['batch']} {row['form']:<8} "
+                             f"{row['ms']:7.3f} ms  x{row['vs_built']:.3f} of as-built  "
+                             f"rel err {row['rel_err']:.1e}  {rounds_text(row['ms_rounds'])}",
+                 args.json)
     return 0
 
 
