@@ -204,6 +204,9 @@ class CudaStep(MegakernelStep):
         if compiled.options.queues_by_sm:
             raise ValueError("queues_by_sm is a Triton kernel's option; the CUDA backend runs "
                              "each queue on the program of its index")
+        if compiled.options.dependent_launch:
+            raise ValueError("dependent_launch is a Triton kernel's option; the CUDA backend "
+                             "launches each step after the previous one has ended")
         known = set(inspect.signature(generate_cuda).parameters) - {"enc", "model", "batch",
                                                                     "num_tasks"}
         if set(knobs) - known:
