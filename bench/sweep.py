@@ -118,6 +118,21 @@ def round_args(p: argparse.ArgumentParser, winners_required: bool = False) -> No
     p.add_argument("--json", default=None)
 
 
+def kernel_rounds(step, kernels: dict, state: tuple, rounds: int,
+                  iters: int) -> dict[str, list[float]]:
+    """Each of ``kernels`` (name -> a build of ``step``'s generated module) bound to ``step`` in
+    turn and timed on ``state`` (tokens, positions, cache), alternating for ``rounds`` rounds:
+    name -> its median ms in each round."""
+    tokens, positions, cache = state
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    for _ in range(rounds):
+        for name, kernel in kernels.items():
+            step.kernel = kernel
+            times[name].append(median_step_ms(lambda: step(tokens, positions, cache),
+                                              cache.device, 5, iters))
+    return times
+
+
 def collect_rows(batches: list[int], rows_of, line_of, json_path: str | None) -> list[dict]:
     """Each batch size's rows (``rows_of(batch)``), each printed as ``line_of(row)``; all of
     them written to ``json_path`` after each batch size (a run cut short keeps what it timed)."""

@@ -108,22 +108,17 @@ def time_forms(model, label: str, batch: int, context: int, forms: list[str], ro
                iters: int, folder: Path) -> list[dict]:
     """Rows of one batch size: each form's median ms over the rounds, its ratio to the first
     form's (``release`` by default), and its logits' distance from eager's."""
-    from megakernel.bench.decode import decode_state, median_step_ms
-    from megakernel.bench.sweep import parse_variant, rel_err
+    from megakernel.bench.decode import decode_state
+    from megakernel.bench.sweep import kernel_rounds, parse_variant, rel_err
     from megakernel.runtime.megakernel import load_kernel, megakernel_backend
 
-    tokens, positions, cache = decode_state(model, batch, context)
+    tokens, positions, cache = state = decode_state(model, batch, context)
     step = megakernel_backend(model, cache, **parse_variant(label))
     src, name = step.compiled.kernel.source, step.compiled.kernel.kernel_name
     kernels = {f: load_kernel(form_source(src, f, folder), name) for f in forms}
-    times = {f: [] for f in forms}
     with torch.inference_mode():
         expected = model(tokens, positions, cache)
-        for _ in range(rounds):
-            for f in forms:
-                step.kernel = kernels[f]
-                times[f].append(median_step_ms(lambda: step(tokens, positions, cache),
-                                               cache.device, 5, iters))
+        times = kernel_rounds(step, kernels, state, rounds, iters)
         errs = {}
         for f in forms:
             step.kernel = kernels[f]

@@ -1,6 +1,6 @@
 """How much of a decode step the projections' reads of their input rows (x) cost, bounded from
-above: one compiled kernel timed as built and with every projection step reading one row of x
-in place of its B rows, side by side in one process.
+above: one compiled kernel timed as built and with every projection step loading x otherwise
+(no x at all, or one row of it for all B rows), side by side in one process.
 
     python -m megakernel.bench.x_bound --winners autotune.json --batch-sizes 24,64 --rounds 3
 
@@ -9,9 +9,10 @@ columns for all B rows in every step of its K loop, from L2: at 24-64 rows as ma
 weights or more. Forms (``FORMS``): ``no-x`` loads no x at all (ones in its place), ``one-row``
 reads row 0 for every row (the same loads, all rows at one address). Their logits are wrong by
 design (their distance from eager's is printed beside) and only their time means anything:
-``no-x`` bounds what sharing x between the tasks of an SM, or of a cluster, could save. Rounds alternate the forms on one step's state; each form's figure is its median (on
-the GPU: the interpreter runs whatever ``load_x`` is bound when a step runs, so there the form
-holds only inside ``x_form``, where its logits are checked).
+``no-x`` bounds what sharing x between the tasks of an SM, or of a cluster, could save.
+Rounds alternate the forms on one step's state; each form's figure is its median (on the GPU:
+the interpreter runs whatever ``load_x`` is bound when a step runs, so there a form holds only
+inside ``x_form``, where its logits are checked).
 
 A form is built by swapping ``norm_ops.load_x`` for its stand-in while a fresh copy of the
 generated module compiles (every ``megakernel.compiler`` JIT function's memoised hash cleared
@@ -88,11 +89,11 @@ def time_forms(model, label: str, batch: int, context: int, forms: list[str], ro
                iters: int) -> list:
     """Rows of one batch size: the kernel as built and each of ``forms``: its median ms over the
     rounds, its ratio to the kernel as built, and its logits' distance from eager's."""
-    from megakernel.bench.decode import decode_state, median_step_ms
-    from megakernel.bench.sweep import parse_variant, rel_err
+    from megakernel.bench.decode import decode_state
+    from megakernel.bench.sweep import kernel_rounds, parse_variant, rel_err
     from megakernel.runtime.megakernel import load_kernel, megakernel_backend
 
-    tokens, positions, cache = decode_state(model, batch, context)
+    tokens, positions, cache = state = decode_state(model, batch, context)
     step = megakernel_backend(model, cache, **parse_variant(label))
     kernels = {"as-built": step.kernel}
     with torch.inference_mode():
@@ -104,12 +105,7 @@ def time_forms(model, label: str, batch: int, context: int, forms: list[str], ro
                                                           step.compiled.kernel.kernel_name)
                 errs[form] = rel_err(step(tokens, positions, cache), expected)
         step.synchronize()
-        times = {f: [] for f in kernels}
-        for _ in range(rounds):
-            for f, kernel in kernels.items():
-                step.kernel = kernel
-                times[f].append(median_step_ms(lambda: step(tokens, positions, cache),
-                                               cache.device, 5, iters))
+        times = kernel_rounds(step, kernels, state, rounds, iters)
         step.synchronize()
     base = statistics.median(times["as-built"])
     return [{"batch": batch, "variant": label, "form": f, "ms": statistics.median(t),
