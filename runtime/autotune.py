@@ -35,7 +35,9 @@ error and skipped.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -64,6 +66,12 @@ class Winner:
     predicted_us: float
     timed: int          # variants timed and right for this batch size (this run and earlier)
     failed: int         # variants that failed to build, fit or finish, or gave wrong logits
+
+
+def _prepare_timed(job) -> tuple[str | None, float]:
+    """``_prepare``'s error, if any, and the seconds it took."""
+    start = time.perf_counter()
+    return _prepare(job), time.perf_counter() - start
 
 
 def _prepare(job) -> str | None:
@@ -157,6 +165,8 @@ def autotune(model, name: str, batch_sizes: list[int], max_seq_len: int, folder:
     with worker_pool(processes) as pool:
         rows, times = _time_all(run, pool, plans, refine)
     bar.close()
+    if progress and run.spent["built"]:
+        print(run.spent_text(processes), file=sys.stderr)
     return [_keep_winner(run, b, rows[b], times[b], folder) for b in plans]
 
 
@@ -244,6 +254,15 @@ class _Tuning:
     bar: object
     finalists: int
     final_rounds: int
+    # this run's variants built, and seconds: in the build processes, in this one waiting for
+    # them, timing (where a cold run's time goes)
+    spent: dict = field(default_factory=lambda: dict(built=0, build=0.0, wait=0.0, timing=0.0))
+
+    def spent_text(self, processes: int) -> str:
+        s = self.spent
+        return (f"autotune: {s['built']} variants built, {s['build']:.0f} s in {processes} build "
+                f"processes; {s['timing']:.0f} s timing them, {s['wait']:.0f} s waiting for "
+                "builds")
 
     def opts(self, b: int, v: Variant) -> CompileOptions:
         return CompileOptions(b, self.max_seq_len, target=self.target.name,
@@ -253,10 +272,10 @@ class _Tuning:
         return self.ledger.key(batch=b, variant=v.label, **self.base)
 
     def submit(self, pool, b: int, v: Variant):
-        """Ask the pool to compile and build variant ``v`` of batch ``b`` (``_prepare``)."""
+        """Ask the pool to compile and build variant ``v`` of batch ``b`` (``_prepare_timed``)."""
         w = next(self.model.parameters())
-        return pool.submit(_prepare, (self.model.config, w.dtype, self.name, self.opts(b, v),
-                                      str(self.root), w.device.type))
+        return pool.submit(_prepare_timed, (self.model.config, w.dtype, self.name,
+                                            self.opts(b, v), str(self.root), w.device.type))
 
     def build(self, pool, b: int, picks: list) -> dict:
         """The builds of the picks not in the ledger yet, asked of the pool: {label: future}."""
@@ -265,22 +284,35 @@ class _Tuning:
 
     def timed(self, b: int, picks: list, builds: dict) -> list:
         """[(variant, ledger row)] of the picks, each timed once its build is done."""
-        inputs, out = None, []                 # one set of decode inputs serves every variant
+        inputs, out = [], []               # one set of decode inputs serves every variant
         for v, predicted in picks:
             row = self.ledger.get(self.key(b, v))
             if row is None:
-                failed = builds[v.label].result()
-                if failed:
-                    fields = dict(ms=None, error=failed)
-                else:
-                    inputs = inputs or step_inputs(self.model, b, self.max_seq_len)
-                    fields = measure(self.model, self.name, self.opts(b, v), self.root,
-                                     self.iters, inputs, self.max_rel_err)
                 row = self.ledger.add(self.key(b, v), batch=b, variant=v.label,
-                                      predicted_us=predicted, **fields)
+                                      predicted_us=predicted,
+                                      **self.measured(b, v, builds[v.label], inputs))
             out.append((v, row))
             self.bar.update()
         return out
+
+    def measured(self, b: int, v: Variant, build, inputs: list) -> dict:
+        """Variant ``v``'s ledger fields once its build (a ``_prepare_timed`` future) is done: its
+        timing (``measure``) or the build's error, and the build's seconds; the seconds added to
+        ``spent``. ``inputs``: the batch size's decode inputs, made on the first variant timed."""
+        start = time.perf_counter()
+        failed, build_s = build.result()
+        self.spent["wait"] += time.perf_counter() - start
+        self.spent["built"] += 1
+        self.spent["build"] += build_s
+        if failed:
+            return dict(ms=None, error=failed, build_s=round(build_s, 2))
+        start = time.perf_counter()
+        if not inputs:
+            inputs.append(step_inputs(self.model, b, self.max_seq_len))
+        fields = measure(self.model, self.name, self.opts(b, v), self.root, self.iters,
+                         inputs[0], self.max_rel_err)
+        self.spent["timing"] += time.perf_counter() - start
+        return dict(fields, build_s=round(build_s, 2))
 
     def final_picks(self, b: int, rows: list) -> tuple[str, list[Variant]]:
         """The ledger key and variants of the batch size's final round: its ``finalists``

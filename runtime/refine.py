@@ -22,7 +22,7 @@ from megakernel.compiler.registry import rows as dot_rows
 from megakernel.compiler.tile import TileConfig
 
 from .ledger import Ledger
-from .search import SPACE, block_fits, predict
+from .search import SPACE, block_fits, predict, warps_fit
 from .effective import effective
 from .variant import Variant, stream_kv_split
 
@@ -96,9 +96,13 @@ from .variant import Variant, stream_kv_split
 # 1.788, 64 1.977 -> 1.958) flip off.
 # Projection tasks' K loops each from a step of their own (``proj_rotate``; against the H200
 # ledger's winners on an H100, ms: 24 rows 1.445 -> 1.427, 64 rows 1.950 -> 1.969).
+# The fastest at the other warp count (``other_warps``; the shortlists hold 4 warps only, see
+# ``search.SPACE``).
 REFINE = ("balance", "kv_block", "stage_kib", "split_k", "step_weights", "norm_sums",
           "noinline", "prefetch_kv_ahead", "fuse_reduce", "attn_keys_m", "attn_rotate",
-          "prefetch_last", "proj_rotate")
+          "prefetch_last", "proj_rotate", "num_warps")
+# the warp counts the refinement times (the shortlists' first)
+WARPS = (4, 8)
 # keys a unit the KV prefetch a task ahead asks for when flipped on
 KV_AHEAD_KEYS = 128
 # the shared memory deepened projection pipelines fill (sm_90 builds of llama-3.2-1b, 227 KiB
@@ -122,6 +126,11 @@ def other_block(v: Variant, seq: int) -> Variant:
 def deeper(knob: str, deep: int, default: int):
     """The flip of a depth or count: ``deep`` from the default, the default from any other."""
     return lambda v, seq: replace(v, **{knob: deep if getattr(v, knob) == default else default})
+
+
+def other_warps(v: Variant, seq: int) -> Variant:
+    """``v`` at the other warp count of ``WARPS``."""
+    return replace(v, num_warps=WARPS[1] if v.num_warps == WARPS[0] else WARPS[0])
 
 
 def other_split(v: Variant, seq: int) -> Variant:
@@ -154,16 +163,16 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
 # the interpreter ignores pipeline stages and prefetches; step sizes change only what streams
 # at once, the dots' form how the warps share a step
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead",
-                  "attn_keys_m", "attn_rotate", "prefetch_last", "proj_rotate")
+                  "attn_keys_m", "attn_rotate", "prefetch_last", "proj_rotate", "num_warps")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
-FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
+FLIPS = {"kv_block": other_block, "split_k": other_split, "num_warps": other_warps, "norm_sums": other_norm,
          "fuse_reduce": fused_reduce,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),
          "prefetch_kv_ahead": deeper("prefetch_kv_ahead", KV_AHEAD_KEYS, 0),
          "qkv_slices": deeper("qkv_slices", 2, TileConfig.qkv_slices)}
-# flips that change how the registers are shared out: timed at each warp count of ``SPACE`` (on
+# flips that change how the registers are shared out: timed at each warp count of ``WARPS`` (on
 # GPUs; the interpreter ignores warps). With calls, llama-3.2-1b's 4-warp variants won at 1-5, 13
 # and 16 rows (5 rows: 0.941 ms against 0.972 for the best without, of 8 warps), and at 8, 17, 24
 # and 32 rows where the best without was of 8 warps (17 rows 1.190 -> 1.160; with 8 warps 1.183),
@@ -270,10 +279,11 @@ def _flips(cfg, dtype, batch: int, seq: int, target: Target, v: Variant,
     ops = op_graph(cfg, dtype, batch, seq)
     cpu = target.name == "cpu"
     skip = GPU_ONLY_FLIPS if cpu else ()      # the interpreter's are alike
-    warps = lambda k: SPACE["num_warps"] if k in RESHAPING and not cpu else (None,)
-    flipped = [effective(ops, replace(u, num_warps=w or u.num_warps))
-               for k in refine if k not in skip for u in [flip(v, k, seq)] for w in warps(k)
-               if not serialised(ops, u)]
+    warps = lambda k, u: WARPS if k in RESHAPING and not cpu else (u.num_warps,)
+    flipped = [effective(ops, replace(u, num_warps=w)) for k in refine if k not in skip
+               for u in [flip(v, k, seq)] for w in warps(k, u)
+               if not serialised(ops, u)
+               and (cpu or warps_fit(w, -(-u.workers // target.sms)))]
     costs = op_costs(cfg, dtype, batch, seq)
     return [(u, predict(ops, u, target, memo=costs)) for u in dict.fromkeys(flipped)
             if u.label not in labels]

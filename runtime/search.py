@@ -32,7 +32,12 @@ from megakernel.compiler.tile import TILERS, TileConfig, Tiler
 from .effective import effective
 from .variant import Variant, stream_kv_split
 
-SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4, 8),
+# 4 warps only: 8 are one flip of each batch size's fastest in the refinement
+# (``refine.other_warps``). llama-3.2-1b on the H200, the best 8-warp variant against the best
+# 4-warp one of the same tune: 1.0-17.6% slower at every batch size in each of the five tunes
+# since bench/results/session-2026-12-01j (on H100s mostly 1-7% slower, 2-3% faster twice at 8
+# rows); crossed with every class they were 120 of the 426 builds of a cold tune (H100, 537 s)
+SPACE = {"block_n": (32, 64, 128), "block_k": (256, 512), "stages": (3,), "num_warps": (4,),
          "workers_per_sm": (1, 2), "kv_split": (32, 64, 128), "qkv_parts": (1, 2, 4),
          "split_head_norm": (False, True), "attn_tasks_per_worker": (1, 2, 4),
          "split_k": (1, 4), "norm_first": (False, True), "reduce_norm": (False, True),
@@ -70,6 +75,12 @@ def largest_blocks(variants: list[Variant]) -> list[Variant]:
     return [v for v in variants if largest[same(v)] is v]
 
 
+def warps_fit(warps: int, per_sm: int) -> bool:
+    """Whether ``per_sm`` programs of ``warps`` warps fit one SM's register file: it holds 8
+    warps of 255 registers, what these kernels take on sm_90."""
+    return per_sm * warps <= 8
+
+
 def candidates(target: Target, space: dict) -> list[Variant]:
     out = []
     knobs = [space[k] if k in space else (OPTIONAL[k],) for k in SPACE]
@@ -81,12 +92,11 @@ def candidates(target: Target, space: dict) -> list[Variant]:
         # half a step more (llama-3.2-1b at 64 rows: 64x256 and 128x128 with 3 stages 147 KB,
         # 128x256 with 3 295 KB, with 2 197 KB)
         smem = (max(st, 2) - 1) * bn * bk * 2 * 2 + bn * bk * 2
-        # a register file holds 8 warps of 255 registers (what these kernels take on sm_90);
         # the interpreter has one program per SM and no prefetch
         cpu = target.name == "cpu"
         gpu_only = k["prefetch_kv"] or k["prefetch_kb"] != OPTIONAL["prefetch_kb"]
         if smem * per_sm > target.smem_bytes or (cpu and (per_sm > 1 or gpu_only)) \
-                or per_sm * warps > 8:
+                or not warps_fit(warps, per_sm):
             continue
         if k["attn_stream"] and k["attn_pairs"]:  # grouped streams: timed by hand only
             continue

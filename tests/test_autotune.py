@@ -39,6 +39,7 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     ledger = tuning.Ledger(folder / "autotune.json")
     assert len(ledger.rows) == sum(w.timed for w in winners)
     assert {(r["batch"], r["variant"]) for r in ledger.rows} >= {(w.batch, w.label) for w in winners}
+    assert all(r["build_s"] > 0 for r in ledger.rows)   # each build's seconds, in its process
     # then each batch size's fastest of the shortlist with the refining knob flipped (KV prefetch:
     # not in the interpreter's shortlist, the same kernel there)
     for b in (1, 2):

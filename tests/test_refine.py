@@ -114,6 +114,16 @@ def test_refinements_flip_slices_norm_sums_and_calls():
     assert [(u.noinline, u.num_warps) for u, _ in calls] == [(True, 4), (True, 8)]
     assert refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("noinline",),
                          {v.label}) == []
+    # the other warp count (the shortlists hold 4 only): 8 and back, on GPUs only, and not
+    # where two programs an SM would need 16 warps' registers
+    assert refine.flip(v, "num_warps", 64) == replace(v, num_warps=8)
+    assert refine.flip(replace(v, num_warps=8), "num_warps", 64) == v
+    [(u, _)] = refine._flips(cfg, torch.float32, 2, 64, H200, v, ("num_warps",), {v.label})
+    assert u.num_warps == 8
+    assert refine._flips(cfg, torch.float32, 2, 64, CPU_INTERPRETER, v, ("num_warps",),
+                         {v.label}) == []
+    assert refine._flips(cfg, torch.float32, 2, 64, H200, replace(v, workers=264),
+                         ("num_warps",), set()) == []
     # nor where the projections' dots are warpgroup MMAs (64 padded rows, or weight rows as M)
     assert refine._flips(cfg, torch.float32, 33, 64, H200, v, ("noinline",), {v.label}) == []
     assert refine._flips(cfg, torch.float32, 2, 64, H200, replace(v, swap_ab=True),
