@@ -6,6 +6,7 @@ that lookups stay short.
 """
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import numpy as np
@@ -42,6 +43,12 @@ class _Writers:
 
 
 def derive_deps(tasks) -> tuple[tuple[int, ...], ...]:
+    return _derived(tuple(tasks))
+
+
+# the last tasks' kept: the tiling and the validation of one compile ask for the same
+@functools.lru_cache(maxsize=1)
+def _derived(tasks: tuple) -> tuple[tuple[int, ...], ...]:
     writers: dict = defaultdict(_Writers)
     deps = []
     for task in tasks:

@@ -66,22 +66,31 @@ def place(graph: TaskGraph, order: list[int], cost: list[float], target: Target,
         latest: dict[int, float] = {}                   # worker -> its latest producer's finish
         for d in graph.deps[t]:
             latest[where[d]] = max(latest.get(where[d], 0.0), finish[d])
-        top = heapq.nlargest(2, latest.items(), key=lambda kv: kv[1])
-        # another worker's latest producer, plus the sync: the first of ``top`` not on w
-        first = (top[0][0], top[0][1] + target.sync_us) if top else (-1, 0.0)
-        second = top[1][1] + target.sync_us if len(top) > 1 else 0.0
-
-        def start_on(w):                                # own producers free, others + sync
-            other = first[1] if first[0] != w else second
-            return max(latest.get(w, 0.0), other, worker_free[w])
-        w = min({free[0][1]} | latest.keys(), key=lambda c: (start_on(c), c))
-        where[t], finish[t] = w, start_on(w) + cost[t]
+        w, start = _earliest(latest, free[0][1], worker_free, target.sync_us)
+        where[t], finish[t] = w, start + cost[t]
         worker_free[w] = finish[t]
         heapq.heappush(free, (finish[t], w))
         queues[w].append(t)
     makespan = max(finish, default=0.0)
     return Schedule(num_workers, tuple(map(tuple, queues)), makespan, scheduler,
                     ((scheduler, makespan),))
+
+
+def _earliest(latest: dict[int, float], idle: int, worker_free: list[float],
+              sync_us: float) -> tuple[int, float]:
+    """(worker, start) of the earliest start (equal starts: the lowest worker) of a task whose
+    producers' latest finish on each worker is ``latest``, on the earliest-free worker ``idle``
+    or a producer's: its own producers free, the others' plus the sync, the worker free."""
+    top = heapq.nlargest(2, latest.items(), key=lambda kv: kv[1])
+    # another worker's latest producer, plus the sync: the first of ``top`` not on the worker
+    first_w, first = (top[0][0], top[0][1] + sync_us) if top else (-1, 0.0)
+    second = top[1][1] + sync_us if len(top) > 1 else 0.0
+    best, best_start = -1, 0.0
+    for w in (idle, *latest):
+        start = max(latest.get(w, 0.0), first if first_w != w else second, worker_free[w])
+        if best < 0 or start < best_start or (start == best_start and w < best):
+            best, best_start = w, start
+    return best, best_start
 
 
 def simulate(graph: TaskGraph, schedule: Schedule, target: Target) -> float:

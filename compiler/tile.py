@@ -262,4 +262,5 @@ def tile_tasks(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1)
 
 def tile(graph: OpGraph, cfg: TileConfig = TileConfig(), workers: int = 1) -> TaskGraph:
     t = tile_tasks(graph, cfg, workers)
-    return TaskGraph(replace(graph, buffers=t.buffers), tuple(t.tasks), derive_deps(t.tasks))
+    tasks = tuple(t.tasks)
+    return TaskGraph(replace(graph, buffers=t.buffers), tasks, derive_deps(tasks))
