@@ -15,14 +15,13 @@ the interpreter runs whatever ``load_x`` is bound when a step runs, so there a f
 inside ``x_form``, where its logits are checked).
 
 A form is built by swapping ``norm_ops.load_x`` for its stand-in while a fresh copy of the
-generated module compiles (every ``megakernel.compiler`` JIT function's memoised hash cleared
-around it, so that Triton's cache keys see the swap), then putting the original back.
+generated module compiles (every ``megakernel`` JIT function's key computed again around it,
+``jit_keys.forget``, so that Triton's cache keys see the swap), then putting the original back.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from contextlib import contextmanager
 
 import torch
@@ -31,6 +30,7 @@ import triton.language as tl
 
 from megakernel.compiler import norm_ops
 from megakernel.compiler.norm_ops import step_index
+from megakernel.runtime.jit_keys import forget
 
 
 @triton.jit
@@ -63,26 +63,17 @@ def no_x(x_ptr, nw_ptr, k0, B: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.const
 FORMS = {"one-row": one_row_x, "no-x": no_x}     # form -> what stands for norm_ops.load_x
 
 
-def _clear_hashes() -> None:
-    """Forget every compiler JIT function's memoised cache key (recomputed on the next build)."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith("megakernel.compiler") and module is not None:
-            for value in vars(module).values():
-                if isinstance(value, triton.runtime.JITFunction):
-                    value.hash = None
-
-
 @contextmanager
 def x_form(form: str):
     """While inside: projections built from here on load x as ``FORMS[form]`` does."""
     original = norm_ops.load_x
     norm_ops.load_x = FORMS[form]
-    _clear_hashes()
+    forget()
     try:
         yield
     finally:
         norm_ops.load_x = original
-        _clear_hashes()
+        forget()
 
 
 def time_forms(model, label: str, batch: int, context: int, forms: list[str], rounds: int,

@@ -25,6 +25,7 @@ import torch
 
 from megakernel.interpreter import kernel_target
 
+from .jit_keys import settle
 from .residency import check_residency, reserve_staging
 
 
@@ -53,6 +54,7 @@ def load_kernel(source: str, name: str):
     spec = importlib.util.spec_from_file_location(f"megakernel_generated_{digest}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    settle(module)                # its key as every other process computes it
     return getattr(module, name)
 
 

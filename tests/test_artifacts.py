@@ -326,3 +326,32 @@ def test_gc_paused_leaves_the_collector_as_it_found_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+KEY_SCRIPT = """
+import sys, torch
+from megakernel.compiler.pipeline import CompileOptions, compile_model
+from megakernel.models import PRESETS
+from megakernel.models.weights import empty_model
+from megakernel.runtime.megakernel import load_kernel
+model = empty_model(PRESETS["tiny-llama"]).to(torch.float32)
+for calls in map(int, sys.argv[1:]):
+    c = compile_model(model, CompileOptions(1, 64, target="cpu", noinline=bool(calls)), "t")
+    print(calls, *[load_kernel(c.kernel.source, c.kernel.kernel_name).cache_key for _ in "ab"])
+"""
+
+
+def test_a_generated_kernel_has_one_triton_cache_key_in_every_process(tmp_path):
+    """The kernel loaded first in a process (an autotune worker's first build), and later, or
+    in another process (the autotuner timing it): one key, so Triton's cache serves it where
+    another process built it. (Op bodies inlined or as calls, each loaded first once.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["MEGAKERNEL_CACHE"] = str(tmp_path)
+    keys: dict = {}
+    for order in (["0", "1"], ["1", "0"]):
+        out = subprocess.run([sys.executable, "-c", KEY_SCRIPT, *order], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=600, check=True).stdout
+        for line in out.splitlines():
+            calls, *loaded = line.split()
+            keys.setdefault(calls, set()).update(loaded)
+    assert sorted(keys) == ["0", "1"] and all(len(k) == 1 for k in keys.values()), keys
