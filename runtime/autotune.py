@@ -14,12 +14,14 @@ recorded as wrong and never kept. Then each batch size's fastest is timed again 
 projection pipelines, the K slices of o and down, deeper one-matrix steps, norms from their
 inputs' writers' sums of squares, op bodies as calls at each warp count, the KV cache asked of
 L2 a task ahead, the weights asked of L2 with default priority instead of evict_last, the
-projections' K loops each from a step of their own), where that
+projections' K loops each from a step of their own, the other warp count), where that
 builds another variant, and where several flips gained, the fastest of them with the next gains'
 changes too, and where a first-round variant of another class came within 1% of the fastest,
 that one with the gains' changes (``refine.compound``); where that made a faster variant, the
 flips that gained but are not in it, or missed by less than 1%, are made again on it
 (``refine.second_look``).
+Each variant's build seconds go into its ledger row; with ``progress``, where the run's time went
+(builds, timing, waiting for builds) is printed at the end.
 Last, the ``finalists`` fastest right variants of each batch size are timed again side by side in
 ``final_rounds`` interleaved rounds (``finals``), and the winner is the fastest there.
 With ``prior`` (an earlier run's ``autotune.json``, e.g. from another machine or compiler

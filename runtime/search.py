@@ -2,23 +2,24 @@
 
     shortlist(ops, target, space, classes) -> [(Variant, predicted us)]
 
-Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps, programs
-per SM, keys per attention task, the attention task limit, tasks per q/k/v head, split head-norm
-heads, K slices of the projections without a norm, norm first (and the K slices' reduce fused with
-it), streamed attention, attention tasks over pairs of kv heads, spilled attention units, cache
-blocks (16 keys, or 128: one block-table entry per attention step, where the keys per task are whole
-blocks), KV prefetch and the cap on each task's L2 prefetch of its weights (only the defaults of
-these two in ``SPACE``, as measured on the H200 with llama-3.2-1b: KV prefetch at most 1% faster at
-1 to 8 rows and slower from 13 on, in the autotune ledger
-bench/results/session-2026-11-30g/autotune-12.json; the cap's 256 KiB slower than 64 at every size,
-16 and 32 no faster at batch 1; a space given by the caller may hold others). Variants whose
-pipeline stages cannot fit in shared memory, or whose cache block does not divide the context, are
-dropped. The knobs that shape the task graph (``schedule_class``) are rated by the cost model's
-estimate of their tasks (``predict``: tiling only, no code generated; each op's figure kept with the
-tile knobs its tiler read, ``op_us``); the default's class, the ``classes`` best and, per attention
-layout, the class nearest the default, each also with the K slices' reduce fused with the norm or
-not, each crossed with every code-level knob (block_k, stages, warps, KV prefetch, prefetch cap)
-with the largest cache block that fits (``largest_blocks``), make the shortlist.
+Search space (``SPACE``): projection step ``block_n x block_k``, pipeline stages, warps (4 only in
+``SPACE``: 8 are a flip of the refinement's), programs per SM, keys per attention task, the
+attention task limit, tasks per q/k/v head, split head-norm heads, K slices of the projections
+without a norm, norm first (and the K slices' reduce fused with it), streamed attention, attention
+tasks over pairs of kv heads, spilled attention units, cache blocks (16 keys, or 128: one
+block-table entry per attention step, where the keys per task are whole blocks), KV prefetch and
+the cap on each task's L2 prefetch of its weights (only the defaults of these two in ``SPACE``, as
+measured on the H200 with llama-3.2-1b: KV prefetch at most 1% faster at 1 to 8 rows and slower
+from 13 on, in the autotune ledger bench/results/session-2026-11-30g/autotune-12.json; the cap's
+256 KiB slower than 64 at every size, 16 and 32 no faster at batch 1; a space given by the caller
+may hold others). Variants whose pipeline stages cannot fit in shared memory, or whose cache block
+does not divide the context, are dropped. The knobs that shape the task graph (``schedule_class``)
+are rated by the cost model's estimate of their tasks (``predict``: tiling only, no code generated;
+each op's figure kept with the tile knobs its tiler read, ``op_us``); the default's class, the
+``classes`` best and, per attention layout, the class nearest the default, each also with the K
+slices' reduce fused with the norm or not, each crossed with every code-level knob (block_k,
+stages, warps, KV prefetch, prefetch cap) with the largest cache block that fits
+(``largest_blocks``), make the shortlist.
 """
 from __future__ import annotations
 
