@@ -165,8 +165,8 @@ def fused_reduce(v: Variant, seq: int) -> Variant:
 GPU_ONLY_FLIPS = ("stage_kib", "attn_stages", "step_weights", "noinline", "prefetch_kv_ahead",
                   "attn_keys_m", "attn_rotate", "prefetch_last", "proj_rotate", "num_warps")
 # knobs whose flip is not a switch's: (variant, context) -> the flipped variant
-FLIPS = {"kv_block": other_block, "split_k": other_split, "num_warps": other_warps, "norm_sums": other_norm,
-         "fuse_reduce": fused_reduce,
+FLIPS = {"kv_block": other_block, "split_k": other_split, "norm_sums": other_norm,
+         "fuse_reduce": fused_reduce, "num_warps": other_warps,
          "stage_kib": deeper("stage_kib", DEEP_STAGES_KIB, TileConfig.stage_kib),
          "attn_stages": deeper("attn_stages", DEEP_ATTN_STAGES, TileConfig.attn_stages),
          "step_weights": deeper("step_weights", 2, TileConfig.step_weights),
