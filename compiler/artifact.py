@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
+import importlib.util
 import json
 import pickle
 from pathlib import Path
@@ -32,10 +33,13 @@ def model_hash(model) -> str:
 
 
 def code_hash() -> str:
-    """Every compiler module (they generate the code and define the pickled IR) and the template."""
+    """Every compiler module (they generate the code and define the pickled IR), every models
+    module (the decode step they define is what is captured) and the template."""
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode() + path.read_bytes())
+    models = Path(importlib.util.find_spec("megakernel.models").origin).parent
+    for folder in (Path(__file__).parent, models):
+        for path in sorted(folder.glob("*.py")):
+            h.update(f"{folder.name}/{path.name}".encode() + path.read_bytes())
     from .codegen import _template_dir
 
     h.update((_template_dir() / "megakernel.py.jinja").read_bytes())

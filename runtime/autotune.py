@@ -53,9 +53,9 @@ from .fanout import fan_out, worker_pool
 from .finals import FINAL_ROUNDS, FINALISTS, final_round
 from .ledger import Ledger
 from .measure import measure, step_inputs
-from .refine import (REFINE, compound, hand_over, op_costs, op_graph, ranked, refinement,
-                     second_look)
 from .effective import effective
+from .graphs import hand_over, op_costs, op_graph
+from .refine import REFINE, compound, ranked, refinement, second_look
 from .search import SPACE, predict, shortlist
 from .variant import Variant, parse_variant
 

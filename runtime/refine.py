@@ -13,17 +13,16 @@ in the ledger, so that a rerun rates nothing.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import fields, replace
 
 from megakernel.compiler.cost import Target
-from megakernel.compiler.pipeline import model_ops
 from megakernel.compiler.registry import rows as dot_rows
 from megakernel.compiler.tile import TileConfig
 
 from .ledger import Ledger
 from .search import SPACE, block_fits, predict, warps_fit
 from .effective import effective
+from .graphs import op_costs, op_graph
 from .variant import Variant, stream_kv_split
 
 # Knobs flipped one at a time on each batch size's fastest variant, once the shortlist is timed
@@ -206,52 +205,6 @@ def ranked(rows: list) -> list[Variant]:
     by label)."""
     return [v for *_, v in sorted((row["ms"], v.label, v) for v, row in rows
                                    if row["error"] is None)]
-
-
-GRAPHS = 16     # op graphs kept (llama-3.2-1b: 1.3-2.5 s to capture and lower, tens of KB)
-# op_graph's arguments -> (op graph, search.op_us's memo for it), least recently asked for first
-_graphs: OrderedDict = OrderedDict()
-
-
-def hand_over(cfg, dtype, batch: int, seq: int, ops) -> None:
-    """Keep the op graph ``ops``, made elsewhere (the shortlists' workers), as ``op_graph`` of
-    these arguments (unless one is kept already)."""
-    if (cfg, dtype, batch, seq) not in _graphs:
-        _keep((cfg, dtype, batch, seq), ops)
-
-
-def op_graph(cfg, dtype, batch: int, seq: int):
-    """The op graph of a model of config ``cfg`` at ``batch`` rows (what variants are rated on
-    and compiled from; the one handed over, if any), kept for the next variants of that batch
-    size, and for the refinement's and the compounds' ratings of each batch size in the
-    autotuner's process."""
-    return _kept(cfg, dtype, batch, seq)[0]
-
-
-def op_costs(cfg, dtype, batch: int, seq: int) -> dict:
-    """``search.op_us``'s memo for ``op_graph`` of the same arguments (kept and dropped with
-    it)."""
-    return _kept(cfg, dtype, batch, seq)[1]
-
-
-def _kept(cfg, dtype, batch: int, seq: int) -> tuple:
-    from megakernel.models.weights import empty_model
-
-    key = (cfg, dtype, batch, seq)
-    if key in _graphs:
-        _graphs.move_to_end(key)
-        return _graphs[key]
-    return _keep(key, model_ops(empty_model(cfg).to(dtype), batch, seq))
-
-
-def _keep(key: tuple, ops) -> tuple:
-    """``ops`` (with an empty memo) as the latest of the kept op graphs (the least recent beyond
-    GRAPHS dropped)."""
-    _graphs[key] = (ops, {})
-    _graphs.move_to_end(key)
-    while len(_graphs) > GRAPHS:
-        _graphs.popitem(last=False)
-    return _graphs[key]
 
 
 def refinement(ledger: Ledger, base: dict, batch: int, rows: list, refine: tuple[str, ...],

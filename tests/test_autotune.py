@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megakernel.models import load_model
-from megakernel.runtime import allocate_kv_cache, autotune as tuning, refine
+from megakernel.runtime import allocate_kv_cache, autotune as tuning, graphs, refine
 from megakernel.runtime.effective import variant_of
 from megakernel.runtime.megakernel import KernelLibrary, megakernel_backend
 from megakernel.runtime.variant import parse_variant
@@ -29,10 +29,10 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
     def no_capturing(*args, **kwargs):
         raise AssertionError("the shortlists' workers hand their op graphs over")
 
-    refine._graphs.clear()
+    graphs._graphs.clear()
     with monkeypatch.context() as patch:
         patch.setattr("megakernel.compiler.artifact.compile_model", no_compiling)
-        patch.setattr("megakernel.runtime.refine.model_ops", no_capturing)
+        patch.setattr("megakernel.runtime.graphs.model_ops", no_capturing)
         winners = run(2)                  # compiled in two worker processes, timed here
     assert [w.batch for w in winners] == [1, 2]
     assert all(w.ms > 0 and w.failed == 0 and w.timed >= 2 for w in winners)
