@@ -65,7 +65,7 @@ def plot_results(report: dict, path: Path) -> None:
                  f"copy {report.get('copy_TBps', 0):.2f} TB/s")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")     # the title may be wider than one panel
     plt.close(fig)
 
 
