@@ -65,7 +65,9 @@ def place(graph: TaskGraph, order: list[int], cost: list[float], target: Target,
             heapq.heappop(free)
         latest: dict[int, float] = {}                   # worker -> its latest producer's finish
         for d in graph.deps[t]:
-            latest[where[d]] = max(latest.get(where[d], 0.0), finish[d])
+            w, f = where[d], finish[d]
+            if f > latest.get(w, -1.0):
+                latest[w] = f
         w, start = _earliest(latest, free[0][1], worker_free, target.sync_us)
         where[t], finish[t] = w, start + cost[t]
         worker_free[w] = finish[t]
@@ -80,14 +82,24 @@ def _earliest(latest: dict[int, float], idle: int, worker_free: list[float],
               sync_us: float) -> tuple[int, float]:
     """(worker, start) of the earliest start (equal starts: the lowest worker) of a task whose
     producers' latest finish on each worker is ``latest``, on the earliest-free worker ``idle``
-    or a producer's: its own producers free, the others' plus the sync, the worker free."""
-    top = heapq.nlargest(2, latest.items(), key=lambda kv: kv[1])
-    # another worker's latest producer, plus the sync: the first of ``top`` not on the worker
-    first_w, first = (top[0][0], top[0][1] + sync_us) if top else (-1, 0.0)
-    second = top[1][1] + sync_us if len(top) > 1 else 0.0
+    or a producer's: its own producers free, the others' plus the sync, the worker free. (Plain
+    comparisons, not ``max`` and ``heapq``: a 64-row graph's placement asks this 10k times.)"""
+    first_w, first, second = -1, -1.0, -1.0        # the two latest producers (ties: first seen)
+    for w, f in latest.items():
+        if f > first:
+            second, first_w, first = first, w, f
+        elif f > second:
+            second = f
+    first = first + sync_us if first_w >= 0 else 0.0
+    second = second + sync_us if second >= 0 else 0.0
     best, best_start = -1, 0.0
     for w in (idle, *latest):
-        start = max(latest.get(w, 0.0), first if first_w != w else second, worker_free[w])
+        start = latest.get(w, 0.0)
+        other = second if w == first_w else first
+        if other > start:
+            start = other
+        if worker_free[w] > start:
+            start = worker_free[w]
         if best < 0 or start < best_start or (start == best_start and w < best):
             best, best_start = w, start
     return best, best_start

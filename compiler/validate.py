@@ -57,30 +57,47 @@ def cache_cells(dims: tuple) -> tuple:
 
 
 def check_written_once(graph: TaskGraph) -> None:
-    counts = {}
+    shapes = {}                                 # each writable buffer's shape, as counted
     for name, buf in graph.ops.buffers.items():
         if buf.space in ("act", "f32") and not name.startswith("inv_freq"):
-            counts[name] = np.zeros(buf.shape, dtype=np.int32)
+            shapes[name] = buf.shape
         elif buf.space == "cache":              # a step writes one slot per row: skip S
-            counts[name] = np.zeros(cache_cells(buf.shape), dtype=np.int32)
+            shapes[name] = cache_cells(buf.shape)
+    boxes = {name: [] for name in shapes}
     # (ticket, region): what the pieces of a fused unit or column group all declare (the
     # merge's or reduce's writes, done by one of them) counts once; a piece's own slot is its own
     merged = set()
     for task in graph.tasks:
         tickets = merged_writes(task)
         for r in task.writes:
-            if r in tickets:
+            if tickets and r in tickets:
                 if (tickets[r], r) in merged:
                     continue
                 merged.add((tickets[r], r))
-            if r.buffer not in counts:
+            if r.buffer not in boxes:
                 raise ScheduleError(f"task {task.id} writes {r.buffer}, which is not writable")
-            box = cache_cells(r.box) if graph.ops.buffers[r.buffer].space == "cache" else r.box
-            counts[r.buffer][tuple(slice(lo, hi) for lo, hi in box)] += 1
-    for name, c in counts.items():
+            space = graph.ops.buffers[r.buffer].space
+            boxes[r.buffer].append(cache_cells(r.box) if space == "cache" else r.box)
+    for name, shape in shapes.items():
+        c = cover_counts(shape, boxes[name])
         if c.size and (c.min() != 1 or c.max() != 1):
             raise ScheduleError(f"buffer {name}: elements written {int(c.min())} to {int(c.max())} "
                                 "times, not exactly once")
+
+
+def cover_counts(shape: tuple, boxes: list) -> np.ndarray:
+    """How many of ``boxes`` [((lo, hi) per dim)] cover each cell of ``shape`` cut at every
+    box's edges (each cell's elements are covered alike, so its count is theirs; a box reaching
+    past the shape is cut at its end): as counting every element, in a few cells a box."""
+    ends = np.asarray(shape, dtype=np.int64)
+    b = np.clip(np.asarray(boxes, dtype=np.int64).reshape(len(boxes), len(shape), 2), 0,
+                ends[None, :, None])                                   # [N, D, 2]
+    cuts = [np.unique(np.concatenate(([0, n], b[:, i].ravel()))) for i, n in enumerate(shape)]
+    at = np.stack([np.searchsorted(c, b[:, i]) for i, c in enumerate(cuts)], axis=1)
+    counts = np.zeros([len(c) - 1 for c in cuts], dtype=np.int32)
+    for box in at.tolist():
+        counts[tuple(slice(lo, hi) for lo, hi in box)] += 1
+    return counts
 
 
 def check_sync(graph: TaskGraph, schedule: Schedule, sync: SyncPlan,

@@ -16,7 +16,8 @@ from megakernel.compiler.schedule import schedule
 from megakernel.compiler.sync import plan_sync
 from megakernel.compiler.deps import derive_deps
 from megakernel.compiler.tile import TileConfig, tile
-from megakernel.compiler.validate import ScheduleError, cache_cells, validate
+from megakernel.compiler.validate import (ScheduleError, cache_cells, check_written_once,
+                                          cover_counts, validate)
 from megakernel.models import ModelConfig
 from megakernel.models.weights import empty_model
 
@@ -133,6 +134,40 @@ def test_validator_rejects_mutations(model, workers, data):
         waits = tuple(tuple(x for x in ws if (j, x) != (i, c)) for j, ws in enumerate(sync.waits))
         with pytest.raises(ScheduleError, match="without waiting"):
             validate(tg, sched, replace(sync, waits=waits), H200)
+
+
+@SETTINGS
+@given(small_models(), st.data())
+def test_validator_rejects_a_write_lost_or_made_twice(model, data):
+    _, tg = build(*model)
+    check_written_once(tg)
+    volume = lambda r: np.prod([hi - lo for lo, hi in r.box])
+    t = data.draw(st.sampled_from([t.id for t in tg.tasks if t.writes and not merged_writes(t)
+                                   and volume(t.writes[0])]))
+    mutated = lambda writes: replace(tg, tasks=tuple(
+        replace(u, writes=writes(u.writes)) if u.id == t else u for u in tg.tasks))
+    with pytest.raises(ScheduleError, match="written 0 to 1 times"):
+        check_written_once(mutated(lambda w: w[1:]))
+    with pytest.raises(ScheduleError, match="written 1 to 2 times"):
+        check_written_once(mutated(lambda w: w + w[:1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=4).flatmap(lambda shape: st.tuples(
+    st.just(tuple(shape)), st.lists(st.tuples(*[st.tuples(st.integers(0, n + 2),
+                                                          st.integers(0, n + 2))
+                                                for n in shape]), max_size=6))))
+def test_cells_cut_at_the_boxes_edges_count_as_every_element(case):
+    """The validator counts writes per cell between box edges: the same extremes (all it
+    reads) as counting every element, boxes past the shape cut at its end."""
+    shape, boxes = case
+    boxes = [tuple((min(a, b), max(a, b)) for a, b in box) for box in boxes]
+    elements = np.zeros(shape, dtype=np.int32)
+    for box in boxes:
+        elements[tuple(slice(lo, hi) for lo, hi in box)] += 1
+    cells = cover_counts(shape, boxes)
+    assert (cells.min(), cells.max()) == (elements.min(), elements.max())
+    assert cells.size <= elements.size
 
 
 @st.composite
