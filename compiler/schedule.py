@@ -23,8 +23,10 @@ class DeadlockError(RuntimeError):
 def bottom_levels(graph: TaskGraph, cost: list[float]) -> list[float]:
     level = list(cost)
     for t in reversed(range(len(graph.tasks))):
+        below = level[t]
         for d in graph.deps[t]:
-            level[d] = max(level[d], cost[d] + level[t])
+            if cost[d] + below > level[d]:
+                level[d] = cost[d] + below
     return level
 
 
@@ -94,12 +96,10 @@ def _earliest(latest: dict[int, float], idle: int, worker_free: list[float],
     second = second + sync_us if second >= 0 else 0.0
     best, best_start = -1, 0.0
     for w in (idle, *latest):
-        start = latest.get(w, 0.0)
-        other = second if w == first_w else first
-        if other > start:
-            start = other
-        if worker_free[w] > start:
-            start = worker_free[w]
+        if w == first_w:            # its own latest producer needs no sync
+            start = max(latest[w], second, worker_free[w])
+        else:                       # ``first`` is past its own producers (if any) already
+            start = worker_free[w] if worker_free[w] > first else first
         if best < 0 or start < best_start or (start == best_start and w < best):
             best, best_start = w, start
     return best, best_start
