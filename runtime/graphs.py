@@ -8,7 +8,7 @@ dtype, batch size and context.
 Two levels: the last GRAPHS graphs in this process, and every graph pickled under the cache
 folder (``graphs/``), keyed by the config's repr, the dtype, batch size and context, the code
 that captures and lowers (``artifact.code_hash``: the compiler's and the models' modules) and
-torch's version. Capturing and lowering llama-3.2-1b takes 0.8-2.5 s a batch size, once for
+torch's version. Capturing and lowering llama-3.2-1b takes 0.7-2.5 s a batch size, once for
 each build process of a cold autotune and again in every warm rerun; a pickled graph (tens of
 KB) loads in about a millisecond.
 """
