@@ -14,6 +14,7 @@ KB) loads in about a millisecond.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -78,7 +79,8 @@ def stored_path(cfg, dtype, batch: int, seq: int) -> Path:
 def _stored(cfg, dtype, batch: int, seq: int):
     """The graph from the cache folder, else captured and lowered, then stored (written to a
     file of this process's own and renamed: build processes may store the same graph at once).
-    A file that does not load is captured again and replaced."""
+    A file that does not load is captured again and replaced; where nothing can be written,
+    the graph is only returned."""
     from megakernel.models.weights import empty_model
 
     path = stored_path(cfg, dtype, batch, seq)
@@ -87,8 +89,12 @@ def _stored(cfg, dtype, batch: int, seq: int):
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
         pass
     ops = model_ops(empty_model(cfg).to(dtype), batch, seq)
-    path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(f"{path.stem}.{os.getpid()}.part")
-    part.write_bytes(pickle.dumps(ops))
-    os.replace(part, path)
+    try:                                    # a folder that takes no files: captured each time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part.write_bytes(pickle.dumps(ops))
+        os.replace(part, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            part.unlink()
     return ops

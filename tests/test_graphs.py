@@ -57,3 +57,12 @@ def test_a_stored_graph_is_captured_again_after_a_code_change_or_when_it_does_no
     graphs.op_graph(cfg, torch.float32, 2, 64)
     assert seen == [2, 2, 2]
     assert not list(path.parent.glob("*.part"))             # no half-written file is left
+
+
+def test_a_graph_is_still_made_where_the_cache_folder_takes_no_files(cfg, monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")                                  # graphs/ cannot be made under it
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(graphs, "stored_path", lambda *a: blocked / "graphs" / "g.pkl")
+    seen = captures(monkeypatch)
+    assert graphs.op_graph(cfg, torch.float32, 2, 64).dims.batch == 2 and seen == [2]
