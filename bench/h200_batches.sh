@@ -16,8 +16,7 @@
 #                                                    rest on GPU 1 at once ($OUT/bench-{a,b}.txt,
 #                                                    rows $OUT/rows-{a,b}.json), merged in order;
 #                                                    on one GPU about 262 + 9 + 330 s on an H100
-#                                                    machine: more than one 600 s call, so run
-#                                                    tune and bench as two calls there
+#                                                    machine (tune and bench may run apart)
 # TUNED (the kernels' folder), MODEL (default llama-3.2-1b), JOBS (build processes, default 12),
 # CLASSES (schedule classes timed besides the default, default 2) and PRIOR (an earlier ledger
 # whose final rounds' winners are timed too; default bench/results/autotune-MODEL.json where it
