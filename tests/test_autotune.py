@@ -15,6 +15,12 @@ from test_search import SPACE       # the small search space the search's tests 
 
 
 
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(what)
+    return refuse
+
+
 def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
     loaded = load_model("tiny-llama", progress=False)
@@ -23,20 +29,35 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
                                        classes=1, iters=1, progress=False,
                                        cache_root=tmp_path / "c", processes=jobs,
                                        refine=("prefetch_kv",), finalists=2, final_rounds=2)
-    def no_compiling(*args, **kwargs):
-        raise AssertionError("variants are compiled in the worker processes, not here")
-
-    def no_capturing(*args, **kwargs):
-        raise AssertionError("the shortlists' workers hand their op graphs over")
-
+    no_compiling = _refuse("variants are compiled in the worker processes, not here")
     graphs._graphs.clear()
     with monkeypatch.context() as patch:
         patch.setattr("megakernel.compiler.artifact.compile_model", no_compiling)
-        patch.setattr("megakernel.runtime.graphs.model_ops", no_capturing)
+        patch.setattr("megakernel.runtime.graphs.model_ops",
+                      _refuse("the shortlists' workers hand their op graphs over"))
         winners = run(2)                  # compiled in two worker processes, timed here
+    _check_first_run(tuning.Ledger(folder / "autotune.json"), winners)
+
+    no_timing = _refuse("a rerun must not time what autotune.json already holds")
+    no_rating = _refuse("a rerun reads each batch size's shortlist from autotune.json")
+    monkeypatch.setattr("megakernel.runtime.measure.time_variant", no_timing)
+    monkeypatch.setattr("megakernel.runtime.finals.final_times", no_timing)
+    monkeypatch.setattr(tuning, "_plan", no_rating)
+    monkeypatch.setattr(refine, "_flips", no_rating)
+    with monkeypatch.context() as patch:  # the kept winners are not compiled or loaded again
+        patch.setattr(tuning, "compile_cached", no_compiling)
+        assert run(1) == winners
+        patch.setattr(tuning, "rules_hash", lambda: "other rules")
+        with pytest.raises(AssertionError, match="shortlist"):   # kept plans are rated again
+            run(1)
+    _check_served(folder, model, winners)
+
+
+def _check_first_run(ledger, winners) -> None:
+    """Every timed variant in the ledger with its build seconds, each batch size's fastest
+    with the refining knob flipped, and the winners from the side-by-side final rounds."""
     assert [w.batch for w in winners] == [1, 2]
     assert all(w.ms > 0 and w.failed == 0 and w.timed >= 2 for w in winners)
-    ledger = tuning.Ledger(folder / "autotune.json")
     assert len(ledger.rows) == sum(w.timed for w in winners)
     assert {(r["batch"], r["variant"]) for r in ledger.rows} >= {(w.batch, w.label) for w in winners}
     assert all(r["build_s"] > 0 for r in ledger.rows)   # each build's seconds, in its process
@@ -57,23 +78,10 @@ def test_autotune_keeps_a_correct_winner_per_batch_size_and_resumes(tmp_path, mo
         assert sorted(times) == sorted(r["variant"] for r in fastest)
         assert w.ms == min(times.values()) == times[w.label]
 
-    def no_timing(*args, **kwargs):
-        raise AssertionError("a rerun must not time what autotune.json already holds")
 
-    def no_rating(*args, **kwargs):
-        raise AssertionError("a rerun reads each batch size's shortlist from autotune.json")
-
-    monkeypatch.setattr("megakernel.runtime.measure.time_variant", no_timing)
-    monkeypatch.setattr("megakernel.runtime.finals.final_times", no_timing)
-    monkeypatch.setattr(tuning, "_plan", no_rating)
-    monkeypatch.setattr(refine, "_flips", no_rating)
-    with monkeypatch.context() as patch:  # the kept winners are not compiled or loaded again
-        patch.setattr(tuning, "compile_cached", no_compiling)
-        assert run(1) == winners
-        patch.setattr(tuning, "rules_hash", lambda: "other rules")
-        with pytest.raises(AssertionError, match="shortlist"):   # kept plans are rated again
-            run(1)
-
+def _check_served(folder, model, winners) -> None:
+    """The tuned kernels served by ``KernelLibrary`` and the megakernel backend, right against
+    eager; kernels of other compiler code refused by name, passed over by the backend."""
     library = KernelLibrary(folder, model)
     assert library.batch_sizes == [1, 2]
     compiled = library.pick(2, 64)
